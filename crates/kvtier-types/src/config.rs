@@ -1,0 +1,196 @@
+//! Scheduler configuration and its validation.
+//!
+//! Field names and meanings follow the reference scheduler's `SchedulerConfig` for
+//! full-attention models (spec/fsm-scheduler.md §9). Where the reference leaves a field
+//! at 0 and relies on the runtime to set it, the default here is the runtime's value
+//! (page size 64, budget 8192, 160 slots); pool sizes have no sensible default and must
+//! be set.
+
+use crate::TypesError;
+
+/// Prefill/decode disaggregation role. Only `Fused` is served today; the variants exist
+/// so that the state and event types already have room for the P and D flows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Role {
+    /// Prefill and decode on the same engine.
+    #[default]
+    Fused,
+    /// Prefill node of a disaggregated pair.
+    Prefill,
+    /// Decode node of a disaggregated pair.
+    Decode,
+}
+
+/// Everything the scheduler core needs to know about its pools and policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Tokens per KV page. Must be positive.
+    pub page_size: u32,
+    /// Device page pool size including the reserved page 0 (usable ids `1..device_pages`).
+    pub device_pages: u32,
+    /// Host page pool size including the reserved page 0; 0 or 1 means no host pool.
+    pub host_pages: u32,
+    /// Token budget of one plan (the chunked-prefill size).
+    pub max_scheduled_tokens: u32,
+    /// Maximum forward rows per plan, and the number of request-pool slots.
+    pub max_batch_size: u32,
+    /// Tokens per decode row (draft width with speculative decoding); also the slots
+    /// a request reserves ahead of its next step.
+    pub decode_input_tokens: u32,
+    /// No finish write-back and no host-prefix reuse for new requests (retraction still
+    /// uses the host pool).
+    pub disable_l2_cache: bool,
+    /// Page hashes are maintained on every cached node; enables L3 prefetch eligibility.
+    pub enable_l3_storage: bool,
+    /// Prefetch from L3 only when more than this many consecutive pages hit.
+    pub prefetch_threshold: u32,
+    /// Collect `BlockStored` / `BlockRemoved` events for `drain_kv_events`.
+    pub enable_kv_cache_events: bool,
+    /// Decode-first mixed batches instead of prefill-first rounds.
+    pub enable_mixed_prefill_decode: bool,
+    /// Disaggregation role.
+    pub role: Role,
+    /// Reuse-intent matches return nothing; recovery matches still walk the tree.
+    pub disable_prefix_cache: bool,
+    /// Publish a request's computed prompt pages into the tree during prefill, so
+    /// concurrent requests with the same prefix reuse them (reference PR #381). On by
+    /// default for full-attention models.
+    pub publish_prefix_mid_flight: bool,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            page_size: 64,
+            device_pages: 0,
+            host_pages: 0,
+            max_scheduled_tokens: 8192,
+            max_batch_size: 160,
+            decode_input_tokens: 1,
+            disable_l2_cache: false,
+            enable_l3_storage: false,
+            prefetch_threshold: 4,
+            enable_kv_cache_events: false,
+            enable_mixed_prefill_decode: false,
+            role: Role::Fused,
+            disable_prefix_cache: false,
+            publish_prefix_mid_flight: true,
+        }
+    }
+}
+
+fn invalid(field: &'static str, problem: impl Into<String>) -> TypesError {
+    TypesError::InvalidConfig { field, problem: problem.into() }
+}
+
+impl SchedulerConfig {
+    /// Usable device pages (page 0 is reserved).
+    pub fn usable_device_pages(&self) -> u32 {
+        self.device_pages.saturating_sub(1)
+    }
+
+    /// Usable host pages (page 0 is reserved).
+    pub fn usable_host_pages(&self) -> u32 {
+        self.host_pages.saturating_sub(1)
+    }
+
+    /// Whether finish write-back and host-prefix reuse are active.
+    pub fn l2_enabled(&self) -> bool {
+        !self.disable_l2_cache
+    }
+
+    /// Checks every field and every combination the scheduler relies on.
+    pub fn validate(&self) -> Result<(), TypesError> {
+        if self.page_size == 0 {
+            return Err(invalid("page_size", "must be positive"));
+        }
+        if self.device_pages < 2 {
+            return Err(invalid(
+                "device_pages",
+                format!("is {}: needs at least 2 (page 0 is reserved)", self.device_pages),
+            ));
+        }
+        if self.max_scheduled_tokens == 0 {
+            return Err(invalid("max_scheduled_tokens", "must be positive"));
+        }
+        if self.max_batch_size == 0 {
+            return Err(invalid("max_batch_size", "must be positive"));
+        }
+        if self.role != Role::Fused {
+            return Err(invalid(
+                "role",
+                "prefill/decode disaggregation is not supported yet; use Role::Fused",
+            ));
+        }
+        if self.l2_enabled() && self.host_pages < 2 {
+            return Err(invalid(
+                "host_pages",
+                format!(
+                    "is {} while the L2 cache is enabled: set disable_l2_cache or give the host pool at least 2 pages",
+                    self.host_pages
+                ),
+            ));
+        }
+        if self.enable_l3_storage && self.host_pages < 2 {
+            return Err(invalid("enable_l3_storage", "needs a host pool of at least 2 pages"));
+        }
+        // Page ids and token positions are u32 in plans; keep products representable.
+        let device_tokens = u64::from(self.device_pages) * u64::from(self.page_size);
+        if device_tokens > u64::from(u32::MAX) {
+            return Err(invalid("device_pages", "times page_size exceeds u32 token positions"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn valid() -> SchedulerConfig {
+        SchedulerConfig { device_pages: 32, host_pages: 32, ..SchedulerConfig::default() }
+    }
+
+    #[test]
+    fn default_with_pools_is_valid() {
+        assert_eq!(valid().validate(), Ok(()));
+    }
+
+    #[test]
+    fn default_without_pools_is_rejected() {
+        let err = SchedulerConfig::default().validate().unwrap_err();
+        assert!(err.to_string().contains("device_pages"), "{err}");
+    }
+
+    #[test]
+    fn zero_and_inconsistent_values_are_rejected() {
+        let cases: Vec<(SchedulerConfig, &str)> = vec![
+            (SchedulerConfig { page_size: 0, ..valid() }, "page_size"),
+            (SchedulerConfig { device_pages: 1, ..valid() }, "device_pages"),
+            (SchedulerConfig { max_scheduled_tokens: 0, ..valid() }, "max_scheduled_tokens"),
+            (SchedulerConfig { max_batch_size: 0, ..valid() }, "max_batch_size"),
+            (SchedulerConfig { host_pages: 1, ..valid() }, "host_pages"),
+            (
+                SchedulerConfig {
+                    host_pages: 0,
+                    disable_l2_cache: true,
+                    enable_l3_storage: true,
+                    ..valid()
+                },
+                "enable_l3_storage",
+            ),
+            (SchedulerConfig { role: Role::Decode, ..valid() }, "role"),
+            (SchedulerConfig { page_size: 1 << 16, device_pages: 1 << 17, ..valid() }, "device_pages"),
+        ];
+        for (config, field) in cases {
+            let err = config.validate().unwrap_err();
+            assert!(err.to_string().contains(field), "{field}: {err}");
+        }
+    }
+
+    #[test]
+    fn l2_disabled_needs_no_host_pool() {
+        let config = SchedulerConfig { host_pages: 0, disable_l2_cache: true, ..valid() };
+        assert_eq!(config.validate(), Ok(()));
+    }
+}

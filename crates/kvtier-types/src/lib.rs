@@ -1,0 +1,25 @@
+//! Shared vocabulary of kvtier.
+//!
+//! Everything another crate of ours needs to agree on lives here: ids, the scheduler
+//! configuration and its validation, request specs, the [`ExecutionPlan`] handed to the
+//! engine each step, the [`EngineEvent`]s it reports back, and both page-hash systems
+//! (SHA-256 rolling page hashes for L3 keys, FNV-1a block hashes for KV events).
+//! This crate imports no other crate of ours.
+
+mod config;
+mod error;
+mod event;
+pub mod hash;
+mod ids;
+mod plan;
+mod request;
+
+pub use config::{Role, SchedulerConfig};
+pub use error::TypesError;
+pub use event::{EngineEvent, KvEvent};
+pub use ids::{OpId, PageId, RequestId, SlotId, Tier, Token};
+pub use plan::{
+    AbortNotice, AbortReason, ExecutionPlan, ForwardBatch, ForwardRow, LoadBackOp, PrefetchOp,
+    RowKind, TransferKind, TransferPair, WriteBackOp,
+};
+pub use request::RequestSpec;

@@ -1,0 +1,242 @@
+//! The execution plan the scheduler hands the engine each step.
+//!
+//! Forward rows are stored as an array of small row records plus flat buffers (page
+//! tables, input ids) that rows index into, so one plan costs a handful of allocations
+//! however many rows it has. Prefill rows always come before decode rows.
+
+use crate::{OpId, PageId, RequestId, SlotId, Token, hash::PageHash};
+
+/// What a forward row computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowKind {
+    /// A prompt chunk.
+    Prefill,
+    /// One decode step of a running request.
+    Decode,
+    /// The first decode step after a retracted request was resumed: a whole new
+    /// page-table row (new slot) and an explicit input token.
+    Recovery,
+}
+
+/// One row of the forward batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardRow {
+    /// The request this row computes.
+    pub request_id: RequestId,
+    /// Prefill chunk, decode, or decode after recovery.
+    pub kind: RowKind,
+    /// Request-pool slot; stable from the first chunk to finish, new after recovery.
+    pub slot: SlotId,
+    /// Tokens computed by this row (chunk size, or `decode_input_tokens`).
+    pub input_length: u32,
+    /// Prompt length; 0 on recovery rows (as the reference reports it).
+    pub prefill_length: u32,
+    /// Where this row's page table starts in [`ForwardBatch::page_table`].
+    pub pages_start: u32,
+    /// Length of this row's page table (the request's occupied device pages).
+    pub pages_len: u32,
+    /// First newly appended page of the page table (index into the row's table).
+    pub begin: u32,
+    /// Number of newly appended pages.
+    pub size: u32,
+    /// Tokens already in KV before this chunk (prefill rows; 0 otherwise).
+    pub extend_prefix_len: u32,
+    /// Where this row's input ids start in [`ForwardBatch::input_ids`] (prefill rows).
+    pub input_ids_start: u32,
+    /// Explicit decode input token, or -1 when the engine uses the token it sampled last.
+    pub decode_input_id: Token,
+    /// History length for recovery rows, -1 otherwise.
+    pub hist_token_len: i32,
+}
+
+/// The forward part of a plan.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ForwardBatch {
+    /// Prefill rows first (in scheduling order), then decode and recovery rows.
+    pub rows: Vec<ForwardRow>,
+    /// Number of prefill rows at the front of `rows`.
+    pub num_prefill_rows: usize,
+    /// Every row's occupied device pages, concatenated. Token `p` of a row lives in
+    /// `page_table_of(row)[p / page_size]`.
+    pub page_table: Vec<PageId>,
+    /// Input ids of every prefill row, concatenated.
+    pub input_ids: Vec<Token>,
+    /// Each prefill row's input ids shifted by one (next-token targets), right-padded
+    /// with -1 to the chunk length, concatenated.
+    pub shifted_input_ids: Vec<Token>,
+}
+
+impl ForwardBatch {
+    /// Whether there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// The full page table of `row`.
+    pub fn page_table_of(&self, row: &ForwardRow) -> &[PageId] {
+        let start = row.pages_start as usize;
+        &self.page_table[start..start + row.pages_len as usize]
+    }
+
+    /// The pages newly appended for `row` this step.
+    pub fn new_pages_of(&self, row: &ForwardRow) -> &[PageId] {
+        let table = self.page_table_of(row);
+        &table[row.begin as usize..(row.begin + row.size) as usize]
+    }
+
+    /// The input ids of a prefill `row` (empty for decode rows).
+    pub fn input_ids_of(&self, row: &ForwardRow) -> &[Token] {
+        if row.kind != RowKind::Prefill {
+            return &[];
+        }
+        let start = row.input_ids_start as usize;
+        &self.input_ids[start..start + row.input_length as usize]
+    }
+
+    /// The shifted input ids of a prefill `row` (empty for decode rows).
+    pub fn shifted_input_ids_of(&self, row: &ForwardRow) -> &[Token] {
+        if row.kind != RowKind::Prefill {
+            return &[];
+        }
+        let start = row.input_ids_start as usize;
+        &self.shifted_input_ids[start..start + row.input_length as usize]
+    }
+
+    /// The prefill rows.
+    pub fn prefill_rows(&self) -> &[ForwardRow] {
+        &self.rows[..self.num_prefill_rows]
+    }
+
+    /// The decode and recovery rows.
+    pub fn decode_rows(&self) -> &[ForwardRow] {
+        &self.rows[self.num_prefill_rows..]
+    }
+}
+
+/// What a transfer pair moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TransferKind {
+    /// A KV page.
+    Kv,
+    /// A Mamba state slot (hybrid models).
+    Mamba,
+}
+
+/// One page (or slot) copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TransferPair {
+    /// What is copied.
+    pub kind: TransferKind,
+    /// Source page or slot.
+    pub src: PageId,
+    /// Destination page or slot.
+    pub dst: PageId,
+}
+
+impl TransferPair {
+    /// A KV page copy.
+    pub fn kv(src: PageId, dst: PageId) -> Self {
+        Self { kind: TransferKind::Kv, src, dst }
+    }
+}
+
+/// Device→host copies the engine must run and acknowledge with `WriteBackDone`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteBackOp {
+    /// Acknowledge with this id.
+    pub op_id: OpId,
+    /// `src` = device page, `dst` = host page. A pair already emitted by an earlier op
+    /// of the same plan is omitted here.
+    pub pairs: Vec<TransferPair>,
+    /// Written back because its request was retracted (else: because it finished).
+    pub is_retract: bool,
+}
+
+/// Host→device copies that must land before this plan's forward reads them. Not
+/// acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadBackOp {
+    /// Op id (from the shared counter).
+    pub op_id: OpId,
+    /// `src` = host page, `dst` = device page; de-duplicated across the plan.
+    pub pairs: Vec<TransferPair>,
+}
+
+/// L3→host fill of host pages, acknowledged with `PrefetchDone` (L3 tier).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefetchOp {
+    /// Acknowledge with this id.
+    pub op_id: OpId,
+    /// The request waiting for these pages.
+    pub request_id: RequestId,
+    /// Host pages to fill, in page order.
+    pub dst_pages: Vec<PageId>,
+    /// Rolling hash of each page to fetch.
+    pub page_hashes: Vec<PageHash>,
+}
+
+/// Host→L3 copy of written-back pages, acknowledged with `BackupDone` (L3 tier).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackupOp {
+    /// Acknowledge with this id.
+    pub op_id: OpId,
+    /// Host pages to store, in page order; pinned until the ack.
+    pub src_pages: Vec<PageId>,
+    /// Rolling hash of each page.
+    pub page_hashes: Vec<PageHash>,
+}
+
+/// Why the scheduler gave up on a request by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbortReason {
+    /// A retraction needed host pages and the host pool could not provide them.
+    HostPoolExhausted,
+}
+
+/// A request the scheduler aborted on its own; the engine must stop waiting for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AbortNotice {
+    /// The aborted request (now unknown to the scheduler).
+    pub request_id: RequestId,
+    /// Why.
+    pub reason: AbortReason,
+}
+
+/// Everything the engine must do this step.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExecutionPlan {
+    /// The forward batch (possibly without rows).
+    pub forward: ForwardBatch,
+    /// Write-backs: finish write-backs first, then the retract write-back.
+    pub write_backs: Vec<WriteBackOp>,
+    /// Load-backs, to complete before the forward reads their pages.
+    pub load_backs: Vec<LoadBackOp>,
+    /// L3 prefetches (L3 tier).
+    pub prefetches: Vec<PrefetchOp>,
+    /// L3 backups (L3 tier).
+    pub backups: Vec<BackupOp>,
+    /// Requests the scheduler aborted this step.
+    pub aborted: Vec<AbortNotice>,
+}
+
+impl ExecutionPlan {
+    /// Whether the plan holds nothing for the engine to do or learn.
+    pub fn is_empty(&self) -> bool {
+        self.forward.is_empty()
+            && self.write_backs.is_empty()
+            && self.load_backs.is_empty()
+            && self.prefetches.is_empty()
+            && self.backups.is_empty()
+            && self.aborted.is_empty()
+    }
+
+    /// Total pages across the plan's write-backs.
+    pub fn write_back_pages(&self) -> usize {
+        self.write_backs.iter().map(|op| op.pairs.len()).sum()
+    }
+
+    /// Total pages across the plan's load-backs.
+    pub fn load_back_pages(&self) -> usize {
+        self.load_backs.iter().map(|op| op.pairs.len()).sum()
+    }
+}
