@@ -1,1 +1,198 @@
-fn main() {}
+//! The `kvtier` command.
+//!
+//! * `kvtier replay` — the main job. Until the data plane lands it replays a benchmark
+//!   workload through the scheduler core and prints its report.
+//! * `kvtier bench w1|w2|w3` — runs one benchmark workload exactly as defined in
+//!   WORKLOADS.md; `--json` makes the last stdout line one JSON object.
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use kvtier_sim::{Report, WorkloadKind, WorkloadOptions, run_workload};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "kvtier",
+    version,
+    about = "KV-cache scheduler: replay workloads and benchmark the core"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Replay a workload through the scheduler and print its report (the default).
+    Replay {
+        /// Workload to replay.
+        #[arg(long, value_enum, default_value_t = Workload::W3)]
+        workload: Workload,
+        /// Write the report as JSON to this file.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
+    /// Run a benchmark workload (WORKLOADS.md) and print its counters and timings.
+    Bench {
+        /// Which workload.
+        #[arg(value_enum)]
+        workload: Workload,
+        /// Tokens per page.
+        #[arg(long, default_value_t = 64)]
+        page_size: u32,
+        /// W1 only: the -L2 variant (host tier on, write-back on finish).
+        #[arg(long)]
+        l2: bool,
+        /// W1: requests per pass (multiple of 200); W2: number of requests N.
+        #[arg(long)]
+        requests: Option<usize>,
+        /// Print one JSON object as the last line of stdout.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Workload {
+    W1,
+    W2,
+    W3,
+}
+
+impl From<Workload> for WorkloadKind {
+    fn from(w: Workload) -> Self {
+        match w {
+            Workload::W1 => WorkloadKind::W1,
+            Workload::W2 => WorkloadKind::W2,
+            Workload::W3 => WorkloadKind::W3,
+        }
+    }
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command.unwrap_or(Command::Replay {
+        workload: Workload::W3,
+        json: None,
+    }) {
+        Command::Replay { workload, json } => {
+            let options = WorkloadOptions::new(workload.into());
+            let report = run_workload(&options).context("replay failed")?;
+            print_table(&report);
+            if let Some(path) = json {
+                std::fs::write(&path, serde_json::to_string_pretty(&report)?)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+        }
+        Command::Bench {
+            workload,
+            page_size,
+            l2,
+            requests,
+            json,
+        } => {
+            let kind = WorkloadKind::from(workload);
+            if l2 && kind != WorkloadKind::W1 {
+                bail!("--l2 applies to w1 only (w3 always has a host tier, w2 never)");
+            }
+            if kind == WorkloadKind::W3 && page_size != 64 {
+                bail!("w3 is defined at --page-size 64 only");
+            }
+            let options = WorkloadOptions {
+                kind,
+                page_size,
+                l2,
+                requests,
+            };
+            let report = run_workload(&options).context("bench failed")?;
+            print_table(&report);
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_table(r: &Report) {
+    let c = &r.counters;
+    let ratio = |n: u64| {
+        if c.prompt_tokens == 0 {
+            0.0
+        } else {
+            n as f64 / c.prompt_tokens as f64
+        }
+    };
+    println!(
+        "workload {} (page size {}, host tier {})",
+        r.workload,
+        r.page_size,
+        if r.l2 { "on" } else { "off" }
+    );
+    let rows: Vec<(&str, String)> = vec![
+        ("requests", r.requests.to_string()),
+        ("finished", c.finished.to_string()),
+        ("steps", c.steps.to_string()),
+        ("prompt tokens", c.prompt_tokens.to_string()),
+        (
+            "hit tokens",
+            format!("{} ({:.4})", c.hit_tokens, ratio(c.hit_tokens)),
+        ),
+        ("  from device", c.hit_tokens_device.to_string()),
+        ("  from host", c.hit_tokens_host.to_string()),
+        (
+            "prefill rows",
+            format!(
+                "{} ({} non-first chunks)",
+                c.prefill_rows, c.non_first_chunks
+            ),
+        ),
+        (
+            "write-backs",
+            format!("{} ops, {} pages", c.writeback_ops, c.writeback_pages),
+        ),
+        (
+            "  on finish",
+            format!(
+                "{} ops, {} pages",
+                c.finish_writeback_ops, c.finish_writeback_pages
+            ),
+        ),
+        (
+            "  on retract",
+            format!(
+                "{} ops, {} pages",
+                c.retract_writeback_ops, c.retract_writeback_pages
+            ),
+        ),
+        (
+            "load-backs",
+            format!("{} ops, {} pages", c.loadback_ops, c.loadback_pages),
+        ),
+        ("retractions", c.retractions.to_string()),
+        ("aborts", c.aborts.to_string()),
+        ("starved decode slots", c.starved_decode_slots.to_string()),
+        (
+            "scheduler time",
+            format!("{:.3} ms", r.measured_ns as f64 / 1e6),
+        ),
+    ];
+    for (name, value) in rows {
+        println!("  {name:<22} {value}");
+    }
+    if let Some(ns) = r.ns_per_request {
+        println!("  {:<22} {:.2} µs", "per request", ns / 1e3);
+    }
+    if let Some(ns) = r.ns_per_step {
+        println!("  {:<22} {:.2} µs", "per step", ns / 1e3);
+    }
+    if let (Some(p1), Some(p2)) = (r.pass1_hit_tokens, r.pass2_hit_tokens) {
+        println!(
+            "  {:<22} pass 1: {} steps, {} hit tokens; pass 2: {} steps, {} hit tokens",
+            "passes",
+            r.pass1_steps.unwrap_or(0),
+            p1,
+            r.pass2_steps.unwrap_or(0),
+            p2
+        );
+    }
+}

@@ -80,7 +80,10 @@ impl Default for SchedulerConfig {
 }
 
 fn invalid(field: &'static str, problem: impl Into<String>) -> TypesError {
-    TypesError::InvalidConfig { field, problem: problem.into() }
+    TypesError::InvalidConfig {
+        field,
+        problem: problem.into(),
+    }
 }
 
 impl SchedulerConfig {
@@ -107,7 +110,10 @@ impl SchedulerConfig {
         if self.device_pages < 2 {
             return Err(invalid(
                 "device_pages",
-                format!("is {}: needs at least 2 (page 0 is reserved)", self.device_pages),
+                format!(
+                    "is {}: needs at least 2 (page 0 is reserved)",
+                    self.device_pages
+                ),
             ));
         }
         if self.max_scheduled_tokens == 0 {
@@ -132,12 +138,18 @@ impl SchedulerConfig {
             ));
         }
         if self.enable_l3_storage && self.host_pages < 2 {
-            return Err(invalid("enable_l3_storage", "needs a host pool of at least 2 pages"));
+            return Err(invalid(
+                "enable_l3_storage",
+                "needs a host pool of at least 2 pages",
+            ));
         }
         // Page ids and token positions are u32 in plans; keep products representable.
         let device_tokens = u64::from(self.device_pages) * u64::from(self.page_size);
         if device_tokens > u64::from(u32::MAX) {
-            return Err(invalid("device_pages", "times page_size exceeds u32 token positions"));
+            return Err(invalid(
+                "device_pages",
+                "times page_size exceeds u32 token positions",
+            ));
         }
         Ok(())
     }
@@ -148,7 +160,11 @@ mod tests {
     use super::*;
 
     fn valid() -> SchedulerConfig {
-        SchedulerConfig { device_pages: 32, host_pages: 32, ..SchedulerConfig::default() }
+        SchedulerConfig {
+            device_pages: 32,
+            host_pages: 32,
+            ..SchedulerConfig::default()
+        }
     }
 
     #[test]
@@ -165,11 +181,41 @@ mod tests {
     #[test]
     fn zero_and_inconsistent_values_are_rejected() {
         let cases: Vec<(SchedulerConfig, &str)> = vec![
-            (SchedulerConfig { page_size: 0, ..valid() }, "page_size"),
-            (SchedulerConfig { device_pages: 1, ..valid() }, "device_pages"),
-            (SchedulerConfig { max_scheduled_tokens: 0, ..valid() }, "max_scheduled_tokens"),
-            (SchedulerConfig { max_batch_size: 0, ..valid() }, "max_batch_size"),
-            (SchedulerConfig { host_pages: 1, ..valid() }, "host_pages"),
+            (
+                SchedulerConfig {
+                    page_size: 0,
+                    ..valid()
+                },
+                "page_size",
+            ),
+            (
+                SchedulerConfig {
+                    device_pages: 1,
+                    ..valid()
+                },
+                "device_pages",
+            ),
+            (
+                SchedulerConfig {
+                    max_scheduled_tokens: 0,
+                    ..valid()
+                },
+                "max_scheduled_tokens",
+            ),
+            (
+                SchedulerConfig {
+                    max_batch_size: 0,
+                    ..valid()
+                },
+                "max_batch_size",
+            ),
+            (
+                SchedulerConfig {
+                    host_pages: 1,
+                    ..valid()
+                },
+                "host_pages",
+            ),
             (
                 SchedulerConfig {
                     host_pages: 0,
@@ -179,8 +225,21 @@ mod tests {
                 },
                 "enable_l3_storage",
             ),
-            (SchedulerConfig { role: Role::Decode, ..valid() }, "role"),
-            (SchedulerConfig { page_size: 1 << 16, device_pages: 1 << 17, ..valid() }, "device_pages"),
+            (
+                SchedulerConfig {
+                    role: Role::Decode,
+                    ..valid()
+                },
+                "role",
+            ),
+            (
+                SchedulerConfig {
+                    page_size: 1 << 16,
+                    device_pages: 1 << 17,
+                    ..valid()
+                },
+                "device_pages",
+            ),
         ];
         for (config, field) in cases {
             let err = config.validate().unwrap_err();
@@ -190,7 +249,11 @@ mod tests {
 
     #[test]
     fn l2_disabled_needs_no_host_pool() {
-        let config = SchedulerConfig { host_pages: 0, disable_l2_cache: true, ..valid() };
+        let config = SchedulerConfig {
+            host_pages: 0,
+            disable_l2_cache: true,
+            ..valid()
+        };
         assert_eq!(config.validate(), Ok(()));
     }
 }

@@ -48,7 +48,10 @@ impl PageHash {
         };
         let mut out = [0u8; 32];
         for (i, pair) in bytes.chunks_exact(2).enumerate() {
-            let (hi, lo) = (nibble(pair[0]).ok_or_else(bad)?, nibble(pair[1]).ok_or_else(bad)?);
+            let (hi, lo) = (
+                nibble(pair[0]).ok_or_else(bad)?,
+                nibble(pair[1]).ok_or_else(bad)?,
+            );
             out[i] = hi << 4 | lo;
         }
         Ok(PageHash(out))

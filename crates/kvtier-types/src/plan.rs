@@ -136,7 +136,11 @@ pub struct TransferPair {
 impl TransferPair {
     /// A KV page copy.
     pub fn kv(src: PageId, dst: PageId) -> Self {
-        Self { kind: TransferKind::Kv, src, dst }
+        Self {
+            kind: TransferKind::Kv,
+            src,
+            dst,
+        }
     }
 }
 

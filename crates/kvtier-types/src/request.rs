@@ -19,6 +19,11 @@ pub struct RequestSpec {
 impl RequestSpec {
     /// A request with no L3 information.
     pub fn new(id: impl Into<RequestId>, tokens: Vec<Token>) -> Self {
-        Self { id: id.into(), tokens, rolling_hashes: Vec::new(), storage_hit_pages: 0 }
+        Self {
+            id: id.into(),
+            tokens,
+            rolling_hashes: Vec::new(),
+            storage_hit_pages: 0,
+        }
     }
 }

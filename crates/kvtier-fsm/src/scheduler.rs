@@ -1,0 +1,633 @@
+//! The scheduler core: request table, submit, advance and the finish / abort /
+//! write-back flows. The per-step planning lives in `step.rs`.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use kvtier_radix::{CacheConfig, NodeId, NodeLock, RadixCache};
+use kvtier_types::{
+    EngineEvent, KvEvent, OpId, PageId, RequestId, RequestSpec, SchedulerConfig, Tier, Token,
+};
+use slab::Slab;
+
+use crate::request::{Draining, Request, Retracted, Running, State, StateKind};
+use crate::slots::SlotPool;
+use crate::{BatchError, Rejected, SchedError};
+
+/// A write-back in flight. It owns the locks that pin its source and destination
+/// pages, so it survives the request that issued it (an abort cannot free pages that a
+/// copy is still reading or writing).
+#[derive(Debug)]
+pub(crate) struct Inflight {
+    pub request: Option<RequestId>,
+    pub nodes: Vec<NodeId>,
+    pub dref: Option<NodeLock>,
+    pub href: NodeLock,
+    pub is_retract: bool,
+}
+
+/// Counters and gauges of the scheduler.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SchedulerStats {
+    /// Requests waiting for their first chunk.
+    pub waiting: usize,
+    /// Requests in prefill (Prefilling and PrefillDone).
+    pub prefilling: usize,
+    /// Requests decoding.
+    pub decoding: usize,
+    /// Requests retracting or retracted.
+    pub retracted: usize,
+    /// Free device pages.
+    pub available_device_pages: u32,
+    /// Free host pages.
+    pub available_host_pages: u32,
+    /// Device pages in the prefix cache.
+    pub cached_device_pages: u64,
+    /// Host pages in the prefix cache.
+    pub cached_host_pages: u64,
+    /// Plans built.
+    pub plans: u64,
+    /// Retractions performed.
+    pub retractions: u64,
+    /// Requests the scheduler aborted on its own.
+    pub scheduler_aborts: u64,
+    /// Events for recently finished requests or completed ops, ignored.
+    pub stale_events: u64,
+    /// Write-backs acknowledged as failed.
+    pub failed_write_backs: u64,
+}
+
+/// How many plans a finished request's id is remembered, so late results for it (overlap
+/// scheduling delivers them one step late) are recognised as stale rather than unknown.
+const TOMBSTONE_PLANS: u64 = 2;
+
+/// The request state machine and scheduling policy over a radix cache.
+#[derive(Debug)]
+pub struct Scheduler {
+    pub(crate) config: SchedulerConfig,
+    pub(crate) cache: RadixCache,
+    pub(crate) slots: SlotPool,
+    /// Requests by slab key; `index` gives the id order that reaches every decision.
+    pub(crate) requests: Slab<Request>,
+    pub(crate) index: BTreeMap<RequestId, usize>,
+    pub(crate) ops: BTreeMap<OpId, Inflight>,
+    pub(crate) next_op: OpId,
+    pub(crate) tombstones: BTreeMap<RequestId, u64>,
+    pub(crate) tombstone_order: VecDeque<(u64, RequestId)>,
+    pub(crate) stats: SchedulerStats,
+}
+
+impl Scheduler {
+    /// A scheduler over fresh pools. Fails on an invalid config.
+    pub fn new(config: SchedulerConfig) -> Result<Self, SchedError> {
+        config.validate()?;
+        let cache = RadixCache::new(&CacheConfig {
+            page_size: config.page_size,
+            device_pages: config.device_pages,
+            host_pages: config.host_pages,
+            kv_events: config.enable_kv_cache_events,
+            page_hashes: config.enable_l3_storage,
+        });
+        Ok(Self {
+            slots: SlotPool::new(config.max_batch_size),
+            config,
+            cache,
+            requests: Slab::new(),
+            index: BTreeMap::new(),
+            ops: BTreeMap::new(),
+            next_op: 1,
+            tombstones: BTreeMap::new(),
+            tombstone_order: VecDeque::new(),
+            stats: SchedulerStats::default(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    /// The prefix cache (read access for inspection and tests).
+    pub fn cache(&self) -> &RadixCache {
+        &self.cache
+    }
+
+    // ----- request table -----------------------------------------------------------
+
+    pub(crate) fn key_of(&self, id: &RequestId) -> Option<usize> {
+        self.index.get(id).copied()
+    }
+
+    pub(crate) fn req(&self, key: usize) -> &Request {
+        &self.requests[key]
+    }
+
+    pub(crate) fn req_mut(&mut self, key: usize) -> &mut Request {
+        &mut self.requests[key]
+    }
+
+    fn insert_request(&mut self, request: Request) {
+        let id = request.id.clone();
+        let key = self.requests.insert(request);
+        self.index.insert(id, key);
+    }
+
+    /// Forgets finished requests (their ids stay recognisable for a few plans).
+    pub(crate) fn erase_finished(&mut self) {
+        let plan = self.stats.plans;
+        let finished: Vec<RequestId> = self
+            .index
+            .iter()
+            .filter(|&(_, &k)| matches!(self.req(k).state, State::Finished))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in finished {
+            if let Some(key) = self.index.remove(&id) {
+                self.requests.remove(key);
+            }
+            self.tombstones.insert(id.clone(), plan);
+            self.tombstone_order.push_back((plan, id));
+        }
+        while let Some((at, _)) = self.tombstone_order.front() {
+            if at + TOMBSTONE_PLANS > plan {
+                break;
+            }
+            let (at, id) = self.tombstone_order.pop_front().expect("front exists");
+            if self.tombstones.get(&id) == Some(&at) {
+                self.tombstones.remove(&id);
+            }
+        }
+    }
+
+    // ----- submit ------------------------------------------------------------------
+
+    /// Submits requests. Each spec is checked on its own: valid ones are queued, invalid
+    /// ones are returned in the error with their index and reason.
+    pub fn submit(&mut self, specs: Vec<RequestSpec>) -> Result<(), BatchError> {
+        let mut rejected = Vec::new();
+        for (index, spec) in specs.into_iter().enumerate() {
+            match self.check_spec(&spec) {
+                Ok(()) => self.queue(spec),
+                Err(error) => rejected.push(Rejected { index, error }),
+            }
+        }
+        if rejected.is_empty() {
+            Ok(())
+        } else {
+            Err(BatchError { rejected })
+        }
+    }
+
+    fn check_spec(&self, spec: &RequestSpec) -> Result<(), SchedError> {
+        let id = &spec.id;
+        if self.index.contains_key(id) {
+            return Err(SchedError::DuplicateRequest(id.clone()));
+        }
+        if spec.tokens.is_empty() {
+            return Err(SchedError::EmptyPrompt(id.clone()));
+        }
+        if let Some(&token) = spec.tokens.iter().find(|&&t| t < 0) {
+            return Err(SchedError::InvalidToken {
+                id: id.clone(),
+                token,
+            });
+        }
+        let ps = u64::from(self.config.page_size);
+        let need =
+            (spec.tokens.len() as u64 + u64::from(self.config.decode_input_tokens)).div_ceil(ps);
+        let usable = self.config.usable_device_pages();
+        if need > u64::from(usable) || spec.tokens.len() >= u32::MAX as usize {
+            return Err(SchedError::PromptTooLong {
+                id: id.clone(),
+                tokens: spec.tokens.len(),
+                pages: need,
+                usable,
+            });
+        }
+        let full_pages = (spec.tokens.len() - 1) as u64 / ps;
+        if u64::from(spec.storage_hit_pages) > full_pages {
+            return Err(SchedError::InvalidStorageInfo {
+                id: id.clone(),
+                problem: format!(
+                    "storage_hit_pages {} exceeds the prompt's {full_pages} full pages",
+                    spec.storage_hit_pages
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn queue(&mut self, spec: RequestSpec) {
+        self.tombstones.remove(&spec.id);
+        let prefill_len = spec.tokens.len() as u32;
+        self.insert_request(Request {
+            id: spec.id,
+            tokens: spec.tokens,
+            prefill_len,
+            state: State::Submitted,
+            rolling_hashes: spec.rolling_hashes,
+            storage_hit_pages: spec.storage_hit_pages,
+        });
+    }
+
+    // ----- advance -----------------------------------------------------------------
+
+    /// Applies engine events in order. Each event is applied or refused on its own; a
+    /// refused event changes nothing and is reported with its index.
+    pub fn advance(&mut self, events: Vec<EngineEvent>) -> Result<(), BatchError> {
+        let mut rejected = Vec::new();
+        for (index, event) in events.into_iter().enumerate() {
+            if let Err(error) = self.apply(event) {
+                rejected.push(Rejected { index, error });
+            }
+        }
+        if rejected.is_empty() {
+            Ok(())
+        } else {
+            Err(BatchError { rejected })
+        }
+    }
+
+    /// Aborts one request, whatever its state.
+    pub fn abort(&mut self, id: &RequestId) -> Result<(), SchedError> {
+        self.apply(EngineEvent::Abort {
+            request_id: id.clone(),
+        })
+    }
+
+    /// Looks up the request an event names. `Ok(None)`: a recently finished request, so
+    /// the event is stale and ignored.
+    fn lookup(&mut self, id: &RequestId) -> Result<Option<usize>, SchedError> {
+        if let Some(key) = self.key_of(id) {
+            return Ok(Some(key));
+        }
+        if self.tombstones.contains_key(id) {
+            self.stats.stale_events += 1;
+            return Ok(None);
+        }
+        Err(SchedError::UnknownRequest(id.clone()))
+    }
+
+    fn invalid(&self, key: usize, event: &'static str) -> SchedError {
+        let r = self.req(key);
+        SchedError::InvalidTransition {
+            id: r.id.clone(),
+            event,
+            state: r.state.kind(),
+        }
+    }
+
+    fn apply(&mut self, event: EngineEvent) -> Result<(), SchedError> {
+        let name = event.name();
+        match event {
+            EngineEvent::ExtendResult { request_id, tokens } => {
+                let Some(key) = self.lookup(&request_id)? else {
+                    return Ok(());
+                };
+                if let Some(&token) = tokens.iter().find(|&&t| t < 0) {
+                    return Err(SchedError::InvalidToken {
+                        id: request_id,
+                        token,
+                    });
+                }
+                match self.req(key).state.kind() {
+                    StateKind::PrefillDone
+                    | StateKind::Decoding
+                    | StateKind::Retracting
+                    | StateKind::Retracted => {
+                        self.req_mut(key).tokens.extend_from_slice(&tokens);
+                        Ok(())
+                    }
+                    StateKind::Finished => {
+                        self.stats.stale_events += 1;
+                        Ok(())
+                    }
+                    _ => Err(self.invalid(key, name)),
+                }
+            }
+            EngineEvent::Finish { request_id } => {
+                let Some(key) = self.lookup(&request_id)? else {
+                    return Ok(());
+                };
+                self.finish(key, name)
+            }
+            EngineEvent::Abort { request_id } => {
+                let Some(key) = self.lookup(&request_id)? else {
+                    return Ok(());
+                };
+                self.abort_key(key);
+                Ok(())
+            }
+            EngineEvent::UpdateReserve { request_id, tokens } => {
+                let Some(key) = self.lookup(&request_id)? else {
+                    return Ok(());
+                };
+                match &mut self.req_mut(key).state {
+                    State::Decoding(run) => {
+                        run.reserve = tokens;
+                        Ok(())
+                    }
+                    State::Retracting { .. } | State::Retracted(_) | State::Finished => Ok(()),
+                    _ => Err(self.invalid(key, name)),
+                }
+            }
+            EngineEvent::WriteBackDone { op_id, success } => self.write_back_done(op_id, success),
+            EngineEvent::PrefetchDone { .. } | EngineEvent::BackupDone { .. } => {
+                Err(SchedError::Unsupported("the L3 tier"))
+            }
+            EngineEvent::Bootstrapped { .. } | EngineEvent::RemotePrefillDone { .. } => {
+                Err(SchedError::Unsupported("prefill/decode disaggregation"))
+            }
+        }
+    }
+
+    // ----- finish -------------------------------------------------------------------
+
+    fn finish(&mut self, key: usize, name: &'static str) -> Result<(), SchedError> {
+        let state = std::mem::replace(&mut self.req_mut(key).state, State::Finished);
+        let next = match state {
+            State::PrefillDone(run) | State::Decoding(run) => self.finish_running(key, run),
+            // The copy in flight completes on its own; the tail pages go now.
+            State::Retracting { op, href, lka, .. } => {
+                drop((href, lka));
+                State::WritingBack { op }
+            }
+            State::Retracted(held) => {
+                drop(held);
+                State::Finished
+            }
+            State::Finished => {
+                self.stats.stale_events += 1;
+                State::Finished
+            }
+            other => {
+                self.req_mut(key).state = other;
+                return Err(self.invalid(key, name));
+            }
+        };
+        self.req_mut(key).state = next;
+        Ok(())
+    }
+
+    /// Publishes a finished request's full pages and, with L2 on, attaches host pages
+    /// for the write-back of whatever is not on host yet.
+    fn finish_running(&mut self, key: usize, mut run: Running) -> State {
+        let ps = self.config.page_size;
+        let pages = self.publish(key, &mut run, self.req(key).full_pages_except_last(ps));
+        let Running {
+            dref,
+            href,
+            lka,
+            slot,
+            ..
+        } = run;
+        drop((lka, slot, href));
+        self.cache.unlock(dref);
+        if !self.config.l2_enabled() || self.config.disable_prefix_cache || pages == 0 {
+            return State::Finished;
+        }
+        let tokens = &self.requests[key].tokens[..(pages * ps) as usize];
+        let m = self.cache.match_prefix(tokens);
+        if m.device_pages <= m.host_pages {
+            return State::Finished;
+        }
+        match self.attach_write_back(m.device, m.host) {
+            Some((nodes, pairs, dref, href)) => State::Draining(Draining {
+                nodes,
+                pairs,
+                dref,
+                href,
+            }),
+            None => State::Finished, // host pool full: the prefix stays cached on device only
+        }
+    }
+
+    /// Attaches host pages for the nodes on `device`'s path that lack a readable host
+    /// copy, evicting host cache if needed. Returns the nodes, the copy pairs and locks
+    /// on both tiers of the path, or `None` (nothing changed) when the host pool cannot
+    /// make room.
+    pub(crate) fn attach_write_back(
+        &mut self,
+        device: NodeId,
+        host: NodeId,
+    ) -> Option<(
+        Vec<NodeId>,
+        Vec<kvtier_types::TransferPair>,
+        NodeLock,
+        NodeLock,
+    )> {
+        let nodes = self.cache.nodes_without(Tier::Host, device);
+        let need = self.cache.pages_needed(Tier::Host, &nodes);
+        let guard = self.cache.lock(host, Tier::Host);
+        let ok = self.cache.ensure_free(Tier::Host, need);
+        let pairs = if ok {
+            self.cache.attach_for_write_back(&nodes)
+        } else {
+            None
+        };
+        self.cache.unlock(guard);
+        let pairs = pairs?;
+        let dref = self.cache.lock(device, Tier::Device);
+        let href = self.cache.lock(device, Tier::Host);
+        Some((nodes, pairs, dref, href))
+    }
+
+    /// Moves the request's computed full pages (up to `pages`, clamped to what it holds)
+    /// into the tree and re-points its device lock at the published node. Returns the
+    /// pages now published.
+    pub(crate) fn publish(&mut self, key: usize, run: &mut Running, pages: u32) -> u32 {
+        let ps = self.config.page_size;
+        let prefix = run.prefix_pages.len() as u32;
+        // Overlap scheduling can grow tokens past allocated slots: never take more pages
+        // than the request holds.
+        let pages = pages.min(prefix + run.lka.pages.len() as u32);
+        if pages <= prefix {
+            return prefix;
+        }
+        let Ok(taken) = run.lka.pages.take_first((pages - prefix) as usize) else {
+            return prefix;
+        };
+        let tokens = &self.requests[key].tokens[..(pages * ps) as usize];
+        let Ok(result) = self.cache.insert(Tier::Device, tokens, prefix, taken) else {
+            debug_assert!(false, "publish contract violated");
+            return prefix;
+        };
+        // New lock before the old one goes, so the path is never unpinned.
+        let dref = self.cache.lock(result.last_node, Tier::Device);
+        let old = std::mem::replace(&mut run.dref, dref);
+        self.cache.unlock(old);
+        run.prefix_pages.clear();
+        self.cache
+            .device_path_pages(result.last_node, &mut run.prefix_pages);
+        pages
+    }
+
+    // ----- abort ---------------------------------------------------------------------
+
+    pub(crate) fn abort_key(&mut self, key: usize) {
+        let state = std::mem::replace(&mut self.req_mut(key).state, State::Finished);
+        match state {
+            // Host pages attached for a write-back that was never issued: roll them back.
+            State::Draining(d) => {
+                self.cache.write_back_done(&d.nodes, false);
+                drop(d);
+            }
+            // The in-flight copy keeps its own locks in the op table until acknowledged.
+            State::WritingBack { op } | State::Retracting { op, .. } => {
+                if let Some(inflight) = self.ops.get_mut(&op) {
+                    inflight.request = None;
+                }
+            }
+            other => drop(other),
+        }
+    }
+
+    // ----- write-back completion ---------------------------------------------------
+
+    fn write_back_done(&mut self, op_id: OpId, success: bool) -> Result<(), SchedError> {
+        let Some(op) = self.ops.remove(&op_id) else {
+            if op_id != 0 && op_id < self.next_op {
+                self.stats.stale_events += 1;
+                return Ok(());
+            }
+            return Err(SchedError::UnknownOp(op_id));
+        };
+        let Inflight {
+            request,
+            nodes,
+            dref,
+            href,
+            is_retract,
+        } = op;
+        self.cache.write_back_done(&nodes, success);
+        if !success {
+            self.stats.failed_write_backs += 1;
+        }
+        let device_node = dref.as_ref().map(NodeLock::node);
+        // On failure a retracted request keeps its device lock: its device copy is the
+        // only valid one.
+        let kept_dref = match dref {
+            Some(lock) if success || !is_retract => {
+                self.cache.unlock(lock);
+                None
+            }
+            other => other,
+        };
+        if let (true, Some(node)) = (success, device_node) {
+            self.cache.demote(node);
+        }
+        self.cache.unlock(href);
+        let Some(key) = request.and_then(|id| self.key_of(&id)) else {
+            return Ok(());
+        };
+        let state = std::mem::replace(&mut self.req_mut(key).state, State::Finished);
+        let next = match state {
+            State::WritingBack { .. } => State::Finished,
+            State::Retracting {
+                href, lka, pages, ..
+            } => State::Retracted(Retracted {
+                href,
+                dref: kept_dref,
+                lka,
+                pages,
+            }),
+            other => other,
+        };
+        self.req_mut(key).state = next;
+        Ok(())
+    }
+
+    pub(crate) fn next_op_id(&mut self) -> OpId {
+        let id = self.next_op;
+        self.next_op = self.next_op.wrapping_add(1).max(1);
+        id
+    }
+
+    // ----- queries -----------------------------------------------------------------
+
+    /// Token count of a live request (prompt plus generated), if known.
+    pub fn request_tokens(&self, id: &RequestId) -> Option<usize> {
+        self.key_of(id).map(|k| self.req(k).tokens.len())
+    }
+
+    /// State of a live request, if known.
+    pub fn request_state(&self, id: &RequestId) -> Option<StateKind> {
+        self.key_of(id).map(|k| self.req(k).state.kind())
+    }
+
+    /// Live request ids in id order.
+    pub fn request_ids(&self) -> Vec<RequestId> {
+        self.index.keys().cloned().collect()
+    }
+
+    /// The device page table (tree prefix, then request-local pages) of a running request.
+    pub fn occupied_pages(&self, id: &RequestId) -> Option<Vec<PageId>> {
+        let run = self.key_of(id).and_then(|k| self.req(k).state.running())?;
+        let mut pages = run.prefix_pages.clone();
+        pages.extend_from_slice(run.lka.pages.ids());
+        Some(pages)
+    }
+
+    /// Pages held outside the tree, per tier (device pages of requests; host pages are
+    /// never held outside the tree here). For invariant checks.
+    pub fn outside_pages(&self) -> [Vec<PageId>; 2] {
+        let mut device = Vec::new();
+        for (_, r) in self.requests.iter() {
+            match &r.state {
+                State::Prefilling(run) | State::PrefillDone(run) | State::Decoding(run) => {
+                    device.extend_from_slice(run.lka.pages.ids())
+                }
+                State::Retracting { lka, .. } | State::Retracted(Retracted { lka, .. }) => {
+                    device.extend_from_slice(lka.pages.ids())
+                }
+                _ => {}
+            }
+        }
+        [device, Vec::new()]
+    }
+
+    /// Checks cache invariants and exact page conservation against every request.
+    pub fn check_invariants(&mut self) -> Result<(), String> {
+        let [device, host] = self.outside_pages();
+        self.cache.check_invariants([&device, &host])
+    }
+
+    /// Counters and gauges.
+    pub fn stats(&mut self) -> SchedulerStats {
+        let mut s = self.stats.clone();
+        for (_, r) in self.requests.iter() {
+            match r.state.kind() {
+                StateKind::Submitted => s.waiting += 1,
+                StateKind::Prefilling | StateKind::PrefillDone => s.prefilling += 1,
+                StateKind::Decoding => s.decoding += 1,
+                StateKind::Retracting | StateKind::Retracted => s.retracted += 1,
+                _ => {}
+            }
+        }
+        let tree = self.cache.stats();
+        s.available_device_pages = tree.free_pages[0];
+        s.available_host_pages = tree.free_pages[1];
+        s.cached_device_pages = tree.cached_pages[0];
+        s.cached_host_pages = tree.cached_pages[1];
+        s
+    }
+
+    /// Takes the KV-cache events collected since the last call.
+    pub fn drain_kv_events(&mut self) -> Vec<KvEvent> {
+        self.cache.drain_events()
+    }
+
+    /// Evicts every unlocked cached page of both tiers.
+    pub fn clear_cache(&mut self) {
+        self.cache.clear();
+    }
+
+    /// Whether nothing is running, queued or in flight.
+    pub fn is_idle(&self) -> bool {
+        self.index.is_empty() && self.ops.is_empty()
+    }
+
+    /// Rolling page hashes of the full pages of `tokens`, chained from the root.
+    pub fn rolling_hashes(&self, tokens: &[Token]) -> Vec<kvtier_types::hash::PageHash> {
+        kvtier_types::hash::rolling_page_hashes(None, tokens, self.config.page_size as usize)
+    }
+}

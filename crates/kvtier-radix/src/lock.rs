@@ -1,0 +1,38 @@
+//! RAII node locks.
+
+use kvtier_types::Tier;
+
+use crate::NodeId;
+
+/// A lock on one tier of a node and all its ancestors: while it lives, none of those
+/// copies is evicted or demoted. Move-only; dropping it sends the release to the cache,
+/// which applies it before its next operation. [`crate::RadixCache::unlock`] releases at
+/// once.
+#[derive(Debug)]
+#[must_use = "dropping a lock releases it"]
+pub struct NodeLock {
+    pub(crate) node: NodeId,
+    pub(crate) tier: Tier,
+    pub(crate) home: Option<flume::Sender<(NodeId, Tier)>>,
+}
+
+impl NodeLock {
+    /// The locked node (deepest node of the locked path).
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+
+    /// The locked tier.
+    pub fn tier(&self) -> Tier {
+        self.tier
+    }
+}
+
+impl Drop for NodeLock {
+    fn drop(&mut self) {
+        if let Some(home) = self.home.take() {
+            // A closed channel means the cache is gone, and its locks with it.
+            let _ = home.send((self.node, self.tier));
+        }
+    }
+}

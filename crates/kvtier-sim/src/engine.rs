@@ -1,0 +1,267 @@
+//! The simulated engine of the benchmark workloads (WORKLOADS.md §1) and its counters.
+//!
+//! Each step: `next_plan` → the engine answers the plan with one event list →
+//! `advance`. Engine rules: every write-back op is acknowledged successfully, first;
+//! load-backs need no reply; a prefill row whose chunk is not the last gets nothing; a
+//! last-chunk prefill row and every decode row get the request's next generated token,
+//! followed by `Finish` when that was its last.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Instant;
+
+use kvtier_fsm::{BatchError, Scheduler};
+use kvtier_types::{EngineEvent, ExecutionPlan, RequestId, RequestSpec, RowKind, Token};
+use serde::Serialize;
+
+/// Deterministic counters of a run (identical across runs and runtimes).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Counters {
+    /// Plans built.
+    pub steps: u64,
+    /// Prompt tokens submitted.
+    pub prompt_tokens: u64,
+    /// Σ extend-prefix length of each request's first prefill chunk.
+    pub hit_tokens: u64,
+    /// Hit tokens served from device.
+    pub hit_tokens_device: u64,
+    /// Hit tokens loaded back from host.
+    pub hit_tokens_host: u64,
+    /// Prefill rows.
+    pub prefill_rows: u64,
+    /// Prefill rows that were not a request's first chunk.
+    pub non_first_chunks: u64,
+    /// Decode rows (including recovery rows).
+    pub decode_rows: u64,
+    /// Write-back ops.
+    pub writeback_ops: u64,
+    /// Write-back pages.
+    pub writeback_pages: u64,
+    /// Write-back ops issued because a request finished.
+    pub finish_writeback_ops: u64,
+    /// Pages of those.
+    pub finish_writeback_pages: u64,
+    /// Write-back ops issued because a request was retracted.
+    pub retract_writeback_ops: u64,
+    /// Pages of those.
+    pub retract_writeback_pages: u64,
+    /// Load-back ops.
+    pub loadback_ops: u64,
+    /// Load-back pages.
+    pub loadback_pages: u64,
+    /// Load-back pages in plans without prefill rows (retract recovery).
+    pub recovery_loadback_pages: u64,
+    /// Retractions (write-backs marked as retract).
+    pub retractions: u64,
+    /// Requests that disappeared without finishing.
+    pub aborts: u64,
+    /// In plans without prefill rows: running requests past their first token that got
+    /// no decode row.
+    pub starved_decode_slots: u64,
+    /// Requests that received Finish.
+    pub finished: u64,
+}
+
+#[derive(Debug)]
+struct Live {
+    stream: Vec<Token>,
+    produced: usize,
+}
+
+/// What one step did.
+#[derive(Debug, Default)]
+pub struct StepOutcome {
+    /// The plan held nothing for the engine.
+    pub empty: bool,
+    /// Requests that received Finish this step.
+    pub finished: Vec<RequestId>,
+    /// Requests the scheduler aborted this step.
+    pub aborted: Vec<RequestId>,
+    /// Timed nanoseconds of this step's scheduler calls.
+    pub ns: u64,
+    /// Whether the plan had prefill rows.
+    pub had_prefill: bool,
+}
+
+/// Drives a scheduler through steps as the workload engine, counting as it goes.
+#[derive(Debug)]
+pub struct StepDriver {
+    /// The scheduler under test.
+    pub scheduler: Scheduler,
+    /// Counters so far.
+    pub counters: Counters,
+    /// Timed nanoseconds so far.
+    pub measured_ns: u64,
+    live: BTreeMap<RequestId, Live>,
+    started: HashSet<RequestId>,
+    page_size: u64,
+    /// Skip `advance` when the plan holds nothing for the engine (W3's rule).
+    pub skip_empty_advance: bool,
+}
+
+/// Submits, timed. Never inlined so callgrind can toggle on it.
+#[inline(never)]
+pub fn measured_submit(s: &mut Scheduler, specs: Vec<RequestSpec>) -> Result<(), BatchError> {
+    s.submit(specs)
+}
+
+/// Builds the next plan, timed. Never inlined so callgrind can toggle on it.
+#[inline(never)]
+pub fn measured_next_plan(s: &mut Scheduler) -> ExecutionPlan {
+    s.next_plan()
+}
+
+/// Applies events, timed. Never inlined so callgrind can toggle on it.
+#[inline(never)]
+pub fn measured_advance(s: &mut Scheduler, events: Vec<EngineEvent>) -> Result<(), BatchError> {
+    s.advance(events)
+}
+
+/// Drops a plan outside the timed region.
+#[inline(never)]
+fn discard(plan: ExecutionPlan) {
+    drop(plan);
+}
+
+impl StepDriver {
+    /// Wraps a scheduler.
+    pub fn new(scheduler: Scheduler) -> Self {
+        let page_size = u64::from(scheduler.config().page_size);
+        Self {
+            scheduler,
+            counters: Counters::default(),
+            measured_ns: 0,
+            live: BTreeMap::new(),
+            started: HashSet::new(),
+            page_size,
+            skip_empty_advance: false,
+        }
+    }
+
+    /// Submits requests with the token streams the engine will generate for them.
+    pub fn submit(&mut self, batch: Vec<(RequestSpec, Vec<Token>)>) -> Result<u64, BatchError> {
+        let mut specs = Vec::with_capacity(batch.len());
+        for (spec, stream) in batch {
+            self.counters.prompt_tokens += spec.tokens.len() as u64;
+            self.live.insert(
+                spec.id.clone(),
+                Live {
+                    stream,
+                    produced: 0,
+                },
+            );
+            specs.push(spec);
+        }
+        let t0 = Instant::now();
+        let result = measured_submit(&mut self.scheduler, specs);
+        let ns = t0.elapsed().as_nanos() as u64;
+        self.measured_ns += ns;
+        result.map(|()| ns)
+    }
+
+    /// Requests submitted and not yet finished or aborted.
+    pub fn live(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Runs one step.
+    pub fn step(&mut self) -> Result<StepOutcome, BatchError> {
+        let t0 = Instant::now();
+        let plan = measured_next_plan(&mut self.scheduler);
+        let mut ns = t0.elapsed().as_nanos() as u64;
+        self.counters.steps += 1;
+        let mut out = StepOutcome {
+            empty: plan.is_empty(),
+            ..StepOutcome::default()
+        };
+        let events = self.answer(&plan, &mut out);
+        discard(plan);
+        if !(self.skip_empty_advance && out.empty) {
+            let t1 = Instant::now();
+            let result = measured_advance(&mut self.scheduler, events);
+            ns += t1.elapsed().as_nanos() as u64;
+            result?;
+        }
+        self.measured_ns += ns;
+        out.ns = ns;
+        Ok(out)
+    }
+
+    /// Counts the plan and builds the engine's answer.
+    fn answer(&mut self, plan: &ExecutionPlan, out: &mut StepOutcome) -> Vec<EngineEvent> {
+        let c = &mut self.counters;
+        let forward = &plan.forward;
+        let has_prefill = forward.num_prefill_rows > 0;
+        out.had_prefill = has_prefill;
+        let mut events = Vec::with_capacity(plan.write_backs.len() + 2 * forward.rows.len());
+        for op in &plan.write_backs {
+            let pages = op.pairs.len() as u64;
+            c.writeback_ops += 1;
+            c.writeback_pages += pages;
+            if op.is_retract {
+                c.retract_writeback_ops += 1;
+                c.retract_writeback_pages += pages;
+                c.retractions += 1;
+            } else {
+                c.finish_writeback_ops += 1;
+                c.finish_writeback_pages += pages;
+            }
+            events.push(EngineEvent::WriteBackDone {
+                op_id: op.op_id,
+                success: true,
+            });
+        }
+        let lb_pages = plan.load_back_pages() as u64;
+        c.loadback_ops += plan.load_backs.len() as u64;
+        c.loadback_pages += lb_pages;
+        if has_prefill {
+            c.hit_tokens_host += lb_pages * self.page_size;
+        } else {
+            c.recovery_loadback_pages += lb_pages;
+        }
+        for notice in &plan.aborted {
+            if self.live.remove(&notice.request_id).is_some() {
+                c.aborts += 1;
+                out.aborted.push(notice.request_id.clone());
+            }
+        }
+        if !has_prefill {
+            let waiting = self.live.values().filter(|l| l.produced > 0).count() as u64;
+            c.starved_decode_slots += waiting.saturating_sub(forward.decode_rows().len() as u64);
+        }
+        for row in &forward.rows {
+            if row.kind == RowKind::Prefill {
+                c.prefill_rows += 1;
+                if self.started.insert(row.request_id.clone()) {
+                    c.hit_tokens += u64::from(row.extend_prefix_len);
+                } else {
+                    c.non_first_chunks += 1;
+                }
+                if row.extend_prefix_len + row.input_length != row.prefill_length {
+                    continue;
+                }
+            } else {
+                c.decode_rows += 1;
+            }
+            let Some(live) = self.live.get_mut(&row.request_id) else {
+                continue;
+            };
+            let token = live.stream[live.produced];
+            live.produced += 1;
+            events.push(EngineEvent::ExtendResult {
+                request_id: row.request_id.clone(),
+                tokens: vec![token],
+            });
+            if live.produced == live.stream.len() {
+                events.push(EngineEvent::Finish {
+                    request_id: row.request_id.clone(),
+                });
+                self.live.remove(&row.request_id);
+                self.started.remove(&row.request_id);
+                c.finished += 1;
+                out.finished.push(row.request_id.clone());
+            }
+        }
+        c.hit_tokens_device = c.hit_tokens - c.hit_tokens_host.min(c.hit_tokens);
+        events
+    }
+}
