@@ -12,6 +12,7 @@
 //! that state held.
 
 mod error;
+mod idmap;
 mod request;
 mod scheduler;
 mod slots;

@@ -1,7 +1,7 @@
 //! Requests and their states. Each state owns exactly the resources it holds.
 
 use kvtier_host::OwnedPages;
-use kvtier_radix::{NodeId, NodeLock, RadixCache};
+use kvtier_radix::{NodeLock, RadixCache, WriteBackTicket};
 use kvtier_types::{OpId, PageId, RequestId, Tier, Token, TransferPair, hash::PageHash};
 
 use crate::slots::Slot;
@@ -100,7 +100,7 @@ impl Running {
 /// A finished request whose write-back is attached but not yet issued.
 #[derive(Debug)]
 pub(crate) struct Draining {
-    pub nodes: Vec<NodeId>,
+    pub ticket: WriteBackTicket,
     pub pairs: Vec<TransferPair>,
     pub dref: NodeLock,
     pub href: NodeLock,

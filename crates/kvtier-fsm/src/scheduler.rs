@@ -3,12 +3,13 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use kvtier_radix::{CacheConfig, NodeId, NodeLock, RadixCache};
+use kvtier_radix::{CacheConfig, NodeId, NodeLock, RadixCache, WriteBackTicket};
 use kvtier_types::{
     EngineEvent, KvEvent, OpId, PageId, RequestId, RequestSpec, SchedulerConfig, Tier, Token,
 };
 use slab::Slab;
 
+use crate::idmap::IdMap;
 use crate::request::{Draining, Request, Retracted, Running, State, StateKind};
 use crate::slots::SlotPool;
 use crate::{BatchError, Rejected, SchedError};
@@ -19,7 +20,7 @@ use crate::{BatchError, Rejected, SchedError};
 #[derive(Debug)]
 pub(crate) struct Inflight {
     pub request: Option<RequestId>,
-    pub nodes: Vec<NodeId>,
+    pub ticket: WriteBackTicket,
     pub dref: Option<NodeLock>,
     pub href: NodeLock,
     pub is_retract: bool,
@@ -69,11 +70,15 @@ pub struct Scheduler {
     /// Requests by slab key; `index` gives the id order that reaches every decision.
     pub(crate) requests: Slab<Request>,
     pub(crate) index: BTreeMap<RequestId, usize>,
+    /// The same mapping, for lookups by id (never iterated).
+    pub(crate) by_id: IdMap,
     pub(crate) ops: BTreeMap<OpId, Inflight>,
     pub(crate) next_op: OpId,
     pub(crate) tombstones: BTreeMap<RequestId, u64>,
     pub(crate) tombstone_order: VecDeque<(u64, RequestId)>,
     pub(crate) stats: SchedulerStats,
+    /// Page-table length of the last plan: the next one is usually about as long.
+    pub(crate) page_table_hint: usize,
 }
 
 impl Scheduler {
@@ -93,11 +98,13 @@ impl Scheduler {
             cache,
             requests: Slab::new(),
             index: BTreeMap::new(),
+            by_id: IdMap::default(),
             ops: BTreeMap::new(),
             next_op: 1,
             tombstones: BTreeMap::new(),
             tombstone_order: VecDeque::new(),
             stats: SchedulerStats::default(),
+            page_table_hint: 0,
         })
     }
 
@@ -114,7 +121,7 @@ impl Scheduler {
     // ----- request table -----------------------------------------------------------
 
     pub(crate) fn key_of(&self, id: &RequestId) -> Option<usize> {
-        self.index.get(id).copied()
+        self.by_id.get(id).copied()
     }
 
     pub(crate) fn req(&self, key: usize) -> &Request {
@@ -128,6 +135,7 @@ impl Scheduler {
     fn insert_request(&mut self, request: Request) {
         let id = request.id.clone();
         let key = self.requests.insert(request);
+        self.by_id.insert(id.clone(), key);
         self.index.insert(id, key);
     }
 
@@ -141,6 +149,7 @@ impl Scheduler {
             .map(|(id, _)| id.clone())
             .collect();
         for id in finished {
+            self.by_id.remove(&id);
             if let Some(key) = self.index.remove(&id) {
                 self.requests.remove(key);
             }
@@ -179,13 +188,13 @@ impl Scheduler {
 
     fn check_spec(&self, spec: &RequestSpec) -> Result<(), SchedError> {
         let id = &spec.id;
-        if self.index.contains_key(id) {
+        if self.by_id.contains_key(id) {
             return Err(SchedError::DuplicateRequest(id.clone()));
         }
         if spec.tokens.is_empty() {
             return Err(SchedError::EmptyPrompt(id.clone()));
         }
-        if let Some(&token) = spec.tokens.iter().find(|&&t| t < 0) {
+        if let Some(token) = first_negative(&spec.tokens) {
             return Err(SchedError::InvalidToken {
                 id: id.clone(),
                 token,
@@ -258,6 +267,11 @@ impl Scheduler {
     /// the event is stale and ignored.
     fn lookup(&mut self, id: &RequestId) -> Result<Option<usize>, SchedError> {
         if let Some(key) = self.key_of(id) {
+            if matches!(self.req(key).state, State::Finished) {
+                // Finished but not yet erased: late results are stale like after erasure.
+                self.stats.stale_events += 1;
+                return Ok(None);
+            }
             return Ok(Some(key));
         }
         if self.tombstones.contains_key(id) {
@@ -280,15 +294,16 @@ impl Scheduler {
         let name = event.name();
         match event {
             EngineEvent::ExtendResult { request_id, tokens } => {
-                let Some(key) = self.lookup(&request_id)? else {
-                    return Ok(());
-                };
-                if let Some(&token) = tokens.iter().find(|&&t| t < 0) {
+                // A malformed payload is refused whatever the request's state.
+                if let Some(token) = first_negative(&tokens) {
                     return Err(SchedError::InvalidToken {
                         id: request_id,
                         token,
                     });
                 }
+                let Some(key) = self.lookup(&request_id)? else {
+                    return Ok(());
+                };
                 match self.req(key).state.kind() {
                     StateKind::PrefillDone
                     | StateKind::Decoding
@@ -391,44 +406,34 @@ impl Scheduler {
             return State::Finished;
         }
         match self.attach_write_back(m.device, m.host) {
-            Some((nodes, pairs, dref, href)) => State::Draining(Draining {
-                nodes,
-                pairs,
-                dref,
-                href,
-            }),
+            Some(draining) => State::Draining(draining),
             None => State::Finished, // host pool full: the prefix stays cached on device only
         }
     }
 
-    /// Attaches host pages for the nodes on `device`'s path that lack a readable host
-    /// copy, evicting host cache if needed. Returns the nodes, the copy pairs and locks
-    /// on both tiers of the path, or `None` (nothing changed) when the host pool cannot
-    /// make room.
-    pub(crate) fn attach_write_back(
-        &mut self,
-        device: NodeId,
-        host: NodeId,
-    ) -> Option<(
-        Vec<NodeId>,
-        Vec<kvtier_types::TransferPair>,
-        NodeLock,
-        NodeLock,
-    )> {
+    /// Attaches host pages to the nodes on `device`'s path that lack a readable host
+    /// copy, evicting host cache if needed, and pins the path on both tiers. `None`
+    /// (nothing changed) when the host pool cannot make room.
+    pub(crate) fn attach_write_back(&mut self, device: NodeId, host: NodeId) -> Option<Draining> {
         let nodes = self.cache.nodes_without(Tier::Host, device);
         let need = self.cache.pages_needed(Tier::Host, &nodes);
         let guard = self.cache.lock(host, Tier::Host);
         let ok = self.cache.ensure_free(Tier::Host, need);
-        let pairs = if ok {
+        let attached = if ok {
             self.cache.attach_for_write_back(&nodes)
         } else {
             None
         };
         self.cache.unlock(guard);
-        let pairs = pairs?;
+        let (ticket, pairs) = attached?;
         let dref = self.cache.lock(device, Tier::Device);
         let href = self.cache.lock(device, Tier::Host);
-        Some((nodes, pairs, dref, href))
+        Some(Draining {
+            ticket,
+            pairs,
+            dref,
+            href,
+        })
     }
 
     /// Moves the request's computed full pages (up to `pages`, clamped to what it holds)
@@ -468,7 +473,7 @@ impl Scheduler {
         match state {
             // Host pages attached for a write-back that was never issued: roll them back.
             State::Draining(d) => {
-                self.cache.write_back_done(&d.nodes, false);
+                self.cache.write_back_done(d.ticket, false);
                 drop(d);
             }
             // The in-flight copy keeps its own locks in the op table until acknowledged.
@@ -493,12 +498,12 @@ impl Scheduler {
         };
         let Inflight {
             request,
-            nodes,
+            ticket,
             dref,
             href,
             is_retract,
         } = op;
-        self.cache.write_back_done(&nodes, success);
+        self.cache.write_back_done(ticket, success);
         if !success {
             self.stats.failed_write_backs += 1;
         }
@@ -630,4 +635,13 @@ impl Scheduler {
     pub fn rolling_hashes(&self, tokens: &[Token]) -> Vec<kvtier_types::hash::PageHash> {
         kvtier_types::hash::rolling_page_hashes(None, tokens, self.config.page_size as usize)
     }
+}
+
+/// The first negative token, if any. Token ids are non-negative; OR-ing sign bits
+/// vectorises, so the common all-valid case costs a fraction of a per-token search.
+fn first_negative(tokens: &[Token]) -> Option<Token> {
+    if tokens.iter().fold(0, |acc, &t| acc | t) >= 0 {
+        return None;
+    }
+    tokens.iter().copied().find(|&t| t < 0)
 }

@@ -2,21 +2,21 @@
 
 use std::collections::VecDeque;
 
+use kvtier_host::{ReleaseQueue, Releaser};
 use kvtier_types::SlotId;
 
 /// The slot allocator. Released slots go to the back of the queue.
 #[derive(Debug)]
 pub(crate) struct SlotPool {
     free: VecDeque<SlotId>,
-    tx: flume::Sender<SlotId>,
-    rx: flume::Receiver<SlotId>,
+    releases: ReleaseQueue<SlotId>,
 }
 
 /// A request-pool slot; dropping it returns it to the pool.
 #[derive(Debug)]
 pub(crate) struct Slot {
     id: SlotId,
-    home: flume::Sender<SlotId>,
+    home: Releaser<SlotId>,
 }
 
 impl Slot {
@@ -27,25 +27,21 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        // A closed channel means the pool is gone.
-        let _ = self.home.send(self.id);
+        self.home.release(self.id);
     }
 }
 
 impl SlotPool {
     pub fn new(size: u32) -> Self {
-        let (tx, rx) = flume::unbounded();
         Self {
             free: (1..=size).collect(),
-            tx,
-            rx,
+            releases: ReleaseQueue::new(),
         }
     }
 
     fn drain(&mut self) {
-        while let Ok(id) = self.rx.try_recv() {
-            self.free.push_back(id);
-        }
+        let free = &mut self.free;
+        self.releases.drain(|id| free.push_back(id));
     }
 
     pub fn available(&mut self) -> usize {
@@ -57,7 +53,7 @@ impl SlotPool {
         self.drain();
         self.free.pop_front().map(|id| Slot {
             id,
-            home: self.tx.clone(),
+            home: self.releases.releaser(),
         })
     }
 }

@@ -15,12 +15,12 @@ use std::collections::HashSet;
 
 use kvtier_radix::{Match, NodeLock, Probe};
 use kvtier_types::{
-    AbortNotice, AbortReason, ExecutionPlan, ForwardRow, LoadBackOp, RowKind, Tier, Token,
-    TransferPair, WriteBackOp,
+    AbortNotice, AbortReason, ExecutionPlan, ForwardRow, LoadBackOp, OpId, RequestId, RowKind,
+    Tier, Token, TransferPair, WriteBackOp,
 };
 
 use crate::Scheduler;
-use crate::request::{LocalKv, Retracted, Running, State, StateKind};
+use crate::request::{Draining, LocalKv, Retracted, Running, State, StateKind};
 use crate::scheduler::Inflight;
 
 /// Rows and flat buffers of the forward batch under construction.
@@ -75,7 +75,10 @@ impl Scheduler {
         self.issue_finish_write_backs(&mut plan, &mut seen);
         self.erase_finished();
         let candidates = self.candidates();
-        let mut rows = Rows::default();
+        let mut rows = Rows {
+            page_table: Vec::with_capacity(self.page_table_hint),
+            ..Rows::default()
+        };
         self.admit(&candidates, &mut rows, &mut plan, &mut seen);
         if rows.prefill.is_empty() && rows.decode.is_empty() && !candidates.is_empty() {
             self.retract_one(&candidates, &mut plan, &mut seen);
@@ -84,6 +87,7 @@ impl Scheduler {
         forward.num_prefill_rows = rows.prefill.len();
         forward.rows = rows.prefill;
         forward.rows.append(&mut rows.decode);
+        self.page_table_hint = rows.page_table.len();
         forward.page_table = rows.page_table;
         forward.input_ids = rows.input_ids;
         forward.shifted_input_ids = rows.shifted_input_ids;
@@ -113,28 +117,52 @@ impl Scheduler {
                 continue;
             };
             if d.pairs.is_empty() {
+                self.cache.write_back_done(d.ticket, true);
                 continue;
             }
-            let op = self.next_op_id();
             let id = self.req(key).id.clone();
-            let pairs = dedup(&mut seen.write_back, d.pairs);
-            plan.write_backs.push(WriteBackOp {
-                op_id: op,
-                pairs,
-                is_retract: false,
-            });
-            self.ops.insert(
-                op,
-                Inflight {
-                    request: Some(id),
-                    nodes: d.nodes,
-                    dref: Some(d.dref),
-                    href: d.href,
-                    is_retract: false,
-                },
-            );
+            let op = self.issue_write_back(d, id, false, plan, seen);
             self.req_mut(key).state = State::WritingBack { op };
         }
+    }
+
+    /// Emits a write-back op for attached copies; the op table keeps its locks until the
+    /// engine acknowledges it.
+    fn issue_write_back(
+        &mut self,
+        d: Draining,
+        request: RequestId,
+        is_retract: bool,
+        plan: &mut ExecutionPlan,
+        seen: &mut Seen,
+    ) -> OpId {
+        let op_id = self.next_op_id();
+        let pairs = dedup(&mut seen.write_back, d.pairs);
+        plan.write_backs.push(WriteBackOp {
+            op_id,
+            pairs,
+            is_retract,
+        });
+        let inflight = Inflight {
+            request: Some(request),
+            ticket: d.ticket,
+            dref: Some(d.dref),
+            href: d.href,
+            is_retract,
+        };
+        self.ops.insert(op_id, inflight);
+        op_id
+    }
+
+    /// Tells the engine the scheduler gave up on a request (already released).
+    fn abort_notice(
+        &mut self,
+        request_id: RequestId,
+        reason: AbortReason,
+        plan: &mut ExecutionPlan,
+    ) {
+        self.stats.scheduler_aborts += 1;
+        plan.aborted.push(AbortNotice { request_id, reason });
     }
 
     /// Candidates in scheduling order: priority class, then request id.
@@ -486,36 +514,15 @@ impl Scheduler {
         );
         let id = self.req(key).id.clone();
         if m.device_pages > m.host_pages {
-            let Some((nodes, pairs, wb_dref, wb_href)) = self.attach_write_back(m.device, m.host)
-            else {
+            let Some(draining) = self.attach_write_back(m.device, m.host) else {
                 // The host pool cannot take the prefix: give up on the request, and say so.
                 drop((dref, lka));
-                self.stats.scheduler_aborts += 1;
-                plan.aborted.push(AbortNotice {
-                    request_id: id,
-                    reason: AbortReason::HostPoolExhausted,
-                });
+                self.abort_notice(id, AbortReason::HostPoolExhausted, plan);
                 return;
             };
             let own_href = self.cache.lock(m.device, Tier::Host);
             self.cache.unlock(dref);
-            let op = self.next_op_id();
-            let pairs = dedup(&mut seen.write_back, pairs);
-            plan.write_backs.push(WriteBackOp {
-                op_id: op,
-                pairs,
-                is_retract: true,
-            });
-            self.ops.insert(
-                op,
-                Inflight {
-                    request: Some(id),
-                    nodes,
-                    dref: Some(wb_dref),
-                    href: wb_href,
-                    is_retract: true,
-                },
-            );
+            let op = self.issue_write_back(draining, id, true, plan, seen);
             self.req_mut(key).state = State::Retracting {
                 op,
                 href: own_href,
@@ -559,6 +566,15 @@ impl Scheduler {
             .probe(&self.req(key).tokens[..(pages * ps) as usize]);
         let load_back = probe.host_pages.saturating_sub(probe.device_pages);
         let need = (load_back * ps + d).div_ceil(ps);
+        let tail = held.lka.pages.len() as u32;
+        if need + tail > self.cache.usable(Tier::Device) {
+            // Even an empty device pool could not hold it again: give up, and say so.
+            let state = std::mem::replace(&mut self.req_mut(key).state, State::Finished);
+            drop(state);
+            let id = self.req(key).id.clone();
+            self.abort_notice(id, AbortReason::ExceedsDevicePool, plan);
+            return None;
+        }
         if !self
             .cache
             .can_free(Tier::Device, need, probe.device_unlocked_pages)

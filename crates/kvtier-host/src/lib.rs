@@ -11,6 +11,8 @@
 
 mod error;
 mod pool;
+mod release;
 
 pub use error::HostError;
 pub use pool::{OwnedPages, PagePool, PoolId};
+pub use release::{ReleaseQueue, Releaser};

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use kvtier_types::PageId;
 
-use crate::HostError;
+use crate::{HostError, ReleaseQueue, Releaser};
 
 /// Distinguishes pools so page sets from different pools are never mixed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,8 +18,7 @@ pub struct PagePool {
     id: PoolId,
     total: u32,
     free: Vec<PageId>,
-    returns_tx: flume::Sender<Vec<PageId>>,
-    returns_rx: flume::Receiver<Vec<PageId>>,
+    returns: ReleaseQueue<Vec<PageId>>,
     /// Debug builds track which pages are free to catch double frees.
     #[cfg(debug_assertions)]
     is_free: Vec<bool>,
@@ -28,7 +27,6 @@ pub struct PagePool {
 impl PagePool {
     /// A pool of `total` pages; ids `1..total` are usable (none when `total <= 1`).
     pub fn new(total: u32) -> Self {
-        let (returns_tx, returns_rx) = flume::unbounded();
         let free: Vec<PageId> = (1..total.max(1)).collect();
         Self {
             id: PoolId(NEXT_POOL.fetch_add(1, Ordering::Relaxed)),
@@ -36,8 +34,7 @@ impl PagePool {
             #[cfg(debug_assertions)]
             is_free: (0..total).map(|p| p != 0).collect(),
             free,
-            returns_tx,
-            returns_rx,
+            returns: ReleaseQueue::new(),
         }
     }
 
@@ -69,9 +66,17 @@ impl PagePool {
 
     /// Takes back every page set dropped since the last call.
     pub fn drain_returns(&mut self) {
-        while let Ok(pages) = self.returns_rx.try_recv() {
-            self.free_ids(&pages);
-        }
+        let Self { returns, free, .. } = self;
+        #[cfg(debug_assertions)]
+        let is_free = &mut self.is_free;
+        returns.drain(|pages| {
+            #[cfg(debug_assertions)]
+            for &p in &pages {
+                debug_assert!(!is_free[p as usize], "page {p} freed twice");
+                is_free[p as usize] = true;
+            }
+            free.extend_from_slice(&pages);
+        });
     }
 
     /// Allocates exactly `n` pages, or none at all. `n == 0` gives an empty set.
@@ -103,7 +108,7 @@ impl PagePool {
             ids,
             home: Some(Home {
                 pool: self.id,
-                tx: self.returns_tx.clone(),
+                tx: self.returns.releaser(),
             }),
         }
     }
@@ -164,7 +169,7 @@ impl PagePool {
 #[derive(Debug, Clone)]
 struct Home {
     pool: PoolId,
-    tx: flume::Sender<Vec<PageId>>,
+    tx: Releaser<Vec<PageId>>,
 }
 
 /// Pages held outside their pool. Move-only; dropping returns them to the pool.
@@ -246,8 +251,7 @@ impl Drop for OwnedPages {
             return;
         }
         if let Some(home) = &self.home {
-            // A closed channel means the pool is gone, and its pages with it.
-            let _ = home.tx.send(std::mem::take(&mut self.ids));
+            home.tx.release(std::mem::take(&mut self.ids));
         }
     }
 }

@@ -1,8 +1,8 @@
 //! The radix cache core: walk, split, insert, lock, evict, demote, write-back tracking.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
-use kvtier_host::{OwnedPages, PagePool};
+use kvtier_host::{OwnedPages, PagePool, ReleaseQueue};
 use kvtier_types::{KvEvent, PageId, Tier, Token, TransferPair, hash::PageHash, hash::block_hash};
 use slab::Slab;
 
@@ -59,6 +59,12 @@ pub struct InsertResult {
     pub inserted_pages: u32,
 }
 
+/// A write-back in flight: the nodes whose host copies it fills. Acknowledge it with
+/// [`RadixCache::write_back_done`] exactly once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[must_use = "a write-back ticket must be acknowledged with write_back_done"]
+pub struct WriteBackTicket(u64);
+
 /// Counters of the tree for stats and tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TreeStats {
@@ -88,14 +94,16 @@ pub struct RadixCache {
     next_seq: u64,
     keep_page_hashes: bool,
     events: Option<EventSink>,
-    lock_tx: flume::Sender<(NodeId, Tier)>,
-    lock_rx: flume::Receiver<(NodeId, Tier)>,
+    lock_releases: ReleaseQueue<(NodeId, Tier)>,
+    /// Write-backs in flight → the nodes they fill, leaf→root. A split of a covered node
+    /// adds the new prefix node, so every pending copy is acknowledged.
+    tickets: BTreeMap<u64, Vec<NodeId>>,
+    next_ticket: u64,
 }
 
 impl RadixCache {
     /// An empty cache with fresh pools.
     pub fn new(config: &CacheConfig) -> Self {
-        let (lock_tx, lock_rx) = flume::unbounded();
         let mut nodes = Slab::new();
         let idx = nodes.insert(Node {
             parent: None,
@@ -127,8 +135,9 @@ impl RadixCache {
             next_seq: 1,
             keep_page_hashes: config.page_hashes,
             events: config.kv_events.then(EventSink::default),
-            lock_tx,
-            lock_rx,
+            lock_releases: ReleaseQueue::new(),
+            tickets: BTreeMap::new(),
+            next_ticket: 1,
         }
     }
 
@@ -217,6 +226,10 @@ impl RadixCache {
     /// Pages of `label` (whole pages) matching `tokens` from the start.
     #[inline]
     fn common_pages(&self, label: &[Token], tokens: &[Token]) -> usize {
+        let whole = label.len().min(tokens.len()) / self.page_size;
+        if label[..whole * self.page_size] == tokens[..whole * self.page_size] {
+            return whole;
+        }
         label
             .chunks_exact(self.page_size)
             .zip(tokens.chunks_exact(self.page_size))
@@ -239,7 +252,9 @@ impl RadixCache {
     /// Applies releases of dropped locks and page sets. Every mutating call does this
     /// first, so callers never observe a dropped handle as still held.
     pub fn drain_releases(&mut self) {
-        while let Ok((node, tier)) = self.lock_rx.try_recv() {
+        let mut released = Vec::new();
+        self.lock_releases.drain(|item| released.push(item));
+        for (node, tier) in released {
             self.release_lock(node, tier);
         }
         self.pools[0].drain_returns();
@@ -407,6 +422,13 @@ impl RadixCache {
         }
         self.node_mut(id).parent = Some(x);
         self.add_child(x, id);
+        if self.node(x).tiers[1].pending > 0 {
+            for nodes in self.tickets.values_mut() {
+                if let Some(pos) = nodes.iter().position(|&n| n == id) {
+                    nodes.insert(pos + 1, x);
+                }
+            }
+        }
         x
     }
 
@@ -429,7 +451,7 @@ impl RadixCache {
         NodeLock {
             node,
             tier,
-            home: Some(self.lock_tx.clone()),
+            home: Some(self.lock_releases.releaser()),
         }
     }
 
@@ -851,9 +873,13 @@ impl RadixCache {
 
     /// Attaches host pages to device `nodes` for a write-back (nodes already holding a
     /// pending host copy get the same host pages again). The copies stay pending —
-    /// invisible to host matches — until [`Self::write_back_done`]. Returns the
-    /// (device page → host page) pairs, or `None` (nothing attached) if the pool is short.
-    pub fn attach_for_write_back(&mut self, nodes: &[NodeId]) -> Option<Vec<TransferPair>> {
+    /// invisible to host matches — until [`Self::write_back_done`]. Returns the ticket to
+    /// acknowledge and the (device page → host page) pairs, or `None` (nothing attached)
+    /// if the pool is short.
+    pub fn attach_for_write_back(
+        &mut self,
+        nodes: &[NodeId],
+    ) -> Option<(WriteBackTicket, Vec<TransferPair>)> {
         self.drain_releases();
         let need = self.pages_needed(Tier::Host, nodes) as usize;
         let mut ids = self.pools[1].allocate_ids(need)?;
@@ -871,15 +897,22 @@ impl RadixCache {
             let pairs_of = n.tiers[0].pages.iter().zip(&n.tiers[1].pages);
             pairs.extend(pairs_of.map(|(&d, &h)| TransferPair::kv(d, h)));
         }
-        Some(pairs)
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        self.tickets.insert(ticket, nodes.to_vec());
+        Some((WriteBackTicket(ticket), pairs))
     }
 
-    /// Completes a write-back of `nodes` (as passed to `attach_for_write_back`). On
-    /// success their host copies become readable; on failure a copy no other write-back
-    /// is still filling is rolled back to the pool (the device copy stays authoritative).
-    pub fn write_back_done(&mut self, nodes: &[NodeId], success: bool) {
+    /// Completes a write-back. On success its host copies become readable; on failure a
+    /// copy no other write-back is still filling is rolled back to the pool (the device
+    /// copy stays authoritative). An unknown ticket is ignored.
+    pub fn write_back_done(&mut self, ticket: WriteBackTicket, success: bool) {
         self.drain_releases();
-        for &node in nodes {
+        let Some(nodes) = self.tickets.remove(&ticket.0) else {
+            debug_assert!(false, "write-back ticket acknowledged twice");
+            return;
+        };
+        for node in nodes {
             if !self.is_live(node) {
                 debug_assert!(false, "write-back node removed while in flight");
                 continue;
@@ -892,6 +925,11 @@ impl RadixCache {
                 self.detach(node, Tier::Host);
             }
         }
+    }
+
+    /// Write-backs attached and not yet acknowledged.
+    pub fn pending_write_backs(&self) -> usize {
+        self.tickets.len()
     }
 
     /// Frees device copies that are also readable on host, from `from` towards the root,

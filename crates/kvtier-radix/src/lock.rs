@@ -1,5 +1,6 @@
 //! RAII node locks.
 
+use kvtier_host::Releaser;
 use kvtier_types::Tier;
 
 use crate::NodeId;
@@ -13,7 +14,7 @@ use crate::NodeId;
 pub struct NodeLock {
     pub(crate) node: NodeId,
     pub(crate) tier: Tier,
-    pub(crate) home: Option<flume::Sender<(NodeId, Tier)>>,
+    pub(crate) home: Option<Releaser<(NodeId, Tier)>>,
 }
 
 impl NodeLock {
@@ -31,8 +32,7 @@ impl NodeLock {
 impl Drop for NodeLock {
     fn drop(&mut self) {
         if let Some(home) = self.home.take() {
-            // A closed channel means the cache is gone, and its locks with it.
-            let _ = home.send((self.node, self.tier));
+            home.release((self.node, self.tier));
         }
     }
 }

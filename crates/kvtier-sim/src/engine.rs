@@ -96,6 +96,9 @@ pub struct StepDriver {
     page_size: u64,
     /// Skip `advance` when the plan holds nothing for the engine (W3's rule).
     pub skip_empty_advance: bool,
+    /// Route calls through the `measured_*` functions (callgrind counts only those).
+    /// W2 turns this off outside its steady steps.
+    pub measure: bool,
 }
 
 /// Submits, timed. Never inlined so callgrind can toggle on it.
@@ -134,6 +137,7 @@ impl StepDriver {
             started: HashSet::new(),
             page_size,
             skip_empty_advance: false,
+            measure: true,
         }
     }
 
@@ -166,7 +170,11 @@ impl StepDriver {
     /// Runs one step.
     pub fn step(&mut self) -> Result<StepOutcome, BatchError> {
         let t0 = Instant::now();
-        let plan = measured_next_plan(&mut self.scheduler);
+        let plan = if self.measure {
+            measured_next_plan(&mut self.scheduler)
+        } else {
+            self.scheduler.next_plan()
+        };
         let mut ns = t0.elapsed().as_nanos() as u64;
         self.counters.steps += 1;
         let mut out = StepOutcome {
@@ -177,7 +185,11 @@ impl StepDriver {
         discard(plan);
         if !(self.skip_empty_advance && out.empty) {
             let t1 = Instant::now();
-            let result = measured_advance(&mut self.scheduler, events);
+            let result = if self.measure {
+                measured_advance(&mut self.scheduler, events)
+            } else {
+                self.scheduler.advance(events)
+            };
             ns += t1.elapsed().as_nanos() as u64;
             result?;
         }

@@ -351,6 +351,8 @@ fn run_w2(o: &WorkloadOptions) -> Result<Report, WorkloadError> {
     let (mut prefill_steps, mut decode_step) = (0u64, 0u64);
     let mut steady = Vec::new();
     loop {
+        // Only steady steps (decode steps 2..=510) go through the measured functions.
+        driver.measure = decode_step >= 1 && (2..=510).contains(&(decode_step + 1));
         let out = driver.step()?;
         check_progress(&driver)?;
         if out.empty {

@@ -195,6 +195,9 @@ pub struct BackupOp {
 pub enum AbortReason {
     /// A retraction needed host pages and the host pool could not provide them.
     HostPoolExhausted,
+    /// The request grew past what the whole device pool can hold, so it can never run
+    /// again.
+    ExceedsDevicePool,
 }
 
 /// A request the scheduler aborted on its own; the engine must stop waiting for it.
