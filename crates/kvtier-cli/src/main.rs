@@ -45,6 +45,10 @@ enum Command {
         /// W1: requests per pass (multiple of 200); W2: number of requests N.
         #[arg(long)]
         requests: Option<usize>,
+        /// W1 only: route only this pass (1 or 2) through the measured calls, so that
+        /// callgrind counts one pass.
+        #[arg(long)]
+        measure_pass: Option<u8>,
         /// Print one JSON object as the last line of stdout.
         #[arg(long)]
         json: bool,
@@ -88,6 +92,7 @@ fn main() -> Result<()> {
             page_size,
             l2,
             requests,
+            measure_pass,
             json,
         } => {
             let kind = WorkloadKind::from(workload);
@@ -102,7 +107,11 @@ fn main() -> Result<()> {
                 page_size,
                 l2,
                 requests,
+                measure_pass,
             };
+            if measure_pass.is_some() && kind != WorkloadKind::W1 {
+                bail!("--measure-pass applies to w1 only");
+            }
             let report = run_workload(&options).context("bench failed")?;
             print_table(&report);
             if json {

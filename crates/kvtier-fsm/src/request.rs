@@ -1,7 +1,7 @@
 //! Requests and their states. Each state owns exactly the resources it holds.
 
 use kvtier_host::OwnedPages;
-use kvtier_radix::{NodeLock, RadixCache, WriteBackTicket};
+use kvtier_radix::{NodeId, NodeLock, RadixCache, WriteBackTicket};
 use kvtier_types::{OpId, PageId, RequestId, Tier, Token, TransferPair, hash::PageHash};
 
 use crate::slots::Slot;
@@ -97,13 +97,14 @@ impl Running {
     }
 }
 
-/// A finished request whose write-back is attached but not yet issued.
+/// A finished request whose write-back is attached but not yet issued. The ticket pins
+/// the path on both tiers until it is acknowledged.
 #[derive(Debug)]
 pub(crate) struct Draining {
     pub ticket: WriteBackTicket,
     pub pairs: Vec<TransferPair>,
-    pub dref: NodeLock,
-    pub href: NodeLock,
+    /// Deepest node of the written path (where demotion starts after the ack).
+    pub device_node: NodeId,
 }
 
 /// A preempted request whose prefix waits on host.

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use kvtier_radix::{CacheConfig, NodeId, NodeLock, RadixCache, WriteBackTicket};
+use kvtier_radix::{CacheConfig, NodeId, RadixCache, WriteBackTicket};
 use kvtier_types::{
     EngineEvent, KvEvent, OpId, PageId, RequestId, RequestSpec, SchedulerConfig, Tier, Token,
 };
@@ -20,10 +20,20 @@ use crate::{BatchError, Rejected, SchedError};
 #[derive(Debug)]
 pub(crate) struct Inflight {
     pub request: Option<RequestId>,
+    /// Pins the copy's source and destination pages until acknowledged.
     pub ticket: WriteBackTicket,
-    pub dref: Option<NodeLock>,
-    pub href: NodeLock,
+    pub device_node: NodeId,
     pub is_retract: bool,
+}
+
+/// What a publication did to a request's page table.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Published {
+    /// Pages of the request now in the tree.
+    pub pages: u32,
+    /// First page-table entry that now names a different page (a duplicate of the
+    /// request's own page was found in the tree), if any.
+    pub first_changed: Option<u32>,
 }
 
 /// Counters and gauges of the scheduler.
@@ -387,7 +397,9 @@ impl Scheduler {
     /// for the write-back of whatever is not on host yet.
     fn finish_running(&mut self, key: usize, mut run: Running) -> State {
         let ps = self.config.page_size;
-        let pages = self.publish(key, &mut run, self.req(key).full_pages_except_last(ps));
+        let pages = self
+            .publish(key, &mut run, self.req(key).full_pages_except_last(ps))
+            .pages;
         let Running {
             dref,
             href,
@@ -426,35 +438,36 @@ impl Scheduler {
         };
         self.cache.unlock(guard);
         let (ticket, pairs) = attached?;
-        let dref = self.cache.lock(device, Tier::Device);
-        let href = self.cache.lock(device, Tier::Host);
         Some(Draining {
             ticket,
             pairs,
-            dref,
-            href,
+            device_node: device,
         })
     }
 
     /// Moves the request's computed full pages (up to `pages`, clamped to what it holds)
-    /// into the tree and re-points its device lock at the published node. Returns the
-    /// pages now published.
-    pub(crate) fn publish(&mut self, key: usize, run: &mut Running, pages: u32) -> u32 {
+    /// into the tree and re-points its device lock at the published node.
+    pub(crate) fn publish(&mut self, key: usize, run: &mut Running, pages: u32) -> Published {
         let ps = self.config.page_size;
         let prefix = run.prefix_pages.len() as u32;
+        let unchanged = Published {
+            pages: prefix,
+            first_changed: None,
+        };
         // Overlap scheduling can grow tokens past allocated slots: never take more pages
         // than the request holds.
         let pages = pages.min(prefix + run.lka.pages.len() as u32);
         if pages <= prefix {
-            return prefix;
+            return unchanged;
         }
         let Ok(taken) = run.lka.pages.take_first((pages - prefix) as usize) else {
-            return prefix;
+            return unchanged;
         };
+        let own: Vec<PageId> = taken.ids().to_vec();
         let tokens = &self.requests[key].tokens[..(pages * ps) as usize];
         let Ok(result) = self.cache.insert(Tier::Device, tokens, prefix, taken) else {
             debug_assert!(false, "publish contract violated");
-            return prefix;
+            return unchanged;
         };
         // New lock before the old one goes, so the path is never unpinned.
         let dref = self.cache.lock(result.last_node, Tier::Device);
@@ -463,7 +476,16 @@ impl Scheduler {
         run.prefix_pages.clear();
         self.cache
             .device_path_pages(result.last_node, &mut run.prefix_pages);
-        pages
+        // Pages another request published first replace the request's own copies.
+        let first_changed = run.prefix_pages[prefix as usize..]
+            .iter()
+            .zip(&own)
+            .position(|(tree, mine)| tree != mine)
+            .map(|i| prefix + i as u32);
+        Published {
+            pages,
+            first_changed,
+        }
     }
 
     // ----- abort ---------------------------------------------------------------------
@@ -499,29 +521,21 @@ impl Scheduler {
         let Inflight {
             request,
             ticket,
-            dref,
-            href,
+            device_node,
             is_retract,
         } = op;
+        let key = request.and_then(|id| self.key_of(&id));
+        // After a failed retract copy the device copy is the only one: pin it for the
+        // retracted request before the ticket lets go of it.
+        let kept_dref = (!success && is_retract && key.is_some())
+            .then(|| self.cache.lock(device_node, Tier::Device));
         self.cache.write_back_done(ticket, success);
-        if !success {
+        if success {
+            self.cache.demote(device_node);
+        } else {
             self.stats.failed_write_backs += 1;
         }
-        let device_node = dref.as_ref().map(NodeLock::node);
-        // On failure a retracted request keeps its device lock: its device copy is the
-        // only valid one.
-        let kept_dref = match dref {
-            Some(lock) if success || !is_retract => {
-                self.cache.unlock(lock);
-                None
-            }
-            other => other,
-        };
-        if let (true, Some(node)) = (success, device_node) {
-            self.cache.demote(node);
-        }
-        self.cache.unlock(href);
-        let Some(key) = request.and_then(|id| self.key_of(&id)) else {
+        let Some(key) = key else {
             return Ok(());
         };
         let state = std::mem::replace(&mut self.req_mut(key).state, State::Finished);

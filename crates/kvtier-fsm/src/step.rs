@@ -146,8 +146,7 @@ impl Scheduler {
         let inflight = Inflight {
             request: Some(request),
             ticket: d.ticket,
-            dref: Some(d.dref),
-            href: d.href,
+            device_node: d.device_node,
             is_retract,
         };
         self.ops.insert(op_id, inflight);
@@ -365,9 +364,11 @@ impl Scheduler {
         else {
             return None;
         };
-        let begin = run.occupied_len() as u32;
+        let mut begin = run.occupied_len() as u32;
         if self.config.publish_prefix_mid_flight {
-            self.publish(key, &mut run, end / ps);
+            let published = self.publish(key, &mut run, end / ps);
+            // Entries swapped for the tree's copies count as new: the engine re-reads them.
+            begin = published.first_changed.map_or(begin, |i| i.min(begin));
         }
         if !run.lka.acquire(&mut self.cache, t) {
             debug_assert!(false, "pages were made free");
@@ -434,10 +435,11 @@ impl Scheduler {
                 State::Decoding(run) => (false, run),
                 _ => return None,
             };
-        let begin = run.occupied_len() as u32;
+        let mut begin = run.occupied_len() as u32;
         if from_prefill_done && self.config.publish_prefix_mid_flight {
             let prompt_pages = self.req(key).prefill_len / ps;
-            self.publish(key, &mut run, prompt_pages);
+            let published = self.publish(key, &mut run, prompt_pages);
+            begin = published.first_changed.map_or(begin, |i| i.min(begin));
         }
         if !run.lka.acquire(&mut self.cache, run.reserve) {
             debug_assert!(false, "pages were made free");
@@ -497,7 +499,7 @@ impl Scheduler {
         };
         self.stats.retractions += 1;
         let full = self.req(key).full_pages_except_last(ps);
-        let pages = self.publish(key, &mut run, full);
+        let pages = self.publish(key, &mut run, full).pages;
         let Running {
             dref,
             href,
@@ -565,7 +567,9 @@ impl Scheduler {
             .cache
             .probe(&self.req(key).tokens[..(pages * ps) as usize]);
         let load_back = probe.host_pages.saturating_sub(probe.device_pages);
-        let need = (load_back * ps + d).div_ceil(ps);
+        // Exact need: the kept tail page may still have room for the reserved slots (the
+        // reference's estimate ignores it and can leave a request that fits stuck).
+        let need = load_back + held.lka.pages_for(d, ps);
         let tail = held.lka.pages.len() as u32;
         if need + tail > self.cache.usable(Tier::Device) {
             // Even an empty device pool could not hold it again: give up, and say so.

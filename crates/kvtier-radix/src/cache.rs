@@ -65,6 +65,16 @@ pub struct InsertResult {
 #[must_use = "a write-back ticket must be acknowledged with write_back_done"]
 pub struct WriteBackTicket(u64);
 
+/// What a write-back ticket covers. While it is in flight its path is pinned on both
+/// tiers (the device pages are being read, the host pages written).
+#[derive(Debug)]
+struct Ticket {
+    /// Nodes whose host copies it fills, leaf→root.
+    nodes: Vec<NodeId>,
+    /// The deepest node of the path, pinned on both tiers.
+    pinned: Option<NodeId>,
+}
+
 /// Counters of the tree for stats and tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TreeStats {
@@ -97,7 +107,7 @@ pub struct RadixCache {
     lock_releases: ReleaseQueue<(NodeId, Tier)>,
     /// Write-backs in flight → the nodes they fill, leaf→root. A split of a covered node
     /// adds the new prefix node, so every pending copy is acknowledged.
-    tickets: BTreeMap<u64, Vec<NodeId>>,
+    tickets: BTreeMap<u64, Ticket>,
     next_ticket: u64,
 }
 
@@ -298,6 +308,29 @@ impl RadixCache {
         probe
     }
 
+    /// Page hashes stored along the longest cached prefix of `tokens` (whole pages, any
+    /// tier), without touching anything. Empty unless page hashes are kept.
+    pub fn prefix_page_hashes(&self, tokens: &[Token]) -> Vec<PageHash> {
+        let ps = self.page_size;
+        let mut out = Vec::new();
+        let mut node = self.root;
+        let mut pos = 0;
+        while pos + ps <= tokens.len() {
+            let Some(child) = self.find_child(node, &tokens[pos..pos + ps]) else {
+                break;
+            };
+            let c = self.node(child);
+            let matched = self.common_pages(&c.tokens, &tokens[pos..]);
+            out.extend(c.page_hashes.iter().take(matched).copied());
+            if matched < c.pages(ps) as usize {
+                break;
+            }
+            pos += matched * ps;
+            node = child;
+        }
+        out
+    }
+
     /// Committing prefix match: splits the node where the match ends inside it and
     /// touches every matched node (re-keying leaves in the LRU order).
     pub fn match_prefix(&mut self, tokens: &[Token]) -> Match {
@@ -423,9 +456,9 @@ impl RadixCache {
         self.node_mut(id).parent = Some(x);
         self.add_child(x, id);
         if self.node(x).tiers[1].pending > 0 {
-            for nodes in self.tickets.values_mut() {
-                if let Some(pos) = nodes.iter().position(|&n| n == id) {
-                    nodes.insert(pos + 1, x);
+            for ticket in self.tickets.values_mut() {
+                if let Some(pos) = ticket.nodes.iter().position(|&n| n == id) {
+                    ticket.nodes.insert(pos + 1, x);
                 }
             }
         }
@@ -436,6 +469,17 @@ impl RadixCache {
 
     /// Locks `tier` on `node` and every ancestor.
     pub fn lock(&mut self, node: NodeId, tier: Tier) -> NodeLock {
+        self.pin(node, tier);
+        NodeLock {
+            node,
+            tier,
+            home: Some(self.lock_releases.releaser()),
+        }
+    }
+
+    /// Raises the `tier` lock count of `node` and its ancestors (a lock without a handle;
+    /// undone by `release_lock`).
+    fn pin(&mut self, node: NodeId, tier: Tier) {
         debug_assert!(self.is_live(node));
         let t = tier.index();
         let mut cur = node;
@@ -447,11 +491,6 @@ impl RadixCache {
                 self.locked_pages[t] += pages as u64;
             }
             cur = parent.expect("non-root node has a parent");
-        }
-        NodeLock {
-            node,
-            tier,
-            home: Some(self.lock_releases.releaser()),
         }
     }
 
@@ -735,6 +774,18 @@ impl RadixCache {
             });
         }
         let mut ids = self.pools[t].adopt(pages)?;
+        // The claimed prefix must really be resident on this tier along this path.
+        let probe = self.probe(tokens);
+        let resident = match tier {
+            Tier::Device => probe.device_pages,
+            Tier::Host => probe.host_pages,
+        };
+        if resident < prefix_pages {
+            self.pools[t].free_ids(&ids);
+            return Err(RadixError::PrefixNotResident {
+                prefix: prefix_pages,
+            });
+        }
         if total == 0 {
             return Ok(InsertResult {
                 last_node: self.root,
@@ -873,7 +924,8 @@ impl RadixCache {
 
     /// Attaches host pages to device `nodes` for a write-back (nodes already holding a
     /// pending host copy get the same host pages again). The copies stay pending —
-    /// invisible to host matches — until [`Self::write_back_done`]. Returns the ticket to
+    /// invisible to host matches — until [`Self::write_back_done`], and the path stays
+    /// pinned on both tiers until then, so neither side of the copy can be evicted. Returns the ticket to
     /// acknowledge and the (device page → host page) pairs, or `None` (nothing attached)
     /// if the pool is short.
     pub fn attach_for_write_back(
@@ -897,9 +949,20 @@ impl RadixCache {
             let pairs_of = n.tiers[0].pages.iter().zip(&n.tiers[1].pages);
             pairs.extend(pairs_of.map(|(&d, &h)| TransferPair::kv(d, h)));
         }
+        let pinned = nodes.first().copied();
+        if let Some(deepest) = pinned {
+            self.pin(deepest, Tier::Device);
+            self.pin(deepest, Tier::Host);
+        }
         let ticket = self.next_ticket;
         self.next_ticket += 1;
-        self.tickets.insert(ticket, nodes.to_vec());
+        self.tickets.insert(
+            ticket,
+            Ticket {
+                nodes: nodes.to_vec(),
+                pinned,
+            },
+        );
         Some((WriteBackTicket(ticket), pairs))
     }
 
@@ -908,11 +971,11 @@ impl RadixCache {
     /// copy stays authoritative). An unknown ticket is ignored.
     pub fn write_back_done(&mut self, ticket: WriteBackTicket, success: bool) {
         self.drain_releases();
-        let Some(nodes) = self.tickets.remove(&ticket.0) else {
+        let Some(Ticket { nodes, pinned }) = self.tickets.remove(&ticket.0) else {
             debug_assert!(false, "write-back ticket acknowledged twice");
             return;
         };
-        for node in nodes {
+        for &node in &nodes {
             if !self.is_live(node) {
                 debug_assert!(false, "write-back node removed while in flight");
                 continue;
@@ -923,6 +986,15 @@ impl RadixCache {
                 res.valid = true;
             } else if res.pending == 0 && !res.valid && res.present() {
                 self.detach(node, Tier::Host);
+            }
+        }
+        if let Some(deepest) = pinned {
+            self.release_lock(deepest, Tier::Device);
+            self.release_lock(deepest, Tier::Host);
+        }
+        for node in nodes {
+            if self.is_live(node) {
+                self.prune_up(node);
             }
         }
     }

@@ -42,6 +42,9 @@ pub struct WorkloadOptions {
     pub l2: bool,
     /// W1: requests per pass (multiple of 200, default 10,000); W2: N (default 256).
     pub requests: Option<usize>,
+    /// W1: route only this pass (1 or 2) through the measured functions, so callgrind
+    /// counts one pass; `None` measures both.
+    pub measure_pass: Option<u8>,
 }
 
 impl WorkloadOptions {
@@ -52,6 +55,7 @@ impl WorkloadOptions {
             page_size: 64,
             l2: false,
             requests: None,
+            measure_pass: None,
         }
     }
 }
@@ -246,7 +250,11 @@ fn run_w1(o: &WorkloadOptions) -> Result<Report, WorkloadError> {
         .map(|i| gen_tokens(tag(1, 1, i as u64), 1024))
         .collect();
     let mut pass_marks = Vec::new();
-    for prefix in ["a", "b"] {
+    if matches!(o.measure_pass, Some(p) if p != 1 && p != 2) {
+        return Err(WorkloadError::Options("W1 has passes 1 and 2".into()));
+    }
+    for (pass, prefix) in [(1u8, "a"), (2, "b")] {
+        driver.measure = o.measure_pass.is_none_or(|p| p == pass);
         let before = (driver.counters.clone(), driver.measured_ns);
         for wave in 0..waves {
             let batch: Vec<(RequestSpec, Vec<Token>)> = (0..SYSTEMS)
@@ -273,7 +281,12 @@ fn run_w1(o: &WorkloadOptions) -> Result<Report, WorkloadError> {
         pass_marks.push((before, (driver.counters.clone(), driver.measured_ns)));
     }
     let requests = 2 * per_pass as u64;
-    let mut report = Report::new(o, &driver, requests, requests);
+    let measured = if o.measure_pass.is_some() {
+        per_pass as u64
+    } else {
+        requests
+    };
+    let mut report = Report::new(o, &driver, requests, measured);
     report.ns_per_request = Some(driver.measured_ns as f64 / requests as f64);
     let pass = |i: usize| -> (Counters, f64) {
         let ((c0, ns0), (c1, ns1)) = &pass_marks[i];
