@@ -774,18 +774,6 @@ impl RadixCache {
             });
         }
         let mut ids = self.pools[t].adopt(pages)?;
-        // The claimed prefix must really be resident on this tier along this path.
-        let probe = self.probe(tokens);
-        let resident = match tier {
-            Tier::Device => probe.device_pages,
-            Tier::Host => probe.host_pages,
-        };
-        if resident < prefix_pages {
-            self.pools[t].free_ids(&ids);
-            return Err(RadixError::PrefixNotResident {
-                prefix: prefix_pages,
-            });
-        }
         if total == 0 {
             return Ok(InsertResult {
                 last_node: self.root,
@@ -793,7 +781,18 @@ impl RadixCache {
             });
         }
         // Walk (splitting and touching), then one new node for whatever remains.
-        let (_, mut last, matched) = self.walk(tokens);
+        let (m, mut last, matched) = self.walk(tokens);
+        // The claimed prefix must really be resident on this tier along this path.
+        let resident = match tier {
+            Tier::Device => m.device_pages,
+            Tier::Host => m.host_pages,
+        };
+        if resident < prefix_pages {
+            self.pools[t].free_ids(&ids);
+            return Err(RadixError::PrefixNotResident {
+                prefix: prefix_pages,
+            });
+        }
         if matched < total {
             let node = self.new_node(last, tokens[matched as usize * ps..].to_vec(), matched);
             self.add_child(last, node);
