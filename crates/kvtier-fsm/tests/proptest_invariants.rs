@@ -1102,7 +1102,12 @@ enum Expect {
 }
 
 /// What can be observed of one request: state, token count, page table.
-type RequestView = (RequestId, Option<StateKind>, Option<usize>, Option<Vec<PageId>>);
+type RequestView = (
+    RequestId,
+    Option<StateKind>,
+    Option<usize>,
+    Option<Vec<PageId>>,
+);
 
 #[derive(Debug, PartialEq)]
 struct Snapshot {
