@@ -76,6 +76,7 @@ pub(crate) struct Running {
     /// Device lock on the published prefix (the tree part of the page table).
     pub dref: NodeLock,
     /// Host lock on a load-back source, kept until the request leaves the running states.
+    #[allow(dead_code, reason = "held for its Drop: pins the load-back source")]
     pub href: Option<NodeLock>,
     /// Device pages of the tree path root→`dref` (cached: locked pages never move).
     pub prefix_pages: Vec<PageId>,

@@ -3,14 +3,14 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use kvtier_radix::{CacheConfig, NodeId, RadixCache, WriteBackTicket};
+use kvtier_radix::{CacheConfig, NodeId, NodeLock, RadixCache, WriteBackTicket};
 use kvtier_types::{
     EngineEvent, KvEvent, OpId, PageId, RequestId, RequestSpec, SchedulerConfig, Tier, Token,
 };
 use slab::Slab;
 
 use crate::idmap::IdMap;
-use crate::request::{Draining, Request, Retracted, Running, State, StateKind};
+use crate::request::{Draining, LocalKv, Request, Retracted, Running, State, StateKind};
 use crate::slots::SlotPool;
 use crate::{BatchError, Rejected, SchedError};
 
@@ -59,6 +59,8 @@ pub struct SchedulerStats {
     pub plans: u64,
     /// Retractions performed.
     pub retractions: u64,
+    /// Retracted requests requeued to recompute their history (deadlock breaker).
+    pub recomputes: u64,
     /// Requests the scheduler aborted on its own.
     pub scheduler_aborts: u64,
     /// Events for recently finished requests or completed ops, ignored.
@@ -395,19 +397,10 @@ impl Scheduler {
 
     /// Publishes a finished request's full pages and, with L2 on, attaches host pages
     /// for the write-back of whatever is not on host yet.
-    fn finish_running(&mut self, key: usize, mut run: Running) -> State {
+    fn finish_running(&mut self, key: usize, run: Running) -> State {
         let ps = self.config.page_size;
-        let pages = self
-            .publish(key, &mut run, self.req(key).full_pages_except_last(ps))
-            .pages;
-        let Running {
-            dref,
-            href,
-            lka,
-            slot,
-            ..
-        } = run;
-        drop((lka, slot, href));
+        let (pages, dref, lka) = self.settle(key, run);
+        drop(lka);
         self.cache.unlock(dref);
         if !self.config.l2_enabled() || self.config.disable_prefix_cache || pages == 0 {
             return State::Finished;
@@ -443,6 +436,16 @@ impl Scheduler {
             pairs,
             device_node: device,
         })
+    }
+
+    /// A request stops running (finish or retraction): its full pages except the newest
+    /// token's go into the tree, its slot and load-back lock are released. Returns the
+    /// pages published, the device lock on them and the request's remaining own pages.
+    pub(crate) fn settle(&mut self, key: usize, mut run: Running) -> (u32, NodeLock, LocalKv) {
+        let full = self.req(key).full_pages_except_last(self.config.page_size);
+        let pages = self.publish(key, &mut run, full).pages;
+        let Running { dref, lka, .. } = run;
+        (pages, dref, lka)
     }
 
     /// Moves the request's computed full pages (up to `pages`, clamped to what it holds)

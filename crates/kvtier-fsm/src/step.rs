@@ -33,6 +33,17 @@ struct Rows {
     shifted_input_ids: Vec<Token>,
 }
 
+impl Rows {
+    /// Appends a running request's page table (tree prefix, then its own pages); returns
+    /// where it starts and its length.
+    fn push_page_table(&mut self, run: &Running) -> (u32, u32) {
+        let start = self.page_table.len() as u32;
+        self.page_table.extend_from_slice(&run.prefix_pages);
+        self.page_table.extend_from_slice(run.lka.pages.ids());
+        (start, run.occupied_len() as u32)
+    }
+}
+
 /// Transfer pairs already emitted in this plan, per direction (a pair is emitted once).
 #[derive(Default)]
 struct Seen {
@@ -354,9 +365,15 @@ impl Scheduler {
     fn schedule_next_chunk(&mut self, key: usize, remaining: u32, rows: &mut Rows) -> Option<u32> {
         let ps = self.config.page_size;
         let prefill_len = self.req(key).prefill_len;
-        let end = self.req(key).state.running()?.window_end();
+        let run = self.req(key).state.running()?;
+        let end = run.window_end();
         let t = remaining.min(prefill_len - end);
-        if !self.cache.ensure_free(Tier::Device, t.div_ceil(ps)) {
+        // Exact need: free slots left in the tail page count (the reference's
+        // `ceil(t / ps)` ignores them and can stall a prompt that fits the pool exactly).
+        if !self
+            .cache
+            .ensure_free(Tier::Device, run.lka.pages_for(t, ps))
+        {
             return None;
         }
         let State::Prefilling(mut run) =
@@ -391,10 +408,7 @@ impl Scheduler {
     fn push_prefill_row(&self, key: usize, run: &Running, begin: u32, rows: &mut Rows) {
         let r = self.req(key);
         let (wb, ws) = (run.window_begin as usize, run.window_size as usize);
-        let pages_start = rows.page_table.len() as u32;
-        rows.page_table.extend_from_slice(&run.prefix_pages);
-        rows.page_table.extend_from_slice(run.lka.pages.ids());
-        let pages_len = run.occupied_len() as u32;
+        let (pages_start, pages_len) = rows.push_page_table(run);
         let input_ids_start = rows.input_ids.len() as u32;
         rows.input_ids.extend_from_slice(&r.tokens[wb..wb + ws]);
         let shifted_end = (wb + 1 + ws).min(r.prefill_len as usize);
@@ -452,10 +466,7 @@ impl Scheduler {
         }
         run.reserve = d;
         let r = self.req(key);
-        let pages_start = rows.page_table.len() as u32;
-        rows.page_table.extend_from_slice(&run.prefix_pages);
-        rows.page_table.extend_from_slice(run.lka.pages.ids());
-        let pages_len = run.occupied_len() as u32;
+        let (pages_start, pages_len) = rows.push_page_table(&run);
         rows.decode.push(ForwardRow {
             request_id: r.id.clone(),
             kind: RowKind::Decode,
@@ -488,9 +499,12 @@ impl Scheduler {
                 victim = Some((key, r.tokens.len()));
             }
         }
-        let Some((key, _)) = victim else { return };
+        let Some((key, _)) = victim else {
+            self.requeue_for_recompute(candidates);
+            return;
+        };
         let ps = self.config.page_size;
-        let mut run = match std::mem::replace(&mut self.req_mut(key).state, State::Finished) {
+        let run = match std::mem::replace(&mut self.req_mut(key).state, State::Finished) {
             State::PrefillDone(run) | State::Decoding(run) => run,
             other => {
                 self.req_mut(key).state = other;
@@ -498,16 +512,7 @@ impl Scheduler {
             }
         };
         self.stats.retractions += 1;
-        let full = self.req(key).full_pages_except_last(ps);
-        let pages = self.publish(key, &mut run, full).pages;
-        let Running {
-            dref,
-            href,
-            lka,
-            slot,
-            ..
-        } = run;
-        drop((slot, href));
+        let (pages, dref, lka) = self.settle(key, run);
         let tokens = &self.requests[key].tokens[..(pages * ps) as usize];
         let m = self.cache.match_prefix(tokens);
         debug_assert_eq!(
@@ -544,6 +549,29 @@ impl Scheduler {
         }
     }
 
+    /// Breaks a deadlock the reference scheduler can reach: nothing ran, nothing is
+    /// running to retract, and retracted requests hold tail pages that the others need.
+    /// The retracted request holding the most tail pages (ties: scheduling order) gives
+    /// them back and is requeued to recompute: its whole history becomes its prompt, its
+    /// cached prefix is reused, and the last prefill chunk yields its next token.
+    fn requeue_for_recompute(&mut self, candidates: &[usize]) {
+        let mut victim: Option<(usize, usize)> = None;
+        for &key in candidates {
+            if let State::Retracted(held) = &self.req(key).state {
+                let tail = held.lka.pages.len();
+                if tail > 0 && victim.is_none_or(|(_, most)| tail > most) {
+                    victim = Some((key, tail));
+                }
+            }
+        }
+        let Some((key, _)) = victim else { return };
+        let state = std::mem::replace(&mut self.req_mut(key).state, State::Submitted);
+        drop(state);
+        let r = self.req_mut(key);
+        r.prefill_len = r.tokens.len() as u32;
+        self.stats.recomputes += 1;
+    }
+
     /// Resumes a retracted request: reload its prefix onto device, new slot, one decode
     /// row covering its whole page table.
     fn schedule_recovery(
@@ -571,7 +599,10 @@ impl Scheduler {
         // reference's estimate ignores it and can leave a request that fits stuck).
         let need = load_back + held.lka.pages_for(d, ps);
         let tail = held.lka.pages.len() as u32;
-        if need + tail > self.cache.usable(Tier::Device) {
+        // Its whole footprint: the published prefix (on device already or loaded back),
+        // the kept tail pages and the new ones.
+        let footprint = probe.device_pages.max(probe.host_pages) + tail + held.lka.pages_for(d, ps);
+        if footprint > self.cache.usable(Tier::Device) {
             // Even an empty device pool could not hold it again: give up, and say so.
             let state = std::mem::replace(&mut self.req_mut(key).state, State::Finished);
             drop(state);
@@ -619,10 +650,7 @@ impl Scheduler {
             window_size: 0,
             reserve: d,
         };
-        let pages_start = rows.page_table.len() as u32;
-        rows.page_table.extend_from_slice(&run.prefix_pages);
-        rows.page_table.extend_from_slice(run.lka.pages.ids());
-        let pages_len = run.occupied_len() as u32;
+        let (pages_start, pages_len) = rows.push_page_table(&run);
         rows.decode.push(ForwardRow {
             request_id: r.id.clone(),
             kind: RowKind::Recovery,

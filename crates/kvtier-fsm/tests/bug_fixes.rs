@@ -210,3 +210,29 @@ fn finish_after_overgrown_extend_result_does_not_overrun() {
     drain(&mut s, &mut engine, 10);
     check(&mut s);
 }
+
+/// The reference checks a later chunk against `ceil(t / ps)` fresh pages, ignoring the
+/// free slots of the tail page: a prompt that fits the pool exactly stalls mid-prefill
+/// with nothing to retract. kvtier checks the exact need.
+#[test]
+fn chunk_need_ignoring_tail_slack_stalls_an_exact_fit() {
+    let config = SchedulerConfig {
+        device_pages: 8, // 7 usable: 13 tokens + 1 reserved slot = 7 pages exactly
+        max_scheduled_tokens: 5,
+        max_batch_size: 1,
+        disable_l2_cache: true,
+        host_pages: 0,
+        publish_prefix_mid_flight: false,
+        ..fixture()
+    };
+    let mut s = sched(config);
+    submit(&mut s, "r1", tokens(1, 13));
+    let mut engine = Engine::with_max_new(1);
+    let plans = drain(&mut s, &mut engine, 10);
+    let chunks: Vec<u32> = plans
+        .iter()
+        .filter_map(|p| row(p, "r1").map(|r| r.input_length))
+        .collect();
+    assert_eq!(chunks, [5, 5, 3]);
+    check(&mut s);
+}
