@@ -7,6 +7,32 @@
 //! prefill-first or mixed batches, retraction and resume, write-back and load-back), with
 //! the reference's known bugs fixed; see `docs/scheduler.md`.
 //!
+//! ```
+//! use kvtier_fsm::Scheduler;
+//! use kvtier_types::{EngineEvent, RequestSpec, SchedulerConfig};
+//!
+//! let config = SchedulerConfig { page_size: 2, device_pages: 32, host_pages: 32, ..Default::default() };
+//! let mut scheduler = Scheduler::new(config)?;
+//! scheduler.submit(vec![RequestSpec::new("r1", vec![11, 12, 13, 14, 15])])?;
+//!
+//! // Step 1: the whole prompt in one prefill chunk.
+//! let plan = scheduler.next_plan();
+//! let row = &plan.forward.rows[0];
+//! assert_eq!((row.input_length, row.extend_prefix_len), (5, 0));
+//! assert_eq!(plan.forward.page_table_of(row).len(), 3); // 5 tokens + 1 reserved slot
+//!
+//! // The engine reports the first generated token; the next plan decodes.
+//! scheduler.advance(vec![EngineEvent::ExtendResult { request_id: "r1".into(), tokens: vec![16] }])?;
+//! let plan = scheduler.next_plan();
+//! assert_eq!(plan.forward.decode_rows().len(), 1);
+//!
+//! // Finish: full pages go into the prefix cache and are written back to host.
+//! scheduler.advance(vec![EngineEvent::Finish { request_id: "r1".into() }])?;
+//! let plan = scheduler.next_plan();
+//! assert_eq!(plan.write_backs.len(), 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! Every resource a request holds (node locks, device pages, its request-pool slot) is
 //! an RAII handle inside its state, so leaving a state by any path releases exactly what
 //! that state held.
