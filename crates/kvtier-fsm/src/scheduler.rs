@@ -14,9 +14,9 @@ use crate::request::{Draining, LocalKv, Request, Retracted, Running, State, Stat
 use crate::slots::SlotPool;
 use crate::{BatchError, Rejected, SchedError};
 
-/// A write-back in flight. It owns the locks that pin its source and destination
-/// pages, so it survives the request that issued it (an abort cannot free pages that a
-/// copy is still reading or writing).
+/// A write-back in flight. Its cache ticket pins the copy's source and destination pages
+/// until acknowledged, so it survives the request that issued it (an abort cannot free
+/// pages that a copy is still reading or writing).
 #[derive(Debug)]
 pub(crate) struct Inflight {
     pub request: Option<RequestId>,
@@ -501,7 +501,7 @@ impl Scheduler {
                 self.cache.write_back_done(d.ticket, false);
                 drop(d);
             }
-            // The in-flight copy keeps its own locks in the op table until acknowledged.
+            // The in-flight copy stays pinned by its ticket in the op table until acknowledged.
             State::WritingBack { op } | State::Retracting { op, .. } => {
                 if let Some(inflight) = self.ops.get_mut(&op) {
                     inflight.request = None;

@@ -137,8 +137,8 @@ impl Scheduler {
         }
     }
 
-    /// Emits a write-back op for attached copies; the op table keeps its locks until the
-    /// engine acknowledges it.
+    /// Emits a write-back op for attached copies; the op table keeps its ticket (which
+    /// pins the copy) until the engine acknowledges it.
     fn issue_write_back(
         &mut self,
         d: Draining,
