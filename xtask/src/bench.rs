@@ -22,6 +22,7 @@ const FULL: &[&[&str]] = &[
     &["w2", "--requests", "256"],
     &["w2", "--requests", "1024"],
     &["w3"],
+    &["copy"],
 ];
 
 /// Workloads for `--quick`.

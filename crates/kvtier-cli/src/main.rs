@@ -55,19 +55,23 @@ enum Command {
     },
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Workload {
     W1,
     W2,
     W3,
+    /// Page-copy bandwidth of the kernel library against memcpy (bench only).
+    Copy,
 }
 
-impl From<Workload> for WorkloadKind {
-    fn from(w: Workload) -> Self {
-        match w {
-            Workload::W1 => WorkloadKind::W1,
-            Workload::W2 => WorkloadKind::W2,
-            Workload::W3 => WorkloadKind::W3,
+impl Workload {
+    /// The scheduler workload, or `None` for the copy benchmark.
+    fn kind(self) -> Option<WorkloadKind> {
+        match self {
+            Workload::W1 => Some(WorkloadKind::W1),
+            Workload::W2 => Some(WorkloadKind::W2),
+            Workload::W3 => Some(WorkloadKind::W3),
+            Workload::Copy => None,
         }
     }
 }
@@ -79,7 +83,10 @@ fn main() -> Result<()> {
         json: None,
     }) {
         Command::Replay { workload, json } => {
-            let options = WorkloadOptions::new(workload.into());
+            let Some(kind) = workload.kind() else {
+                bail!("copy is a benchmark, not a workload to replay");
+            };
+            let options = WorkloadOptions::new(kind);
             let report = run_workload(&options).context("replay failed")?;
             print_table(&report);
             if let Some(path) = json {
@@ -95,7 +102,9 @@ fn main() -> Result<()> {
             measure_pass,
             json,
         } => {
-            let kind = WorkloadKind::from(workload);
+            let Some(kind) = workload.kind() else {
+                return bench_copy(json);
+            };
             if l2 && kind != WorkloadKind::W1 {
                 bail!("--l2 applies to w1 only (w3 always has a host tier, w2 never)");
             }
@@ -118,6 +127,38 @@ fn main() -> Result<()> {
                 println!("{}", serde_json::to_string(&report)?);
             }
         }
+    }
+    Ok(())
+}
+
+/// `kvtier bench copy`: write-back bandwidth of the kernel library against plain memcpy
+/// of the same bytes, for pages of 16 KiB to 1 MiB.
+fn bench_copy(json: bool) -> Result<()> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    println!("page copy, device → host, {threads} threads (median of 7 runs)");
+    println!(
+        "  {:>10} {:>7} {:>12} {:>12} {:>7}",
+        "page", "pages", "kernel GB/s", "memcpy GB/s", "ratio"
+    );
+    let mut out = serde_json::Map::new();
+    out.insert("workload".into(), "copy".into());
+    out.insert("threads".into(), threads.into());
+    for kib in [16u32, 64, 256, 1024] {
+        let r = kvtier_device::bench::measure_copy(kib, 7, threads)?;
+        println!(
+            "  {:>7} KiB {:>7} {:>12.2} {:>12.2} {:>6.0}%",
+            kib,
+            r.pages,
+            r.kernel_gbps,
+            r.memcpy_gbps,
+            100.0 * r.ratio()
+        );
+        out.insert(format!("p{kib}k_kernel_gbps"), r.kernel_gbps.into());
+        out.insert(format!("p{kib}k_memcpy_gbps"), r.memcpy_gbps.into());
+        out.insert(format!("p{kib}k_ratio"), r.ratio().into());
+    }
+    if json {
+        println!("{}", serde_json::Value::Object(out));
     }
     Ok(())
 }

@@ -1,0 +1,24 @@
+//! KV memory of kvtier and the page-copy kernel library that moves it.
+//!
+//! * [`KvGeometry`]: model KV geometry (layers, K/V planes, heads, head dim, dtype), which
+//!   gives bytes per token per layer and per page.
+//! * [`KvArenas`]: the device arena (layer-first) and the host arena (page-first, one page
+//!   holding all its layers contiguously), allocated once, page-aligned and zeroed, and
+//!   the batched page copies between them: device→host (write-back), host→device
+//!   (load-back, all layers or one layer range for layer-wise overlap), device→device,
+//!   and page zeroing.
+//!
+//! The copies run in the C++ kernel library in `cpp/`, behind a `cxx` bridge: a CPU
+//! backend built with the system C++ compiler, multi-threaded for large batches. Every
+//! page id and layer range is checked here before any byte moves, so a bad request is a
+//! typed error, never an out-of-bounds copy.
+
+mod arenas;
+pub mod bench;
+mod error;
+mod ffi;
+mod geometry;
+
+pub use arenas::KvArenas;
+pub use error::DeviceError;
+pub use geometry::KvGeometry;
