@@ -86,6 +86,9 @@ pub(crate) struct Running {
     pub window_size: u32,
     /// Tokens the next schedule acquires.
     pub reserve: u32,
+    /// First page-table entry swapped for the tree's copy since the request's last row
+    /// (its next row reports the table as new from there).
+    pub table_changed_from: Option<u32>,
 }
 
 impl Running {

@@ -85,6 +85,9 @@ impl Scheduler {
         let mut seen = Seen::default();
         self.issue_finish_write_backs(&mut plan, &mut seen);
         self.erase_finished();
+        if self.config.publish_prefix_mid_flight {
+            self.publish_computed_prompts();
+        }
         let candidates = self.candidates();
         let mut rows = Rows {
             page_table: Vec::with_capacity(self.page_table_hint),
@@ -173,6 +176,34 @@ impl Scheduler {
     ) {
         self.stats.scheduler_aborts += 1;
         plan.aborted.push(AbortNotice { request_id, reason });
+    }
+
+    /// Mid-flight publication: every request still in prefill publishes the full pages of
+    /// the chunks it has already computed, before any candidate is probed, so a sibling
+    /// with the same prefix admitted in this very plan reuses them.
+    fn publish_computed_prompts(&mut self) {
+        let ps = self.config.page_size;
+        let prefilling: Vec<usize> = self
+            .index
+            .values()
+            .copied()
+            .filter(|&k| matches!(self.req(k).state, State::Prefilling(_) | State::PrefillDone(_)))
+            .collect();
+        for key in prefilling {
+            let (done, mut run) = match std::mem::replace(&mut self.req_mut(key).state, State::Finished) {
+                State::Prefilling(run) => (false, run),
+                State::PrefillDone(run) => (true, run),
+                other => {
+                    self.req_mut(key).state = other;
+                    continue;
+                }
+            };
+            let computed = run.window_end() / ps;
+            if let Some(i) = self.publish(key, &mut run, computed).first_changed {
+                run.table_changed_from = Some(run.table_changed_from.map_or(i, |c| c.min(i)));
+            }
+            self.req_mut(key).state = if done { State::PrefillDone(run) } else { State::Prefilling(run) };
+        }
     }
 
     /// Candidates in scheduling order: priority class, then request id.
@@ -348,6 +379,7 @@ impl Scheduler {
             window_begin: begin_pages * ps,
             window_size: t,
             reserve: d,
+            table_changed_from: None,
         };
         self.push_prefill_row(key, &run, 0, rows);
         let done = run.window_end() == prefill_len;
@@ -381,12 +413,10 @@ impl Scheduler {
         else {
             return None;
         };
-        let mut begin = run.occupied_len() as u32;
-        if self.config.publish_prefix_mid_flight {
-            let published = self.publish(key, &mut run, end / ps);
-            // Entries swapped for the tree's copies count as new: the engine re-reads them.
-            begin = published.first_changed.map_or(begin, |i| i.min(begin));
-        }
+        // Entries swapped for the tree's copies since the last row count as new.
+        let begin = run.table_changed_from.take().map_or(run.occupied_len() as u32, |i| {
+            i.min(run.occupied_len() as u32)
+        });
         if !run.lka.acquire(&mut self.cache, t) {
             debug_assert!(false, "pages were made free");
             self.req_mut(key).state = State::Prefilling(run);
@@ -449,12 +479,9 @@ impl Scheduler {
                 State::Decoding(run) => (false, run),
                 _ => return None,
             };
-        let mut begin = run.occupied_len() as u32;
-        if from_prefill_done && self.config.publish_prefix_mid_flight {
-            let prompt_pages = self.req(key).prefill_len / ps;
-            let published = self.publish(key, &mut run, prompt_pages);
-            begin = published.first_changed.map_or(begin, |i| i.min(begin));
-        }
+        let begin = run.table_changed_from.take().map_or(run.occupied_len() as u32, |i| {
+            i.min(run.occupied_len() as u32)
+        });
         if !run.lka.acquire(&mut self.cache, run.reserve) {
             debug_assert!(false, "pages were made free");
             self.req_mut(key).state = if from_prefill_done {
@@ -649,6 +676,7 @@ impl Scheduler {
             window_begin: r.prefill_len,
             window_size: 0,
             reserve: d,
+            table_changed_from: None,
         };
         let (pages_start, pages_len) = rows.push_page_table(&run);
         rows.decode.push(ForwardRow {

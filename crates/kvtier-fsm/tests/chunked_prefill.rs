@@ -94,8 +94,8 @@ fn page_table_continues_across_chunks() {
     check(&mut s);
 }
 
-/// Mid-flight publication (our default, reference PR #381): the pages computed by the
-/// first chunk are in the tree once the second chunk is scheduled, so a concurrent
+/// Mid-flight publication (our default, reference PR #381): at the start of every plan,
+/// requests in prefill publish the pages their computed chunks cover, so a concurrent
 /// request with the same prefix reuses them.
 #[test]
 fn mid_flight_publication_shares_computed_chunks() {
@@ -103,17 +103,20 @@ fn mid_flight_publication_shares_computed_chunks() {
     submit(&mut s, "r1", tokens(1, 8));
     s.next_plan();
     assert_eq!(s.stats().cached_device_pages, 0);
-    s.next_plan(); // chunk 2 publishes the 2 pages chunk 1 computed
+    s.next_plan(); // plan 2 publishes the 2 pages chunk 1 computed
     assert_eq!(s.stats().cached_device_pages, 2);
     submit(&mut s, "r2", tokens(1, 8));
     advance(&mut s, vec![extend("r1", &[9])]);
+    // Plan 3 first publishes r1's whole prompt (chunk 2 is computed), then admits r2,
+    // which reuses all 3 full pages before its last token.
     let p3 = s.next_plan();
+    assert_eq!(s.stats().cached_device_pages, 4);
     let r = row_of(&p3, "r2");
     assert_eq!(r.kind, RowKind::Prefill);
-    assert_eq!(r.extend_prefix_len, 4);
-    assert_eq!(r.input_length, 4);
+    assert_eq!(r.extend_prefix_len, 6);
+    assert_eq!(r.input_length, 2);
     // r2's page table starts with r1's published pages.
-    assert_eq!(&p3.forward.page_table_of(r)[..2], [31, 30]);
+    assert_eq!(&p3.forward.page_table_of(r)[..3], [31, 30, 29]);
     // A first chunk gets a new slot, so its whole page-table row is new (begin 0).
     assert_eq!((r.begin, r.size), (0, 5));
     check(&mut s);
