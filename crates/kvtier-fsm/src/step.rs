@@ -187,22 +187,32 @@ impl Scheduler {
             .index
             .values()
             .copied()
-            .filter(|&k| matches!(self.req(k).state, State::Prefilling(_) | State::PrefillDone(_)))
+            .filter(|&k| {
+                matches!(
+                    self.req(k).state,
+                    State::Prefilling(_) | State::PrefillDone(_)
+                )
+            })
             .collect();
         for key in prefilling {
-            let (done, mut run) = match std::mem::replace(&mut self.req_mut(key).state, State::Finished) {
-                State::Prefilling(run) => (false, run),
-                State::PrefillDone(run) => (true, run),
-                other => {
-                    self.req_mut(key).state = other;
-                    continue;
-                }
-            };
+            let (done, mut run) =
+                match std::mem::replace(&mut self.req_mut(key).state, State::Finished) {
+                    State::Prefilling(run) => (false, run),
+                    State::PrefillDone(run) => (true, run),
+                    other => {
+                        self.req_mut(key).state = other;
+                        continue;
+                    }
+                };
             let computed = run.window_end() / ps;
             if let Some(i) = self.publish(key, &mut run, computed).first_changed {
                 run.table_changed_from = Some(run.table_changed_from.map_or(i, |c| c.min(i)));
             }
-            self.req_mut(key).state = if done { State::PrefillDone(run) } else { State::Prefilling(run) };
+            self.req_mut(key).state = if done {
+                State::PrefillDone(run)
+            } else {
+                State::Prefilling(run)
+            };
         }
     }
 
@@ -414,9 +424,12 @@ impl Scheduler {
             return None;
         };
         // Entries swapped for the tree's copies since the last row count as new.
-        let begin = run.table_changed_from.take().map_or(run.occupied_len() as u32, |i| {
-            i.min(run.occupied_len() as u32)
-        });
+        let begin = run
+            .table_changed_from
+            .take()
+            .map_or(run.occupied_len() as u32, |i| {
+                i.min(run.occupied_len() as u32)
+            });
         if !run.lka.acquire(&mut self.cache, t) {
             debug_assert!(false, "pages were made free");
             self.req_mut(key).state = State::Prefilling(run);
@@ -479,9 +492,12 @@ impl Scheduler {
                 State::Decoding(run) => (false, run),
                 _ => return None,
             };
-        let begin = run.table_changed_from.take().map_or(run.occupied_len() as u32, |i| {
-            i.min(run.occupied_len() as u32)
-        });
+        let begin = run
+            .table_changed_from
+            .take()
+            .map_or(run.occupied_len() as u32, |i| {
+                i.min(run.occupied_len() as u32)
+            });
         if !run.lka.acquire(&mut self.cache, run.reserve) {
             debug_assert!(false, "pages were made free");
             self.req_mut(key).state = if from_prefill_done {
