@@ -1,12 +1,15 @@
 //! The `kvtier` command.
 //!
-//! * `kvtier replay` — the main job. Until the data plane lands it replays a benchmark
-//!   workload through the scheduler core and prints its report.
+//! * `kvtier replay` — the main job: replays a scenario (`chat` by default) through the
+//!   scheduler with the reference engine, which checks every KV slot it reads, and prints
+//!   the report. Benchmark workloads replay through the core.
 //! * `kvtier bench w1|w2|w3` — runs one benchmark workload exactly as defined in
 //!   WORKLOADS.md; `--json` makes the last stdout line one JSON object.
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
+use kvtier_sim::reference::Verify;
+use kvtier_sim::scenario::{Scenario, ScenarioOptions, ScenarioReport, run_scenario};
 use kvtier_sim::{Report, WorkloadKind, WorkloadOptions, run_workload};
 
 #[derive(Debug, Parser)]
@@ -23,14 +26,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Replay a workload through the scheduler and print its report (the default).
-    Replay {
-        /// Workload to replay.
-        #[arg(long, value_enum, default_value_t = Workload::W3)]
-        workload: Workload,
-        /// Write the report as JSON to this file.
-        #[arg(long)]
-        json: Option<std::path::PathBuf>,
-    },
+    Replay(ReplayArgs),
     /// Run a benchmark workload (WORKLOADS.md) and print its counters and timings.
     Bench {
         /// Which workload.
@@ -53,6 +49,50 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Debug, Clone, clap::Args)]
+struct ReplayArgs {
+    /// Workload to replay: a scenario through the reference engine, or a benchmark
+    /// workload through the core.
+    #[arg(long, value_enum, default_value_t = ReplayWorkload::Chat)]
+    workload: ReplayWorkload,
+    /// Turn the prefix cache and host tier off (every request computes its whole prompt).
+    #[arg(long)]
+    no_cache: bool,
+    /// How much KV the integrity oracle checks.
+    #[arg(long, value_enum, default_value_t = VerifyMode::Full)]
+    verify: VerifyMode,
+    /// Write the report as JSON to this file.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+impl Default for ReplayArgs {
+    fn default() -> Self {
+        Self {
+            workload: ReplayWorkload::Chat,
+            no_cache: false,
+            verify: VerifyMode::Full,
+            json: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ReplayWorkload {
+    Chat,
+    Rollout,
+    W1,
+    W2,
+    W3,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum VerifyMode {
+    Full,
+    Sampled,
+    Off,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -78,22 +118,11 @@ impl Workload {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    match cli.command.unwrap_or(Command::Replay {
-        workload: Workload::W3,
-        json: None,
-    }) {
-        Command::Replay { workload, json } => {
-            let Some(kind) = workload.kind() else {
-                bail!("copy is a benchmark, not a workload to replay");
-            };
-            let options = WorkloadOptions::new(kind);
-            let report = run_workload(&options).context("replay failed")?;
-            print_table(&report);
-            if let Some(path) = json {
-                std::fs::write(&path, serde_json::to_string_pretty(&report)?)
-                    .with_context(|| format!("writing {}", path.display()))?;
-            }
-        }
+    match cli
+        .command
+        .unwrap_or(Command::Replay(ReplayArgs::default()))
+    {
+        Command::Replay(args) => replay(args)?,
         Command::Bench {
             workload,
             page_size,
@@ -129,6 +158,125 @@ fn main() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `kvtier replay`: the main job.
+fn replay(args: ReplayArgs) -> Result<()> {
+    let scenario = match args.workload {
+        ReplayWorkload::Chat => Scenario::Chat,
+        ReplayWorkload::Rollout => Scenario::Rollout,
+        other => {
+            if args.no_cache {
+                bail!("--no-cache applies to the chat and rollout scenarios");
+            }
+            let kind = match other {
+                ReplayWorkload::W1 => WorkloadKind::W1,
+                ReplayWorkload::W2 => WorkloadKind::W2,
+                _ => WorkloadKind::W3,
+            };
+            let report = run_workload(&WorkloadOptions::new(kind)).context("replay failed")?;
+            print_table(&report);
+            return write_json(args.json.as_deref(), &report);
+        }
+    };
+    let verify = match args.verify {
+        VerifyMode::Full => Verify::Full,
+        VerifyMode::Sampled => Verify::Sampled(16),
+        VerifyMode::Off => Verify::Off,
+    };
+    let options = ScenarioOptions {
+        cache: !args.no_cache,
+        verify,
+        ..ScenarioOptions::new(scenario)
+    };
+    let report = run_scenario(&options).context("replay failed")?;
+    print_scenario(&report);
+    write_json(args.json.as_deref(), &report)?;
+    if report.integrity_errors > 0 {
+        bail!(
+            "{} integrity errors; first: {:?}",
+            report.integrity_errors,
+            report.first_errors.first()
+        );
+    }
+    Ok(())
+}
+
+fn write_json(path: Option<&std::path::Path>, report: &impl serde::Serialize) -> Result<()> {
+    if let Some(path) = path {
+        std::fs::write(path, serde_json::to_string_pretty(report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn print_scenario(r: &ScenarioReport) {
+    let pct = |n: u64, d: u64| {
+        if d == 0 {
+            0.0
+        } else {
+            100.0 * n as f64 / d as f64
+        }
+    };
+    println!(
+        "replay {} (prefix cache and host tier {})",
+        r.workload,
+        if r.cache { "on" } else { "off" }
+    );
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let rows: Vec<(&str, String)> = vec![
+        (
+            "requests",
+            format!(
+                "{} ({} finished, {} aborted)",
+                r.requests, r.finished, r.aborted
+            ),
+        ),
+        ("prompt tokens", r.prompt_tokens.to_string()),
+        ("generated tokens", r.generated_tokens.to_string()),
+        (
+            "hit ratio",
+            format!(
+                "{:.1} % ({} of {} ideal)",
+                pct(r.hit_tokens, r.prompt_tokens),
+                r.hit_tokens,
+                r.ideal_hit_tokens
+            ),
+        ),
+        (
+            "  from device",
+            format!(
+                "{:.1} %",
+                pct(r.hit_tokens - r.hit_tokens_host, r.prompt_tokens)
+            ),
+        ),
+        (
+            "  from host",
+            format!("{:.1} %", pct(r.hit_tokens_host, r.prompt_tokens)),
+        ),
+        (
+            "write-backs",
+            format!("{} ops, {} pages", r.writeback_ops, r.writeback_pages),
+        ),
+        (
+            "load-backs",
+            format!("{} ops, {} pages", r.loadback_ops, r.loadback_pages),
+        ),
+        ("bytes moved", format!("{:.1} MiB", mib(r.moved_bytes))),
+        ("retractions", r.retractions.to_string()),
+        ("integrity errors", r.integrity_errors.to_string()),
+        ("steps", r.steps.to_string()),
+        (
+            "scheduler time",
+            format!(
+                "{:.1} µs per step",
+                r.scheduler_ns as f64 / 1e3 / r.steps.max(1) as f64
+            ),
+        ),
+    ];
+    for (name, value) in rows {
+        println!("  {name:<20} {value}");
+    }
 }
 
 /// `kvtier bench copy`: write-back bandwidth of the kernel library against plain memcpy

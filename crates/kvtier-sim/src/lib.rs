@@ -8,6 +8,8 @@
 //! `valgrind --tool=callgrind --toggle-collect='*measured_*'` counts exactly them.
 
 pub mod engine;
+pub mod reference;
+pub mod scenario;
 pub mod tokens;
 pub mod workloads;
 

@@ -1,0 +1,313 @@
+//! Scenario workloads (WORKLOADS.md §7) run through the scheduler with the reference
+//! engine: every KV slot a row reads is checked, and the generated tokens depend on it.
+//!
+//! * `chat` (w = 4): multi-turn conversations; each turn's prompt is the history plus new
+//!   user tokens, and the history grows by the engine's own answers. The device pool is
+//!   smaller than the working set, so the host tier is exercised.
+//! * `rollout` (w = 5): RL rollouts; each prompt is sampled G times, all G submitted in the
+//!   same step. Mid-flight publication lets siblings reuse the first samples' prefix.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use kvtier_device::{DeviceError, KvGeometry};
+use kvtier_fsm::{BatchError, SchedError, Scheduler};
+use kvtier_types::{RequestId, RequestSpec, SchedulerConfig, Token};
+use serde::Serialize;
+
+use crate::reference::{IntegrityError, ReferenceEngine, Verify};
+use crate::tokens::{gen_tokens, tag};
+
+/// Which scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scenario {
+    /// Multi-turn conversations under device pressure.
+    Chat,
+    /// Sibling samples of shared prompts.
+    Rollout,
+}
+
+impl Scenario {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Chat => "chat",
+            Scenario::Rollout => "rollout",
+        }
+    }
+}
+
+/// Knobs of a scenario run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScenarioOptions {
+    /// Which scenario.
+    pub scenario: Scenario,
+    /// Prefix cache and host tier on (off: every request computes its whole prompt).
+    pub cache: bool,
+    /// Mid-flight prefix publication.
+    pub publish: bool,
+    /// How much KV the oracle checks.
+    pub verify: Verify,
+}
+
+impl ScenarioOptions {
+    /// The default run of a scenario: cache on, publication on, full verification.
+    pub fn new(scenario: Scenario) -> Self {
+        Self {
+            scenario,
+            cache: true,
+            publish: true,
+            verify: Verify::Full,
+        }
+    }
+}
+
+/// The result of a scenario run.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScenarioReport {
+    /// Scenario name.
+    pub workload: String,
+    /// Prefix cache and host tier on.
+    pub cache: bool,
+    /// Requests submitted.
+    pub requests: u64,
+    /// Requests finished.
+    pub finished: u64,
+    /// Requests the scheduler aborted.
+    pub aborted: u64,
+    /// Plans built.
+    pub steps: u64,
+    /// Prompt tokens submitted.
+    pub prompt_tokens: u64,
+    /// Tokens generated.
+    pub generated_tokens: u64,
+    /// Prompt tokens served from the cache (first chunks).
+    pub hit_tokens: u64,
+    /// Of those, loaded back from host.
+    pub hit_tokens_host: u64,
+    /// The best any prefix cache could have reused: full prompt pages already computed
+    /// by some request in an earlier step, in tokens.
+    pub ideal_hit_tokens: u64,
+    /// Write-backs: ops, pages, bytes.
+    pub writeback_ops: u64,
+    /// Write-back pages.
+    pub writeback_pages: u64,
+    /// Load-backs: ops.
+    pub loadback_ops: u64,
+    /// Load-back pages.
+    pub loadback_pages: u64,
+    /// Bytes moved by write-backs and load-backs.
+    pub moved_bytes: u64,
+    /// Retractions.
+    pub retractions: u64,
+    /// Integrity errors found by the oracle.
+    pub integrity_errors: u64,
+    /// Scheduler time (submit, plan, advance), ns.
+    pub scheduler_ns: u64,
+    /// Generated tokens per request (not serialized).
+    #[serde(skip)]
+    pub outputs: BTreeMap<RequestId, Vec<Token>>,
+    /// The first integrity errors (not serialized).
+    #[serde(skip)]
+    pub first_errors: Vec<IntegrityError>,
+}
+
+/// Why a scenario run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    /// The scheduler refused the config.
+    #[error(transparent)]
+    Config(#[from] SchedError),
+    /// The scheduler refused a submit or an event.
+    #[error(transparent)]
+    Refused(#[from] BatchError),
+    /// The arenas refused an operation.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    /// The run stopped making progress.
+    #[error("scenario stalled after {0} steps")]
+    Stalled(u64),
+}
+
+/// KV geometry of the scenarios: small, so full verification stays cheap.
+pub fn scenario_geometry(page_size: u32) -> KvGeometry {
+    KvGeometry {
+        layers: 2,
+        planes: 2,
+        heads: 1,
+        head_dim: 4,
+        dtype_bytes: 2,
+        page_size,
+    }
+}
+
+struct Turn {
+    conversation: usize,
+    user: Vec<Token>,
+}
+
+/// Runs a scenario to completion.
+pub fn run_scenario(o: &ScenarioOptions) -> Result<ScenarioReport, ScenarioError> {
+    const PAGE: u32 = 16;
+    let (device_pages, host_pages, batch, budget) = match o.scenario {
+        // Working set 16 × 4 × 128 tokens = 512 pages; device holds under a third.
+        Scenario::Chat => (161, 641, 16, 2048),
+        // 2 prompts × 8 samples × (2048 + 256) tokens.
+        Scenario::Rollout => (2400, 2400, 16, 8192),
+    };
+    let config = SchedulerConfig {
+        page_size: PAGE,
+        device_pages,
+        host_pages,
+        max_batch_size: batch,
+        max_scheduled_tokens: budget,
+        disable_prefix_cache: !o.cache,
+        disable_l2_cache: !o.cache,
+        publish_prefix_mid_flight: o.publish,
+        ..SchedulerConfig::default()
+    };
+    let mut s = Scheduler::new(config)?;
+    let mut engine =
+        ReferenceEngine::new(scenario_geometry(PAGE), device_pages, host_pages, o.verify)?;
+    let mut r = ScenarioReport {
+        workload: o.scenario.name().into(),
+        cache: o.cache,
+        requests: 0,
+        finished: 0,
+        aborted: 0,
+        steps: 0,
+        prompt_tokens: 0,
+        generated_tokens: 0,
+        hit_tokens: 0,
+        hit_tokens_host: 0,
+        ideal_hit_tokens: 0,
+        writeback_ops: 0,
+        writeback_pages: 0,
+        loadback_ops: 0,
+        loadback_pages: 0,
+        moved_bytes: 0,
+        retractions: 0,
+        integrity_errors: 0,
+        scheduler_ns: 0,
+        outputs: BTreeMap::new(),
+        first_errors: Vec::new(),
+    };
+    // Chat state: per conversation, history, next turn, whether a turn is live.
+    const CONVERSATIONS: usize = 16;
+    const TURNS: usize = 4;
+    let mut history: Vec<Vec<Token>> = vec![Vec::new(); CONVERSATIONS];
+    let mut next_turn = [0usize; CONVERSATIONS];
+    let mut live: BTreeMap<RequestId, Turn> = BTreeMap::new();
+    let mut pending_rollout = true;
+    let mut started = std::collections::HashSet::new();
+    loop {
+        // Arrivals.
+        let mut batch_specs: Vec<(RequestSpec, usize)> = Vec::new();
+        match o.scenario {
+            Scenario::Chat => {
+                for c in 0..CONVERSATIONS {
+                    let busy = live.values().any(|t| t.conversation == c);
+                    if busy || next_turn[c] >= TURNS {
+                        continue;
+                    }
+                    let t = next_turn[c];
+                    let user = gen_tokens(tag(4, 1, (c * TURNS + t) as u64), 96);
+                    let mut prompt = history[c].clone();
+                    prompt.extend_from_slice(&user);
+                    let id = RequestId::from(format!("c{c:02}t{}", t + 1));
+                    live.insert(
+                        id.clone(),
+                        Turn {
+                            conversation: c,
+                            user,
+                        },
+                    );
+                    batch_specs.push((RequestSpec::new(id, prompt), 32));
+                    next_turn[c] += 1;
+                }
+            }
+            Scenario::Rollout => {
+                if pending_rollout {
+                    for p in 0..2u64 {
+                        let prompt = gen_tokens(tag(5, 1, p), 2048);
+                        for g in 0..8 {
+                            let id = RequestId::from(format!("p{p}g{g}"));
+                            batch_specs.push((RequestSpec::new(id, prompt.clone()), 256));
+                        }
+                    }
+                    pending_rollout = false;
+                }
+            }
+        }
+        if !batch_specs.is_empty() {
+            let mut specs = Vec::with_capacity(batch_specs.len());
+            for (spec, max_new) in batch_specs {
+                engine.register(spec.id.clone(), &spec.tokens, max_new);
+                r.requests += 1;
+                r.prompt_tokens += spec.tokens.len() as u64;
+                specs.push(spec);
+            }
+            let t = Instant::now();
+            s.submit(specs)?;
+            r.scheduler_ns += t.elapsed().as_nanos() as u64;
+        }
+        let t = Instant::now();
+        let plan = s.next_plan();
+        r.scheduler_ns += t.elapsed().as_nanos() as u64;
+        r.steps += 1;
+        if plan.is_empty() && s.is_idle() {
+            break;
+        }
+        if r.steps > 100_000 {
+            return Err(ScenarioError::Stalled(r.steps));
+        }
+        // Counters.
+        for op in &plan.write_backs {
+            r.writeback_ops += 1;
+            r.writeback_pages += op.pairs.len() as u64;
+            r.retractions += u64::from(op.is_retract);
+        }
+        r.loadback_ops += plan.load_backs.len() as u64;
+        let lb = plan.load_back_pages() as u64;
+        r.loadback_pages += lb;
+        if plan.forward.num_prefill_rows > 0 {
+            r.hit_tokens_host += lb * u64::from(PAGE);
+        }
+        for row in plan.forward.prefill_rows() {
+            if started.insert(row.request_id.clone()) {
+                r.hit_tokens += u64::from(row.extend_prefix_len);
+            }
+        }
+        for notice in &plan.aborted {
+            r.aborted += 1;
+            if let Some(turn) = live.remove(&notice.request_id) {
+                history[turn.conversation].extend_from_slice(&turn.user);
+            }
+        }
+        let events = engine.step(&plan)?;
+        let t = Instant::now();
+        s.advance(events)?;
+        r.scheduler_ns += t.elapsed().as_nanos() as u64;
+        // Finished turns extend their conversation with the engine's own answer.
+        let done: Vec<RequestId> = live
+            .keys()
+            .filter(|id| engine.outputs.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in done {
+            if let Some(turn) = live.remove(&id) {
+                let h = &mut history[turn.conversation];
+                h.extend_from_slice(&turn.user);
+                h.extend_from_slice(&engine.outputs[&id]);
+            }
+        }
+    }
+    r.finished = engine.outputs.len() as u64;
+    r.generated_tokens = engine.outputs.values().map(|v| v.len() as u64).sum();
+    r.ideal_hit_tokens = engine.ideal_hit_pages * u64::from(PAGE);
+    r.moved_bytes = engine.moved_bytes;
+    r.integrity_errors = engine.errors.len() as u64;
+    r.first_errors = engine.errors.iter().take(8).cloned().collect();
+    r.outputs = std::mem::take(&mut engine.outputs);
+    Ok(r)
+}

@@ -1,0 +1,110 @@
+//! The reference engine's integrity oracle on the scenario workloads: cache reuse never
+//! changes an answer, and corrupted KV is caught and changes the answer.
+
+use kvtier_fsm::Scheduler;
+use kvtier_sim::reference::{Provenance, ReferenceEngine, Verify};
+use kvtier_sim::scenario::{Scenario, ScenarioOptions, run_scenario, scenario_geometry};
+use kvtier_types::{RequestId, RequestSpec, SchedulerConfig};
+
+fn run(scenario: Scenario, cache: bool, publish: bool) -> kvtier_sim::scenario::ScenarioReport {
+    let options = ScenarioOptions {
+        cache,
+        publish,
+        ..ScenarioOptions::new(scenario)
+    };
+    run_scenario(&options).expect("scenario runs")
+}
+
+/// Each scenario with the prefix cache and host tier on, and off: the same tokens for
+/// every request, and no integrity error in either run.
+#[test]
+fn cache_on_and_off_generate_identical_tokens() {
+    for scenario in [Scenario::Chat, Scenario::Rollout] {
+        let on = run(scenario, true, true);
+        let off = run(scenario, false, false);
+        assert_eq!(
+            on.integrity_errors, 0,
+            "{}: {:?}",
+            on.workload, on.first_errors
+        );
+        assert_eq!(
+            off.integrity_errors, 0,
+            "{}: {:?}",
+            off.workload, off.first_errors
+        );
+        assert!(on.hit_tokens > 0, "{}: the cache was used", on.workload);
+        assert_eq!(off.hit_tokens, 0);
+        assert_eq!(on.finished, on.requests);
+        assert_eq!(on.outputs, off.outputs, "{}: answers differ", on.workload);
+    }
+}
+
+#[test]
+fn chat_exercises_the_host_tier() {
+    let r = run(Scenario::Chat, true, true);
+    assert!(r.hit_tokens_host > 0 && r.writeback_ops > 0 && r.loadback_ops > 0);
+}
+
+/// With mid-flight publication, rollout siblings reuse the prefix their first samples
+/// computed: at least 90 % of the ideal bound. Without it they reuse nothing.
+#[test]
+fn rollout_hits_at_least_ninety_percent_of_the_bound() {
+    let on = run(Scenario::Rollout, true, true);
+    assert!(on.ideal_hit_tokens > 0);
+    assert!(
+        on.hit_tokens * 10 >= on.ideal_hit_tokens * 9,
+        "{} of {} ideal",
+        on.hit_tokens,
+        on.ideal_hit_tokens
+    );
+    let off = run(Scenario::Rollout, true, false);
+    assert!(off.hit_tokens < on.hit_tokens);
+}
+
+/// A byte flipped in a device page a request reads is reported with the request, the
+/// page and where the page came from, and the request's answer changes.
+#[test]
+fn corrupted_kv_is_caught_and_changes_the_answer() {
+    let answer = |corrupt: bool| {
+        let config = SchedulerConfig {
+            page_size: 16,
+            device_pages: 64,
+            host_pages: 64,
+            ..SchedulerConfig::default()
+        };
+        let mut s = Scheduler::new(config).expect("config");
+        let mut e =
+            ReferenceEngine::new(scenario_geometry(16), 64, 64, Verify::Full).expect("arenas");
+        let prompt: Vec<i32> = (1..=40).collect();
+        e.register(RequestId::from("r1"), &prompt, 4);
+        s.submit(vec![RequestSpec::new("r1", prompt)])
+            .expect("submit");
+        let mut first_page = None;
+        for step in 0..8 {
+            let plan = s.next_plan();
+            if let Some(row) = plan.forward.rows.first() {
+                first_page = Some(plan.forward.page_table_of(row)[0]);
+            }
+            if corrupt && step == 1 {
+                e.corrupt(first_page.expect("a page")).expect("in range");
+            }
+            let events = e.step(&plan).expect("engine step");
+            s.advance(events).expect("advance");
+        }
+        (
+            e.outputs.get(&RequestId::from("r1")).cloned(),
+            e.errors.clone(),
+            first_page,
+        )
+    };
+    let (clean, clean_errors, _) = answer(false);
+    let (dirty, errors, page) = answer(true);
+    assert!(clean_errors.is_empty());
+    let first = errors.first().expect("the oracle reports the corruption");
+    assert_eq!(first.request, RequestId::from("r1"));
+    assert_eq!(Some(first.page), page);
+    assert_eq!((first.position, first.layer), (0, 0));
+    assert_eq!(first.provenance, Provenance::Computed);
+    assert!(clean.is_some() && dirty.is_some());
+    assert_ne!(clean, dirty, "the answer depends on the KV read");
+}
