@@ -265,6 +265,22 @@ fn print_scenario(r: &ScenarioReport) {
         ("bytes moved", format!("{:.1} MiB", mib(r.moved_bytes))),
         ("retractions", r.retractions.to_string()),
         ("integrity errors", r.integrity_errors.to_string()),
+        (
+            "virtual time",
+            format!("{:.2} s (cost model: docs/data-plane.md)", r.virtual_s),
+        ),
+        (
+            "TTFT",
+            format!(
+                "{:.1} ms mean, {:.1} ms median",
+                r.ttft_mean_ms, r.ttft_p50_ms
+            ),
+        ),
+        ("time per token", format!("{:.1} ms", r.tpot_mean_ms)),
+        (
+            "throughput",
+            format!("{:.0} tokens/s", r.throughput_tokens_per_s),
+        ),
         ("steps", r.steps.to_string()),
         (
             "scheduler time",

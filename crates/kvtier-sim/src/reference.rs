@@ -103,6 +103,12 @@ pub struct ReferenceEngine {
     /// Σ over first prefill chunks of the full prompt pages some request had computed
     /// in an earlier step: the best any prefix cache could have reused.
     pub ideal_hit_pages: u64,
+    /// Fault injection: fail every `n`-th write-back (the copy does not happen and the
+    /// scheduler is told so). 0 disables.
+    pub fail_every_nth_write_back: u64,
+    write_backs_seen: u64,
+    /// Write-backs failed on purpose.
+    pub failed_write_backs: u64,
 }
 
 /// Bytes of one token in one (layer, plane): one slot.
@@ -142,6 +148,9 @@ impl ReferenceEngine {
             steps: 0,
             computed_pages: std::collections::HashMap::new(),
             ideal_hit_pages: 0,
+            fail_every_nth_write_back: 0,
+            write_backs_seen: 0,
+            failed_write_backs: 0,
         })
     }
 
@@ -176,6 +185,17 @@ impl ReferenceEngine {
         let mut events = Vec::new();
         let page_bytes = self.geometry.page_bytes();
         for op in &plan.write_backs {
+            self.write_backs_seen += 1;
+            let n = self.fail_every_nth_write_back;
+            if n > 0 && self.write_backs_seen.is_multiple_of(n) {
+                // The copy fails: the host pages keep whatever they held before.
+                self.failed_write_backs += 1;
+                events.push(EngineEvent::WriteBackDone {
+                    op_id: op.op_id,
+                    success: false,
+                });
+                continue;
+            }
             self.arenas.write_back(&op.pairs)?;
             self.moved_bytes += page_bytes * op.pairs.len() as u64;
             events.push(EngineEvent::WriteBackDone {

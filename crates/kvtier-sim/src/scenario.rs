@@ -37,8 +37,48 @@ impl Scenario {
     }
 }
 
+/// The virtual clock: what one engine step costs. Defaults model a Llama-3-8B-class model
+/// (bf16 KV, 128 KiB per token) on one modern GPU; every field can be changed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CostModel {
+    /// Fixed cost of a step (launch, sampling), µs.
+    pub step_us: f64,
+    /// Prefill cost per computed prompt token, µs.
+    pub prefill_us_per_token: f64,
+    /// Decode cost per row, µs.
+    pub decode_us_per_row: f64,
+    /// KV bytes of one token across all layers of the modelled model.
+    pub kv_bytes_per_token: f64,
+    /// Host→device bandwidth, GB/s. Load-backs are on the critical path: the forward
+    /// waits for them. Write-backs overlap with compute and cost nothing here.
+    pub h2d_gbps: f64,
+}
+
+impl Default for CostModel {
+    fn default() -> Self {
+        Self {
+            step_us: 4000.0,
+            prefill_us_per_token: 40.0,
+            decode_us_per_row: 60.0,
+            kv_bytes_per_token: 131_072.0,
+            h2d_gbps: 25.0,
+        }
+    }
+}
+
+impl CostModel {
+    /// Virtual µs of one step.
+    pub fn step_cost(&self, prefill_tokens: u64, decode_rows: u64, loaded_tokens: u64) -> f64 {
+        let load_us = loaded_tokens as f64 * self.kv_bytes_per_token / (self.h2d_gbps * 1e3);
+        self.step_us
+            + prefill_tokens as f64 * self.prefill_us_per_token
+            + decode_rows as f64 * self.decode_us_per_row
+            + load_us
+    }
+}
+
 /// Knobs of a scenario run.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ScenarioOptions {
     /// Which scenario.
     pub scenario: Scenario,
@@ -48,6 +88,10 @@ pub struct ScenarioOptions {
     pub publish: bool,
     /// How much KV the oracle checks.
     pub verify: Verify,
+    /// Fault injection: fail every `n`-th write-back copy (0: none).
+    pub fail_every_nth_write_back: u64,
+    /// The virtual clock's cost model.
+    pub cost: CostModel,
 }
 
 impl ScenarioOptions {
@@ -58,6 +102,8 @@ impl ScenarioOptions {
             cache: true,
             publish: true,
             verify: Verify::Full,
+            fail_every_nth_write_back: 0,
+            cost: CostModel::default(),
         }
     }
 }
@@ -100,10 +146,22 @@ pub struct ScenarioReport {
     pub moved_bytes: u64,
     /// Retractions.
     pub retractions: u64,
+    /// Write-back copies that failed (fault injection).
+    pub failed_write_backs: u64,
     /// Integrity errors found by the oracle.
     pub integrity_errors: u64,
     /// Scheduler time (submit, plan, advance), ns.
     pub scheduler_ns: u64,
+    /// Virtual time of the whole run, s.
+    pub virtual_s: f64,
+    /// Time to first token, mean and median, ms (virtual clock).
+    pub ttft_mean_ms: f64,
+    /// Median time to first token, ms.
+    pub ttft_p50_ms: f64,
+    /// Time per output token after the first, mean over requests, ms.
+    pub tpot_mean_ms: f64,
+    /// Generated tokens per virtual second.
+    pub throughput_tokens_per_s: f64,
     /// Generated tokens per request (not serialized).
     #[serde(skip)]
     pub outputs: BTreeMap<RequestId, Vec<Token>>,
@@ -169,6 +227,7 @@ pub fn run_scenario(o: &ScenarioOptions) -> Result<ScenarioReport, ScenarioError
     let mut s = Scheduler::new(config)?;
     let mut engine =
         ReferenceEngine::new(scenario_geometry(PAGE), device_pages, host_pages, o.verify)?;
+    engine.fail_every_nth_write_back = o.fail_every_nth_write_back;
     let mut r = ScenarioReport {
         workload: o.scenario.name().into(),
         cache: o.cache,
@@ -187,8 +246,14 @@ pub fn run_scenario(o: &ScenarioOptions) -> Result<ScenarioReport, ScenarioError
         loadback_pages: 0,
         moved_bytes: 0,
         retractions: 0,
+        failed_write_backs: 0,
         integrity_errors: 0,
         scheduler_ns: 0,
+        virtual_s: 0.0,
+        ttft_mean_ms: 0.0,
+        ttft_p50_ms: 0.0,
+        tpot_mean_ms: 0.0,
+        throughput_tokens_per_s: 0.0,
         outputs: BTreeMap::new(),
         first_errors: Vec::new(),
     };
@@ -200,6 +265,11 @@ pub fn run_scenario(o: &ScenarioOptions) -> Result<ScenarioReport, ScenarioError
     let mut live: BTreeMap<RequestId, Turn> = BTreeMap::new();
     let mut pending_rollout = true;
     let mut started = std::collections::HashSet::new();
+    // Virtual clock (µs): submit, first-token and finish times per request.
+    let mut now = 0.0f64;
+    let mut submitted_at: BTreeMap<RequestId, f64> = BTreeMap::new();
+    let mut first_token: BTreeMap<RequestId, f64> = BTreeMap::new();
+    let mut finished_at: BTreeMap<RequestId, f64> = BTreeMap::new();
     loop {
         // Arrivals.
         let mut batch_specs: Vec<(RequestSpec, usize)> = Vec::new();
@@ -243,6 +313,7 @@ pub fn run_scenario(o: &ScenarioOptions) -> Result<ScenarioReport, ScenarioError
             let mut specs = Vec::with_capacity(batch_specs.len());
             for (spec, max_new) in batch_specs {
                 engine.register(spec.id.clone(), &spec.tokens, max_new);
+                submitted_at.insert(spec.id.clone(), now);
                 r.requests += 1;
                 r.prompt_tokens += spec.tokens.len() as u64;
                 specs.push(spec);
@@ -285,6 +356,27 @@ pub fn run_scenario(o: &ScenarioOptions) -> Result<ScenarioReport, ScenarioError
             }
         }
         let events = engine.step(&plan)?;
+        let prefill_tokens: u64 = plan
+            .forward
+            .prefill_rows()
+            .iter()
+            .map(|row| u64::from(row.input_length))
+            .sum();
+        let decode_rows = plan.forward.decode_rows().len() as u64;
+        now += o
+            .cost
+            .step_cost(prefill_tokens, decode_rows, lb * u64::from(PAGE));
+        for event in &events {
+            match event {
+                kvtier_types::EngineEvent::ExtendResult { request_id, .. } => {
+                    first_token.entry(request_id.clone()).or_insert(now);
+                }
+                kvtier_types::EngineEvent::Finish { request_id } => {
+                    finished_at.insert(request_id.clone(), now);
+                }
+                _ => {}
+            }
+        }
         let t = Instant::now();
         s.advance(events)?;
         r.scheduler_ns += t.elapsed().as_nanos() as u64;
@@ -307,7 +399,32 @@ pub fn run_scenario(o: &ScenarioOptions) -> Result<ScenarioReport, ScenarioError
     r.ideal_hit_tokens = engine.ideal_hit_pages * u64::from(PAGE);
     r.moved_bytes = engine.moved_bytes;
     r.integrity_errors = engine.errors.len() as u64;
+    r.failed_write_backs = engine.failed_write_backs;
     r.first_errors = engine.errors.iter().take(8).cloned().collect();
+    let mut ttft: Vec<f64> = first_token
+        .iter()
+        .filter_map(|(id, t)| submitted_at.get(id).map(|s| t - s))
+        .collect();
+    ttft.sort_by(f64::total_cmp);
+    if !ttft.is_empty() {
+        r.ttft_mean_ms = ttft.iter().sum::<f64>() / ttft.len() as f64 / 1e3;
+        r.ttft_p50_ms = ttft[ttft.len() / 2] / 1e3;
+    }
+    let tpot: Vec<f64> = finished_at
+        .iter()
+        .filter_map(|(id, end)| {
+            let n = engine.outputs.get(id)?.len();
+            let first = first_token.get(id)?;
+            (n > 1).then(|| (end - first) / (n - 1) as f64)
+        })
+        .collect();
+    if !tpot.is_empty() {
+        r.tpot_mean_ms = tpot.iter().sum::<f64>() / tpot.len() as f64 / 1e3;
+    }
+    r.virtual_s = now / 1e6;
+    if now > 0.0 {
+        r.throughput_tokens_per_s = r.generated_tokens as f64 / r.virtual_s;
+    }
     r.outputs = std::mem::take(&mut engine.outputs);
     Ok(r)
 }

@@ -108,3 +108,54 @@ fn corrupted_kv_is_caught_and_changes_the_answer() {
     assert!(clean.is_some() && dirty.is_some());
     assert_ne!(clean, dirty, "the answer depends on the KV read");
 }
+
+/// Failed write-back copies: the host pages never received the KV, so the scheduler must
+/// treat them as a miss. Answers equal the cache-off run and the oracle finds nothing.
+#[test]
+fn failed_write_backs_become_misses_never_wrong_kv() {
+    for scenario in [Scenario::Chat, Scenario::Rollout] {
+        let faulty = ScenarioOptions {
+            fail_every_nth_write_back: 2,
+            ..ScenarioOptions::new(scenario)
+        };
+        let faulty = run_scenario(&faulty).expect("scenario runs");
+        let off = run(scenario, false, false);
+        assert!(
+            faulty.failed_write_backs > 0,
+            "{}: faults were injected",
+            faulty.workload
+        );
+        assert_eq!(
+            faulty.integrity_errors, 0,
+            "{}: {:?}",
+            faulty.workload, faulty.first_errors
+        );
+        assert_eq!(
+            faulty.outputs, off.outputs,
+            "{}: answers differ",
+            faulty.workload
+        );
+    }
+}
+
+/// The virtual clock: reusing the cache makes first tokens come sooner, and the figures
+/// are consistent with the cost model.
+#[test]
+fn virtual_clock_reports_ttft_tpot_and_throughput() {
+    let on = run(Scenario::Chat, true, true);
+    let off = run(Scenario::Chat, false, false);
+    for r in [&on, &off] {
+        assert!(r.virtual_s > 0.0 && r.ttft_mean_ms > 0.0 && r.tpot_mean_ms > 0.0);
+        let expected = r.generated_tokens as f64 / r.virtual_s;
+        assert!((r.throughput_tokens_per_s - expected).abs() < 1e-6 * expected);
+    }
+    assert!(
+        on.ttft_mean_ms < off.ttft_mean_ms,
+        "{} vs {}",
+        on.ttft_mean_ms,
+        off.ttft_mean_ms
+    );
+    let model = kvtier_sim::scenario::CostModel::default();
+    assert!(model.step_cost(10, 0, 0) < model.step_cost(20, 0, 0));
+    assert!(model.step_cost(0, 0, 0) < model.step_cost(0, 0, 64));
+}
