@@ -1,0 +1,22 @@
+//! The L3 tier of kvtier: where KV pages go when they leave device and host memory.
+//!
+//! * [`Namespace`] formats every key, for every verb: model, KV dtype, KV layout, page
+//!   size and tensor-parallel geometry, then the page's full-chain SHA-256 rolling hash.
+//! * [`L3Backend`] is the one trait every store implements: batch exists (consecutive
+//!   hits from the start), batch get into page buffers, batch put from page buffers,
+//!   remove, stats, and the capabilities a backend really has.
+//! * [`LocalStore`] is the embedded default: a bounded memory tier over a bounded disk
+//!   directory, checksummed write-once objects that survive a restart, and
+//!   prefetch-on-exist (an existence query may promote disk-only objects to memory in the
+//!   background).
+
+mod backend;
+mod codec;
+mod error;
+mod key;
+mod local;
+
+pub use backend::{Capabilities, L3Backend, L3Stats, PutOutcome};
+pub use error::L3Error;
+pub use key::{L3Key, Namespace};
+pub use local::{LocalStore, LocalStoreConfig};

@@ -1,0 +1,610 @@
+//! `LocalStore`: the embedded L3 store.
+//!
+//! A bounded memory tier over a bounded disk directory, one file per object, named by a
+//! hash of its key, so the store survives a restart without an index. Objects are
+//! write-once and checksummed: a corrupt object reads as a miss and is dropped.
+//!
+//! Prefetch-on-exist (reference 001/002): an existence query with the
+//! `prefetch_to_memory` hint sends disk-only hits to a bounded pool of worker threads,
+//! which read and verify them and send the payloads back over a channel. The store drains
+//! that channel before every call, so its state has one owner. Duplicate hints for a key
+//! promoted within the TTL are dropped, but an entry is never swept while in flight; a
+//! failed promotion clears its entry; a batch get waits for in-flight promotions with one
+//! deadline for the whole batch, blocking on the channel, never polling key by key.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+use crate::backend::{Capabilities, L3Backend, L3Stats, PutOutcome};
+use crate::{L3Error, L3Key, codec};
+
+/// Sizes and timings of a `LocalStore`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalStoreConfig {
+    /// Directory of the disk tier (created if missing).
+    pub dir: PathBuf,
+    /// Bytes of payload the memory tier may hold.
+    pub memory_bytes: u64,
+    /// Bytes of payload the disk tier may hold.
+    pub disk_bytes: u64,
+    /// Worker threads promoting disk objects to memory.
+    pub prefetch_workers: usize,
+    /// Promotions queued at most; further hints are dropped (a hint is only a hint).
+    pub prefetch_queue: usize,
+    /// A key promoted less than this long ago is not promoted again.
+    pub prefetch_ttl: Duration,
+    /// How long a batch get waits, in all, for promotions in flight.
+    pub get_deadline: Duration,
+}
+
+impl LocalStoreConfig {
+    /// A config with the given directory and bounds, and default timings.
+    pub fn new(dir: impl Into<PathBuf>, memory_bytes: u64, disk_bytes: u64) -> Self {
+        Self {
+            dir: dir.into(),
+            memory_bytes,
+            disk_bytes,
+            prefetch_workers: 2,
+            prefetch_queue: 1024,
+            prefetch_ttl: Duration::from_secs(10),
+            get_deadline: Duration::from_millis(50),
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Promotion {
+    InFlight,
+    Done(Instant),
+}
+
+struct Job {
+    key: L3Key,
+    path: PathBuf,
+}
+
+type JobResult = (L3Key, Option<Vec<u8>>);
+
+/// The embedded L3 store.
+#[derive(Debug)]
+pub struct LocalStore {
+    cfg: LocalStoreConfig,
+    /// Memory tier: key → payload, with LRU ticks.
+    memory: HashMap<L3Key, (Vec<u8>, u64)>,
+    memory_lru: BTreeMap<u64, L3Key>,
+    memory_used: u64,
+    /// Disk tier: key → payload length, with LRU ticks.
+    disk: HashMap<L3Key, (u64, u64)>,
+    disk_lru: BTreeMap<u64, L3Key>,
+    disk_used: u64,
+    tick: u64,
+    promotions: HashMap<L3Key, Promotion>,
+    jobs: Option<flume::Sender<Job>>,
+    results: flume::Receiver<JobResult>,
+    workers: Vec<std::thread::JoinHandle<()>>,
+    stats: L3Stats,
+}
+
+fn io(path: &Path, source: std::io::Error) -> L3Error {
+    L3Error::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+impl LocalStore {
+    /// Opens (or creates) a store; objects already in the directory are kept.
+    pub fn open(cfg: LocalStoreConfig) -> Result<Self, L3Error> {
+        Self::open_with_gate(cfg, None)
+    }
+
+    /// As `open`; with a gate, each worker waits for one token on it before each read
+    /// (tests hold promotions in flight this way).
+    fn open_with_gate(
+        cfg: LocalStoreConfig,
+        gate: Option<flume::Receiver<()>>,
+    ) -> Result<Self, L3Error> {
+        if cfg.prefetch_workers == 0 || cfg.prefetch_queue == 0 {
+            return Err(L3Error::Config(
+                "prefetch workers and queue must be positive".into(),
+            ));
+        }
+        std::fs::create_dir_all(&cfg.dir).map_err(|e| io(&cfg.dir, e))?;
+        let (job_tx, job_rx) = flume::bounded::<Job>(cfg.prefetch_queue);
+        let (res_tx, res_rx) = flume::unbounded::<JobResult>();
+        let workers = (0..cfg.prefetch_workers)
+            .map(|_| {
+                let (jobs, results, gate) = (job_rx.clone(), res_tx.clone(), gate.clone());
+                std::thread::spawn(move || {
+                    for job in jobs.iter() {
+                        if gate.as_ref().is_some_and(|g| g.recv().is_err()) {
+                            return;
+                        }
+                        let payload = std::fs::read(&job.path)
+                            .ok()
+                            .and_then(|b| codec::decode(job.key.as_str(), &b));
+                        if results.send((job.key, payload)).is_err() {
+                            return;
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut store = Self {
+            cfg,
+            memory: HashMap::new(),
+            memory_lru: BTreeMap::new(),
+            memory_used: 0,
+            disk: HashMap::new(),
+            disk_lru: BTreeMap::new(),
+            disk_used: 0,
+            tick: 0,
+            promotions: HashMap::new(),
+            jobs: Some(job_tx),
+            results: res_rx,
+            workers,
+            stats: L3Stats::default(),
+        };
+        store.load_index()?;
+        Ok(store)
+    }
+
+    /// Rebuilds the disk index from the directory (oldest files first in LRU order).
+    /// Keys are read back from the objects themselves.
+    fn load_index(&mut self) -> Result<(), L3Error> {
+        let dir = self.cfg.dir.clone();
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(&dir).map_err(|e| io(&dir, e))? {
+            let path = entry.map_err(|e| io(&dir, e))?.path();
+            if path.extension().is_none_or(|e| e != "obj") {
+                continue;
+            }
+            let meta = std::fs::metadata(&path).map_err(|e| io(&path, e))?;
+            let modified = meta.modified().ok();
+            found.push((modified, path));
+        }
+        found.sort();
+        for (_, path) in found {
+            let Ok(bytes) = std::fs::read(&path) else {
+                continue;
+            };
+            // Verified at open: a corrupt or foreign file is dropped, never served.
+            let Some((key, len)) = codec::verified_key(&bytes) else {
+                let _ = std::fs::remove_file(&path);
+                self.stats.corrupt_objects += 1;
+                continue;
+            };
+            let key = L3Key::from_stored(key);
+            if self.path_of(&key) != path {
+                continue;
+            }
+            self.tick += 1;
+            self.disk.insert(key.clone(), (len, self.tick));
+            self.disk_lru.insert(self.tick, key);
+            self.disk_used += len;
+        }
+        Ok(())
+    }
+
+    fn path_of(&self, key: &L3Key) -> PathBuf {
+        let digest = Sha256::digest(key.as_str().as_bytes());
+        let name: String = digest.iter().take(20).map(|b| format!("{b:02x}")).collect();
+        self.cfg.dir.join(format!("{name}.obj"))
+    }
+
+    /// Applies finished promotions and sweeps expired throttle entries (never in-flight
+    /// ones).
+    fn drain(&mut self) {
+        while let Ok(result) = self.results.try_recv() {
+            self.finish_promotion(result);
+        }
+        let ttl = self.cfg.prefetch_ttl;
+        self.promotions.retain(|_, p| match p {
+            Promotion::InFlight => true,
+            Promotion::Done(at) => at.elapsed() < ttl,
+        });
+    }
+
+    fn finish_promotion(&mut self, (key, payload): JobResult) {
+        match payload {
+            Some(payload) if self.disk.contains_key(&key) => {
+                self.insert_memory(key.clone(), payload);
+                self.promotions.insert(key, Promotion::Done(Instant::now()));
+            }
+            _ => {
+                // Failed (absent, corrupt, or removed meanwhile): clear the entry so a
+                // later hint can try again.
+                self.stats.promotions_failed += 1;
+                self.promotions.remove(&key);
+            }
+        }
+    }
+
+    fn insert_memory(&mut self, key: L3Key, payload: Vec<u8>) {
+        let len = payload.len() as u64;
+        if len > self.cfg.memory_bytes || self.memory.contains_key(&key) {
+            return;
+        }
+        while self.memory_used + len > self.cfg.memory_bytes {
+            let Some((_, old)) = self.memory_lru.pop_first() else {
+                break;
+            };
+            if let Some((bytes, _)) = self.memory.remove(&old) {
+                self.memory_used -= bytes.len() as u64;
+            }
+        }
+        self.tick += 1;
+        self.memory_lru.insert(self.tick, key.clone());
+        self.memory.insert(key, (payload, self.tick));
+        self.memory_used += len;
+    }
+
+    fn touch_memory(&mut self, key: &L3Key) {
+        self.tick += 1;
+        if let Some((_, at)) = self.memory.get_mut(key) {
+            self.memory_lru.remove(at);
+            *at = self.tick;
+            self.memory_lru.insert(self.tick, key.clone());
+        }
+    }
+
+    fn drop_disk(&mut self, key: &L3Key) {
+        if let Some((len, at)) = self.disk.remove(key) {
+            self.disk_lru.remove(&at);
+            self.disk_used -= len;
+            let _ = std::fs::remove_file(self.path_of(key));
+        }
+    }
+
+    fn drop_object(&mut self, key: &L3Key) {
+        if let Some((bytes, at)) = self.memory.remove(key) {
+            self.memory_lru.remove(&at);
+            self.memory_used -= bytes.len() as u64;
+        }
+        self.drop_disk(key);
+    }
+
+    /// Reads and verifies an object from disk.
+    fn read_disk(&mut self, key: &L3Key) -> Option<Vec<u8>> {
+        let bytes = std::fs::read(self.path_of(key)).ok()?;
+        let payload = codec::decode(key.as_str(), &bytes);
+        if payload.is_none() {
+            self.stats.corrupt_objects += 1;
+            self.drop_object(key);
+        }
+        payload
+    }
+}
+
+impl L3Backend for LocalStore {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            prefetch_on_exist: true,
+        }
+    }
+
+    fn exists(&mut self, keys: &[L3Key], prefetch_to_memory: bool) -> Result<usize, L3Error> {
+        self.drain();
+        let hits = keys
+            .iter()
+            .take_while(|k| self.memory.contains_key(*k) || self.disk.contains_key(*k))
+            .count();
+        if prefetch_to_memory {
+            for key in &keys[..hits] {
+                if self.memory.contains_key(key) {
+                    continue;
+                }
+                if self.promotions.contains_key(key) {
+                    self.stats.hints_deduplicated += 1;
+                    continue;
+                }
+                let job = Job {
+                    key: key.clone(),
+                    path: self.path_of(key),
+                };
+                // A full queue drops the hint; registration happens only once queued, so
+                // a dropped hint leaves no entry behind to block later ones.
+                if self
+                    .jobs
+                    .as_ref()
+                    .is_some_and(|tx| tx.try_send(job).is_ok())
+                {
+                    self.promotions.insert(key.clone(), Promotion::InFlight);
+                    self.stats.promotions_started += 1;
+                }
+            }
+        }
+        Ok(hits)
+    }
+
+    fn get(&mut self, keys: &[L3Key], buffers: &mut [&mut [u8]]) -> Result<Vec<bool>, L3Error> {
+        if keys.len() != buffers.len() {
+            return Err(L3Error::BatchMismatch {
+                keys: keys.len(),
+                buffers: buffers.len(),
+            });
+        }
+        self.drain();
+        // One deadline for the whole batch: wait on the result channel while any key
+        // of the batch is still being promoted.
+        let in_flight = |s: &Self| {
+            keys.iter()
+                .any(|k| matches!(s.promotions.get(k), Some(Promotion::InFlight)))
+        };
+        if in_flight(self) {
+            self.stats.get_waits += 1;
+            let deadline = Instant::now() + self.cfg.get_deadline;
+            while in_flight(self) {
+                match self.results.recv_deadline(deadline) {
+                    Ok(result) => self.finish_promotion(result),
+                    Err(_) => break,
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(keys.len());
+        for (key, buffer) in keys.iter().zip(buffers.iter_mut()) {
+            let waiting = matches!(self.promotions.get(key), Some(Promotion::InFlight));
+            let payload = if let Some((bytes, _)) = self.memory.get(key) {
+                Some(bytes.clone())
+            } else if self.disk.contains_key(key) && !waiting {
+                self.read_disk(key)
+            } else {
+                None
+            };
+            let hit = match payload {
+                Some(p) if p.len() == buffer.len() => {
+                    buffer.copy_from_slice(&p);
+                    self.touch_memory(key);
+                    true
+                }
+                _ => false,
+            };
+            if hit {
+                self.stats.get_hits += 1;
+            } else {
+                self.stats.get_misses += 1;
+            }
+            out.push(hit);
+        }
+        Ok(out)
+    }
+
+    fn put(&mut self, keys: &[L3Key], buffers: &[&[u8]]) -> Result<Vec<PutOutcome>, L3Error> {
+        if keys.len() != buffers.len() {
+            return Err(L3Error::BatchMismatch {
+                keys: keys.len(),
+                buffers: buffers.len(),
+            });
+        }
+        self.drain();
+        let mut out = Vec::with_capacity(keys.len());
+        for (key, payload) in keys.iter().zip(buffers) {
+            if self.disk.contains_key(key) || self.memory.contains_key(key) {
+                out.push(PutOutcome::AlreadyPresent);
+                continue;
+            }
+            let len = payload.len() as u64;
+            if len > self.cfg.disk_bytes {
+                out.push(PutOutcome::Failed);
+                continue;
+            }
+            while self.disk_used + len > self.cfg.disk_bytes {
+                let Some(old) = self.disk_lru.values().next().cloned() else {
+                    break;
+                };
+                self.drop_object(&old);
+            }
+            let path = self.path_of(key);
+            let tmp = path.with_extension("tmp");
+            let written = std::fs::write(&tmp, codec::encode(key.as_str(), payload))
+                .and_then(|()| std::fs::rename(&tmp, &path));
+            if written.is_err() {
+                let _ = std::fs::remove_file(&tmp);
+                out.push(PutOutcome::Failed);
+                continue;
+            }
+            self.tick += 1;
+            self.disk.insert(key.clone(), (len, self.tick));
+            self.disk_lru.insert(self.tick, key.clone());
+            self.disk_used += len;
+            self.insert_memory(key.clone(), payload.to_vec());
+            out.push(PutOutcome::Stored);
+        }
+        Ok(out)
+    }
+
+    fn remove(&mut self, keys: &[L3Key]) -> Result<usize, L3Error> {
+        self.drain();
+        let mut removed = 0;
+        for key in keys {
+            if self.disk.contains_key(key) || self.memory.contains_key(key) {
+                removed += 1;
+            }
+            self.drop_object(key);
+            self.promotions.remove(key);
+        }
+        Ok(removed)
+    }
+
+    fn stats(&self) -> L3Stats {
+        L3Stats {
+            memory_objects: self.memory.len() as u64,
+            memory_bytes: self.memory_used,
+            disk_objects: self.disk.len() as u64,
+            disk_bytes: self.disk_used,
+            ..self.stats
+        }
+    }
+}
+
+impl Drop for LocalStore {
+    fn drop(&mut self) {
+        // Closing the job channel ends the workers once they finish their current read.
+        self.jobs = None;
+        for worker in self.workers.drain(..) {
+            let _ = worker.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(n: usize) -> Vec<L3Key> {
+        (0..n)
+            .map(|i| L3Key::from_stored(format!("ns/{i}")))
+            .collect()
+    }
+
+    /// A store whose workers wait at a gate, filled with `n` objects that are on disk
+    /// only (the store is reopened, so its memory tier is empty).
+    fn gated(
+        dir: &Path,
+        n: usize,
+        ttl: Duration,
+        deadline: Duration,
+    ) -> (LocalStore, flume::Sender<()>) {
+        let cfg = LocalStoreConfig {
+            prefetch_ttl: ttl,
+            get_deadline: deadline,
+            ..LocalStoreConfig::new(dir, 1 << 20, 1 << 20)
+        };
+        {
+            let mut s = LocalStore::open(cfg.clone()).unwrap();
+            let payloads: Vec<Vec<u8>> = (0..n).map(|i| vec![i as u8; 64]).collect();
+            let refs: Vec<&[u8]> = payloads.iter().map(Vec::as_slice).collect();
+            s.put(&keys(n), &refs).unwrap();
+        }
+        let (gate_tx, gate_rx) = flume::unbounded();
+        (
+            LocalStore::open_with_gate(cfg, Some(gate_rx)).unwrap(),
+            gate_tx,
+        )
+    }
+
+    #[test]
+    fn in_flight_entries_are_never_swept_by_the_ttl() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut s, gate) = gated(dir.path(), 1, Duration::ZERO, Duration::from_secs(5));
+        assert_eq!(s.exists(&keys(1), true).unwrap(), 1);
+        assert_eq!(s.stats().promotions_started, 1);
+        // TTL 0 would sweep every finished entry; the in-flight one must stay, so the
+        // second hint is deduplicated rather than dispatched twice.
+        s.exists(&keys(1), true).unwrap();
+        assert_eq!(s.stats().promotions_started, 1);
+        assert_eq!(s.stats().hints_deduplicated, 1);
+        gate.send(()).unwrap();
+        let mut buf = vec![0u8; 64];
+        assert_eq!(s.get(&keys(1), &mut [&mut buf[..]]).unwrap(), [true]);
+        assert_eq!(buf, vec![0u8; 64]);
+    }
+
+    #[test]
+    fn a_batch_get_waits_once_for_all_its_promotions() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut s, gate) = gated(
+            dir.path(),
+            4,
+            Duration::from_secs(60),
+            Duration::from_secs(10),
+        );
+        assert_eq!(s.exists(&keys(4), true).unwrap(), 4);
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            for _ in 0..4 {
+                let _ = gate.send(());
+            }
+        });
+        let mut bufs = vec![vec![0xffu8; 64]; 4];
+        let mut views: Vec<&mut [u8]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
+        let got = s.get(&keys(4), &mut views).unwrap();
+        opener.join().unwrap();
+        assert_eq!(got, [true; 4]);
+        assert_eq!(
+            s.stats().get_waits,
+            1,
+            "one wait for the whole batch, not one per key"
+        );
+        assert_eq!(
+            s.stats().memory_objects,
+            4,
+            "the promotions landed in memory"
+        );
+        for (i, b) in bufs.iter().enumerate() {
+            assert_eq!(b, &vec![i as u8; 64]);
+        }
+    }
+
+    #[test]
+    fn promotions_not_done_by_the_deadline_are_misses() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut s, _gate) = gated(
+            dir.path(),
+            2,
+            Duration::from_secs(60),
+            Duration::from_millis(10),
+        );
+        s.exists(&keys(2), true).unwrap();
+        let mut a = vec![9u8; 64];
+        let mut b = [9u8; 64];
+        let got = s.get(&keys(2), &mut [&mut a[..], &mut b[..]]).unwrap();
+        assert_eq!(got, [false, false]);
+        assert_eq!(a, vec![9u8; 64], "a miss leaves the buffer untouched");
+        assert_eq!(s.stats().get_waits, 1);
+    }
+
+    /// Review bug of reference 002: a hint whose registration failed (full queue) left a
+    /// throttle entry that blocked every later hint for that key. Here a dropped hint
+    /// leaves nothing behind, so every key is promoted exactly once over two rounds,
+    /// however the worker races with the queue.
+    #[test]
+    fn a_dropped_hint_leaves_no_throttle_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = LocalStoreConfig {
+            prefetch_workers: 1,
+            prefetch_queue: 1,
+            prefetch_ttl: Duration::from_secs(60),
+            get_deadline: Duration::from_secs(10),
+            ..LocalStoreConfig::new(dir.path(), 1 << 20, 1 << 20)
+        };
+        {
+            let mut s = LocalStore::open(cfg.clone()).unwrap();
+            let payloads: Vec<Vec<u8>> = (0..4).map(|i| vec![i as u8; 64]).collect();
+            let refs: Vec<&[u8]> = payloads.iter().map(Vec::as_slice).collect();
+            s.put(&keys(4), &refs).unwrap();
+        }
+        let (gate_tx, gate_rx) = flume::unbounded();
+        let mut s = LocalStore::open_with_gate(cfg, Some(gate_rx)).unwrap();
+        // The worker takes one job and waits at the closed gate; the one-slot queue then
+        // holds one more: at least two of the four hints are dropped.
+        s.exists(&keys(4), true).unwrap();
+        let first = s.stats().promotions_started;
+        assert!(
+            first <= 2,
+            "the one-slot queue dropped some hints ({first} started)"
+        );
+        for _ in 0..8 {
+            gate_tx.send(()).unwrap();
+        }
+        let mut bufs = vec![vec![0u8; 64]; 4];
+        let mut views: Vec<&mut [u8]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
+        s.get(&keys(4), &mut views).unwrap();
+        // Second round: only the keys whose hints were dropped are promoted now.
+        for key in keys(4) {
+            s.exists(std::slice::from_ref(&key), true).unwrap();
+            let mut buf = [0u8; 64];
+            s.get(std::slice::from_ref(&key), &mut [&mut buf[..]])
+                .unwrap();
+        }
+        assert_eq!(
+            s.stats().promotions_started,
+            4,
+            "each key promoted exactly once"
+        );
+        assert_eq!(s.stats().memory_objects, 4);
+    }
+}

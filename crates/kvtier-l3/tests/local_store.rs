@@ -1,0 +1,179 @@
+//! The embedded L3 store's contract.
+
+use kvtier_l3::{L3Backend, L3Key, LocalStore, LocalStoreConfig, Namespace, PutOutcome};
+use kvtier_types::hash::PageHash;
+
+fn ns() -> Namespace {
+    Namespace::new("test-model", "bf16", "page-first", 16, 1, 0).expect("namespace")
+}
+
+fn keys(n: u8) -> Vec<L3Key> {
+    (0..n).map(|i| ns().key(&PageHash([i; 32]))).collect()
+}
+
+fn page(i: u8) -> Vec<u8> {
+    (0..256)
+        .map(|j| (j as u8).wrapping_mul(31).wrapping_add(i))
+        .collect()
+}
+
+fn store(dir: &std::path::Path, memory: u64, disk: u64) -> LocalStore {
+    LocalStore::open(LocalStoreConfig::new(dir, memory, disk)).expect("open")
+}
+
+fn put_pages(s: &mut LocalStore, n: u8) -> Vec<PutOutcome> {
+    let pages: Vec<Vec<u8>> = (0..n).map(page).collect();
+    let refs: Vec<&[u8]> = pages.iter().map(Vec::as_slice).collect();
+    s.put(&keys(n), &refs).expect("put")
+}
+
+fn get_pages(s: &mut LocalStore, keys: &[L3Key]) -> (Vec<bool>, Vec<Vec<u8>>) {
+    let mut bufs = vec![vec![0u8; 256]; keys.len()];
+    let mut views: Vec<&mut [u8]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
+    let hits = s.get(keys, &mut views).expect("get");
+    (hits, bufs)
+}
+
+#[test]
+fn put_get_round_trip_and_write_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = store(dir.path(), 1 << 20, 1 << 20);
+    assert_eq!(put_pages(&mut s, 3), [PutOutcome::Stored; 3]);
+    let (hits, bufs) = get_pages(&mut s, &keys(3));
+    assert_eq!(hits, [true; 3]);
+    assert_eq!(bufs, (0..3).map(page).collect::<Vec<_>>());
+    // Write-once: a second put of a key keeps the first object.
+    let other = vec![0xeeu8; 256];
+    assert_eq!(
+        s.put(&keys(1), &[&other[..]]).expect("put"),
+        [PutOutcome::AlreadyPresent]
+    );
+    assert_eq!(get_pages(&mut s, &keys(1)).1[0], page(0));
+}
+
+#[test]
+fn exists_counts_consecutive_hits_from_the_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = store(dir.path(), 1 << 20, 1 << 20);
+    put_pages(&mut s, 4);
+    assert_eq!(s.exists(&keys(4), false).expect("exists"), 4);
+    s.remove(&keys(2)[1..2]).expect("remove");
+    assert_eq!(
+        s.exists(&keys(4), false).expect("exists"),
+        1,
+        "a gap ends the run"
+    );
+    assert_eq!(s.exists(&[], false).expect("exists"), 0);
+}
+
+#[test]
+fn objects_survive_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    put_pages(&mut store(dir.path(), 1 << 20, 1 << 20), 3);
+    let mut s = store(dir.path(), 1 << 20, 1 << 20);
+    assert_eq!(s.stats().disk_objects, 3);
+    assert_eq!(s.stats().memory_objects, 0);
+    let (hits, bufs) = get_pages(&mut s, &keys(3));
+    assert_eq!(hits, [true; 3]);
+    assert_eq!(bufs[2], page(2));
+}
+
+fn corrupt_every_object(dir: &std::path::Path) {
+    for entry in std::fs::read_dir(dir).expect("read_dir") {
+        let path = entry.expect("entry").path();
+        let mut bytes = std::fs::read(&path).expect("read");
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x55;
+        std::fs::write(&path, bytes).expect("write");
+    }
+}
+
+#[test]
+fn a_corrupt_object_reads_as_a_miss_never_as_kv() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Memory tier too small for any object: every get reads the disk.
+    let mut s = store(dir.path(), 0, 1 << 20);
+    put_pages(&mut s, 2);
+    corrupt_every_object(dir.path());
+    let (hits, bufs) = get_pages(&mut s, &keys(2));
+    assert_eq!(hits, [false, false]);
+    assert!(
+        bufs.iter().all(|b| b.iter().all(|&x| x == 0)),
+        "buffers untouched"
+    );
+    assert_eq!(s.stats().corrupt_objects, 2);
+    assert_eq!(
+        s.exists(&keys(2), false).expect("exists"),
+        0,
+        "corrupt objects are dropped"
+    );
+}
+
+#[test]
+fn corrupt_objects_are_dropped_at_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    put_pages(&mut store(dir.path(), 1 << 20, 1 << 20), 2);
+    corrupt_every_object(dir.path());
+    let s = store(dir.path(), 1 << 20, 1 << 20);
+    assert_eq!(s.stats().disk_objects, 0);
+    assert_eq!(s.stats().corrupt_objects, 2);
+}
+
+#[test]
+fn memory_and_disk_are_bounded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Memory for 2 objects, disk for 3.
+    let mut s = store(dir.path(), 512, 768);
+    put_pages(&mut s, 4);
+    let stats = s.stats();
+    assert_eq!((stats.memory_objects, stats.disk_objects), (2, 3));
+    assert!(stats.memory_bytes <= 512 && stats.disk_bytes <= 768);
+    // The oldest object is gone; the others still read back whole.
+    let (hits, bufs) = get_pages(&mut s, &keys(4));
+    assert_eq!(hits, [false, true, true, true]);
+    assert_eq!(bufs[1], page(1));
+}
+
+#[test]
+fn prefetch_on_exist_promotes_disk_objects_and_deduplicates_hints() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    put_pages(&mut store(dir.path(), 1 << 20, 1 << 20), 3);
+    let mut s = store(dir.path(), 1 << 20, 1 << 20);
+    assert!(s.capabilities().prefetch_on_exist);
+    assert_eq!(s.exists(&keys(3), true).expect("exists"), 3);
+    assert_eq!(s.stats().promotions_started, 3);
+    s.exists(&keys(3), true).expect("exists");
+    assert_eq!(
+        s.stats().promotions_started,
+        3,
+        "no second promotion within the TTL"
+    );
+    assert_eq!(s.stats().hints_deduplicated, 3);
+    let (hits, bufs) = get_pages(&mut s, &keys(3));
+    assert_eq!(hits, [true; 3]);
+    assert_eq!(bufs[0], page(0));
+    assert_eq!(s.stats().memory_objects, 3);
+}
+
+#[test]
+fn a_failed_promotion_clears_its_entry() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    put_pages(&mut store(dir.path(), 1 << 20, 1 << 20), 1);
+    let mut s = store(dir.path(), 1 << 20, 1 << 20);
+    corrupt_every_object(dir.path());
+    s.exists(&keys(1), true).expect("exists");
+    // The get waits for the promotion, which fails; the object then reads as a miss.
+    let (hits, _) = get_pages(&mut s, &keys(1));
+    assert_eq!(hits, [false]);
+    assert_eq!(s.stats().promotions_failed, 1);
+    assert_eq!(s.stats().hints_deduplicated, 0);
+}
+
+#[test]
+fn mismatched_batches_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = store(dir.path(), 1 << 20, 1 << 20);
+    assert!(s.put(&keys(2), &[&[0u8; 4][..]]).is_err());
+    let mut buf = [0u8; 4];
+    assert!(s.get(&keys(2), &mut [&mut buf[..]]).is_err());
+}
