@@ -175,6 +175,8 @@ pub(crate) struct Request {
     pub rolling_hashes: Vec<PageHash>,
     #[allow(dead_code)] // read by the L3 tier
     pub storage_hit_pages: u32,
+    /// The request's lifecycle span: opened at submit, closed when it is forgotten.
+    pub span: tracing::Span,
 }
 
 impl Request {

@@ -240,6 +240,14 @@ impl Scheduler {
     fn queue(&mut self, spec: RequestSpec) {
         self.tombstones.remove(&spec.id);
         let prefill_len = spec.tokens.len() as u32;
+        let span = tracing::info_span!(
+            "request",
+            id = %spec.id,
+            prompt_tokens = prefill_len,
+            cached_tokens = tracing::field::Empty,
+            generated_tokens = tracing::field::Empty,
+        );
+        tracing::debug!(parent: &span, phase = "queued");
         self.insert_request(Request {
             id: spec.id,
             tokens: spec.tokens,
@@ -247,6 +255,7 @@ impl Scheduler {
             state: State::Submitted,
             rolling_hashes: spec.rolling_hashes,
             storage_hit_pages: spec.storage_hit_pages,
+            span,
         });
     }
 
@@ -369,10 +378,21 @@ impl Scheduler {
 
     // ----- finish -------------------------------------------------------------------
 
+    /// Records the end of a request's life in its span.
+    fn trace_end(&self, key: usize, phase: &'static str) {
+        let r = self.req(key);
+        let generated = r.tokens.len().saturating_sub(r.prefill_len as usize);
+        r.span.record("generated_tokens", generated);
+        tracing::debug!(parent: &r.span, phase, generated_tokens = generated);
+    }
+
     fn finish(&mut self, key: usize, name: &'static str) -> Result<(), SchedError> {
         let state = std::mem::replace(&mut self.req_mut(key).state, State::Finished);
         let next = match state {
-            State::PrefillDone(run) | State::Decoding(run) => self.finish_running(key, run),
+            State::PrefillDone(run) | State::Decoding(run) => {
+                self.trace_end(key, "finished");
+                self.finish_running(key, run)
+            }
             // The copy in flight completes on its own; the tail pages go now.
             State::Retracting { op, href, lka, .. } => {
                 drop((href, lka));
@@ -494,6 +514,9 @@ impl Scheduler {
     // ----- abort ---------------------------------------------------------------------
 
     pub(crate) fn abort_key(&mut self, key: usize) {
+        if !matches!(self.req(key).state, State::Finished) {
+            self.trace_end(key, "aborted");
+        }
         let state = std::mem::replace(&mut self.req_mut(key).state, State::Finished);
         match state {
             // Host pages attached for a write-back that was never issued: roll them back.

@@ -80,6 +80,10 @@ fn class(kind: StateKind, mixed: bool) -> Option<u8> {
 impl Scheduler {
     /// Builds the next execution plan.
     pub fn next_plan(&mut self) -> ExecutionPlan {
+        let started = self
+            .config
+            .slow_step_threshold
+            .map(|_| std::time::Instant::now());
         self.stats.plans += 1;
         let mut plan = ExecutionPlan::default();
         let mut seen = Seen::default();
@@ -105,6 +109,21 @@ impl Scheduler {
         forward.page_table = rows.page_table;
         forward.input_ids = rows.input_ids;
         forward.shifted_input_ids = rows.shifted_input_ids;
+        if let (Some(started), Some(threshold)) = (started, self.config.slow_step_threshold) {
+            let elapsed = started.elapsed();
+            if elapsed >= threshold {
+                tracing::info!(
+                    target: "kvtier::step",
+                    plan = self.stats.plans,
+                    elapsed_us = elapsed.as_micros() as u64,
+                    rows = plan.forward.rows.len(),
+                    prefill_rows = plan.forward.num_prefill_rows,
+                    write_backs = plan.write_backs.len(),
+                    load_backs = plan.load_backs.len(),
+                    "slow_step"
+                );
+            }
+        }
         #[cfg(debug_assertions)]
         if std::env::var_os("KVTIER_DEBUG_MEM").is_some() {
             let checked = self.check_invariants();
@@ -392,6 +411,9 @@ impl Scheduler {
             table_changed_from: None,
         };
         self.push_prefill_row(key, &run, 0, rows);
+        let r = self.req(key);
+        r.span.record("cached_tokens", run.window_begin);
+        tracing::debug!(parent: &r.span, phase = "prefilling", cached_tokens = run.window_begin);
         let done = run.window_end() == prefill_len;
         self.req_mut(key).state = if done {
             State::PrefillDone(run)
@@ -525,6 +547,9 @@ impl Scheduler {
             decode_input_id: -1,
             hist_token_len: -1,
         });
+        if from_prefill_done {
+            tracing::debug!(parent: &self.req(key).span, phase = "decoding");
+        }
         self.req_mut(key).state = State::Decoding(run);
         Some(d)
     }
@@ -555,6 +580,7 @@ impl Scheduler {
             }
         };
         self.stats.retractions += 1;
+        tracing::debug!(parent: &self.req(key).span, phase = "retracted");
         let (pages, dref, lka) = self.settle(key, run);
         let tokens = &self.requests[key].tokens[..(pages * ps) as usize];
         let m = self.cache.match_prefix(tokens);
@@ -613,6 +639,7 @@ impl Scheduler {
         let r = self.req_mut(key);
         r.prefill_len = r.tokens.len() as u32;
         self.stats.recomputes += 1;
+        tracing::debug!(parent: &self.req(key).span, phase = "recomputing");
     }
 
     /// Resumes a retracted request: reload its prefix onto device, new slot, one decode

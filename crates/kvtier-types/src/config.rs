@@ -56,6 +56,9 @@ pub struct SchedulerConfig {
     /// concurrent requests with the same prefix reuse them (reference PR #381). On by
     /// default for full-attention models.
     pub publish_prefix_mid_flight: bool,
+    /// Scheduling steps slower than this are recorded as a `slow_step` tracing event
+    /// (tail-based: fast steps cost nothing). `None` records none.
+    pub slow_step_threshold: Option<std::time::Duration>,
 }
 
 impl Default for SchedulerConfig {
@@ -75,6 +78,7 @@ impl Default for SchedulerConfig {
             role: Role::Fused,
             disable_prefix_cache: false,
             publish_prefix_mid_flight: true,
+            slow_step_threshold: Some(std::time::Duration::from_millis(1)),
         }
     }
 }
