@@ -44,7 +44,7 @@ pub fn run(root: &Path) -> Result<()> {
             Action::Command(mut command) => run_command(&mut command),
             Action::Tidy => tidy::run(root),
             Action::Nextest(mut command) => {
-                ensure_nextest(root).and_then(|()| run_command(&mut command))
+                ensure_nextest(root).and_then(|()| run_with_mooncake(root, &mut command))
             }
         };
         let elapsed = step_started.elapsed().as_secs_f64();
@@ -125,4 +125,24 @@ fn ensure_nextest(root: &Path) -> Result<()> {
         display_command(&install)
     );
     run_command(&mut install).context("could not install cargo-nextest")
+}
+
+/// Runs the tests with a real Mooncake master on loopback, stopping it afterwards
+/// whatever happens. Without CI a failed setup is reported and the Mooncake tests skip
+/// loudly; under CI (`CI=true`) it fails the step, so a missing install cannot hide.
+fn run_with_mooncake(root: &Path, command: &mut Command) -> Result<()> {
+    match crate::mooncake::up(root).and_then(|()| crate::mooncake::env(root)) {
+        Ok(env) => {
+            command.envs(env);
+        }
+        Err(err) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            return Err(err.context("setting up Mooncake for the L3 tests"));
+        }
+        Err(err) => {
+            eprintln!("WARNING: Mooncake setup failed, its tests will skip: {err:#}");
+        }
+    }
+    let result = run_command(command);
+    crate::mooncake::down(root)?;
+    result
 }

@@ -4,6 +4,7 @@
 
 mod bench;
 mod ci;
+mod mooncake;
 mod tidy;
 
 use std::ffi::OsString;
@@ -22,6 +23,7 @@ commands:
   bench [--quick] [--no-criterion]
                                   kvtier CLI bench workloads, then `cargo bench --workspace`
   bench --callgrind <w> [args..]  instruction counts of one workload under callgrind
+  mooncake up|down|env            real Mooncake master on loopback for the L3 tests
   help                            this message";
 
 fn main() -> ExitCode {
@@ -56,6 +58,7 @@ fn run_cli() -> Result<()> {
             tidy::run(&root)
         }
         Some("bench") => bench::run(&root, &rest),
+        Some("mooncake") => mooncake::run(&root, &rest),
         Some("help" | "-h" | "--help") => {
             println!("{USAGE}");
             Ok(())

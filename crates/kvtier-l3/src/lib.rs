@@ -9,14 +9,18 @@
 //!   directory, checksummed write-once objects that survive a restart, and
 //!   prefetch-on-exist (an existence query may promote disk-only objects to memory in the
 //!   background).
+//! * [`MooncakeStore`] talks to a real Mooncake cluster through its C ABI, loaded at run
+//!   time (`dlopen`) by a small C++ shim behind `cxx`.
 
 mod backend;
 mod codec;
 mod error;
 mod key;
 mod local;
+mod mooncake;
 
 pub use backend::{Capabilities, L3Backend, L3Stats, PutOutcome};
 pub use error::L3Error;
 pub use key::{L3Key, Namespace};
 pub use local::{LocalStore, LocalStoreConfig};
+pub use mooncake::{MooncakeConfig, MooncakeStore};
