@@ -45,6 +45,9 @@ enum Command {
         /// callgrind counts one pass.
         #[arg(long)]
         measure_pass: Option<u8>,
+        /// Diagnostic run: KV-cache events on, counted (not for timing).
+        #[arg(long)]
+        kv_events: bool,
         /// Print one JSON object as the last line of stdout.
         #[arg(long)]
         json: bool,
@@ -129,6 +132,7 @@ fn main() -> Result<()> {
             l2,
             requests,
             measure_pass,
+            kv_events,
             json,
         } => {
             let Some(kind) = workload.kind() else {
@@ -146,6 +150,7 @@ fn main() -> Result<()> {
                 l2,
                 requests,
                 measure_pass,
+                kv_events,
             };
             if measure_pass.is_some() && kind != WorkloadKind::W1 {
                 bail!("--measure-pass applies to w1 only");
@@ -385,6 +390,13 @@ fn print_table(r: &Report) {
         ("retractions", c.retractions.to_string()),
         ("aborts", c.aborts.to_string()),
         ("starved decode slots", c.starved_decode_slots.to_string()),
+        (
+            "KV events",
+            format!(
+                "{} stored, {} removed",
+                c.kv_blocks_stored, c.kv_blocks_removed
+            ),
+        ),
         (
             "scheduler time",
             format!("{:.3} ms", r.measured_ns as f64 / 1e6),

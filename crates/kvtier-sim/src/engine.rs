@@ -59,6 +59,10 @@ pub struct Counters {
     pub starved_decode_slots: u64,
     /// Requests that received Finish.
     pub finished: u64,
+    /// Device `BlockStored` events (diagnostic runs with KV events on).
+    pub kv_blocks_stored: u64,
+    /// Device `BlockRemoved` events.
+    pub kv_blocks_removed: u64,
 }
 
 #[derive(Debug)]
@@ -181,6 +185,7 @@ impl StepDriver {
         };
         let mut ns = t0.elapsed().as_nanos() as u64;
         self.counters.steps += 1;
+        self.count_kv_events();
         let mut out = StepOutcome {
             empty: plan.is_empty(),
             ..StepOutcome::default()
@@ -196,10 +201,21 @@ impl StepDriver {
             };
             ns += t1.elapsed().as_nanos() as u64;
             result?;
+            self.count_kv_events();
         }
         self.measured_ns += ns;
         out.ns = ns;
         Ok(out)
+    }
+
+    /// Drains the scheduler's KV events (outside the timed calls) and counts them.
+    fn count_kv_events(&mut self) {
+        for event in self.scheduler.drain_kv_events() {
+            match event {
+                kvtier_types::KvEvent::BlockStored { .. } => self.counters.kv_blocks_stored += 1,
+                kvtier_types::KvEvent::BlockRemoved { .. } => self.counters.kv_blocks_removed += 1,
+            }
+        }
     }
 
     /// Counts the plan and builds the engine's answer.

@@ -45,6 +45,8 @@ pub struct WorkloadOptions {
     /// W1: route only this pass (1 or 2) through the measured functions, so callgrind
     /// counts one pass; `None` measures both.
     pub measure_pass: Option<u8>,
+    /// Diagnostic run: KV-cache events on, counted (WORKLOADS.md §4).
+    pub kv_events: bool,
 }
 
 impl WorkloadOptions {
@@ -56,6 +58,7 @@ impl WorkloadOptions {
             l2: false,
             requests: None,
             measure_pass: None,
+            kv_events: false,
         }
     }
 }
@@ -213,9 +216,10 @@ pub fn run_workload(options: &WorkloadOptions) -> Result<Report, WorkloadError> 
     }
 }
 
-fn base_config(page_size: u32) -> SchedulerConfig {
+fn base_config(o: &WorkloadOptions) -> SchedulerConfig {
     SchedulerConfig {
-        page_size,
+        page_size: o.page_size,
+        enable_kv_cache_events: o.kv_events,
         decode_input_tokens: 1,
         enable_l3_storage: false,
         max_scheduled_tokens: 8192,
@@ -243,7 +247,7 @@ fn run_w1(o: &WorkloadOptions) -> Result<Report, WorkloadError> {
         host_pages: if o.l2 { total } else { 0 },
         disable_l2_cache: !o.l2,
         max_batch_size: 256,
-        ..base_config(o.page_size)
+        ..base_config(o)
     };
     let mut driver = StepDriver::new(Scheduler::new(config)?);
     let systems: Vec<Vec<Token>> = (0..SYSTEMS)
@@ -347,7 +351,7 @@ fn run_w2(o: &WorkloadOptions) -> Result<Report, WorkloadError> {
         host_pages: 0,
         disable_l2_cache: true,
         max_batch_size: n as u32,
-        ..base_config(o.page_size)
+        ..base_config(o)
     };
     let mut driver = StepDriver::new(Scheduler::new(config)?);
     let batch = (0..n)
@@ -400,7 +404,7 @@ fn run_w3(o: &WorkloadOptions) -> Result<Report, WorkloadError> {
         host_pages: 3073,
         disable_l2_cache: false,
         max_batch_size: 64,
-        ..base_config(o.page_size)
+        ..base_config(o)
     };
     let mut driver = StepDriver::new(Scheduler::new(config)?);
     driver.skip_empty_advance = true;

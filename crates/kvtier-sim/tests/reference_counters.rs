@@ -97,3 +97,20 @@ fn bad_options_are_refused() {
     };
     assert!(run_workload(&bad).is_err());
 }
+
+/// WORKLOADS.md §4's diagnostic run: with KV-cache events on, W3 makes exactly the same
+/// decisions, and the device tier reports stored and removed blocks.
+#[test]
+fn w3_kv_events_change_no_decision() {
+    let plain = run(WorkloadKind::W3, 64, false, None);
+    let options = WorkloadOptions {
+        kv_events: true,
+        ..WorkloadOptions::new(WorkloadKind::W3)
+    };
+    let with_events = run_workload(&options).expect("workload runs");
+    assert!(with_events.counters.kv_blocks_stored > 0);
+    assert!(with_events.counters.kv_blocks_removed > 0);
+    let mut c = with_events.counters.clone();
+    (c.kv_blocks_stored, c.kv_blocks_removed) = (0, 0);
+    assert_eq!(c, plain.counters);
+}
