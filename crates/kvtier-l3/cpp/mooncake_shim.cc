@@ -45,6 +45,18 @@ struct Keys {
   }
 };
 
+// Buffer addresses and lengths in the C ABI's types.
+struct Buffers {
+  std::vector<void*> ptrs;
+  std::vector<size_t> lens;
+  Buffers(rust::Slice<const uint64_t> addrs, rust::Slice<const uint64_t> sizes) {
+    for (size_t i = 0; i < addrs.size() && i < sizes.size(); ++i) {
+      ptrs.push_back(reinterpret_cast<void*>(addrs[i]));
+      lens.push_back(sizes[i]);
+    }
+  }
+};
+
 }  // namespace
 
 MooncakeClient::MooncakeClient(rust::Str library, rust::Str cuda_stub) : api_(new Api()) {
@@ -102,13 +114,8 @@ int32_t MooncakeClient::batch_put_from(rust::Slice<const rust::String> keys,
                                        rust::Slice<const uint64_t> sizes,
                                        rust::Slice<int32_t> out) const {
   Keys k(keys);
-  std::vector<void*> bufs;
-  std::vector<size_t> lens;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    bufs.push_back(reinterpret_cast<void*>(addrs[i]));
-    lens.push_back(sizes[i]);
-  }
-  return api_->batch_put_from(store_, k.ptrs.data(), bufs.data(), lens.data(), keys.size(),
+  Buffers b(addrs, sizes);
+  return api_->batch_put_from(store_, k.ptrs.data(), b.ptrs.data(), b.lens.data(), keys.size(),
                               nullptr, out.data());
 }
 
@@ -117,13 +124,8 @@ int32_t MooncakeClient::batch_get_into(rust::Slice<const rust::String> keys,
                                        rust::Slice<const uint64_t> sizes,
                                        rust::Slice<int64_t> out) const {
   Keys k(keys);
-  std::vector<void*> bufs;
-  std::vector<size_t> lens;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    bufs.push_back(reinterpret_cast<void*>(addrs[i]));
-    lens.push_back(sizes[i]);
-  }
-  return api_->batch_get_into(store_, k.ptrs.data(), bufs.data(), lens.data(), keys.size(),
+  Buffers b(addrs, sizes);
+  return api_->batch_get_into(store_, k.ptrs.data(), b.ptrs.data(), b.lens.data(), keys.size(),
                               out.data());
 }
 
