@@ -9,7 +9,7 @@
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use kvtier_sim::reference::Verify;
-use kvtier_sim::scenario::{Scenario, ScenarioOptions, ScenarioReport, run_scenario};
+use kvtier_sim::scenario::{CostModel, Scenario, ScenarioOptions, ScenarioReport, run_scenario};
 use kvtier_sim::{Report, WorkloadKind, WorkloadOptions, run_workload};
 
 #[derive(Debug, Parser)]
@@ -54,35 +54,29 @@ enum Command {
     },
 }
 
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, Default, clap::Args)]
 struct ReplayArgs {
     /// Workload to replay: a scenario through the reference engine, or a benchmark
     /// workload through the core.
-    #[arg(long, value_enum, default_value_t = ReplayWorkload::Chat)]
-    workload: ReplayWorkload,
+    #[arg(long, value_enum)]
+    workload: Option<ReplayWorkload>,
     /// Turn the prefix cache and host tier off (every request computes its whole prompt).
     #[arg(long)]
     no_cache: bool,
     /// How much KV the integrity oracle checks.
-    #[arg(long, value_enum, default_value_t = VerifyMode::Full)]
-    verify: VerifyMode,
+    #[arg(long, value_enum)]
+    verify: Option<VerifyMode>,
+    /// Read the replay's settings from a TOML file (see docs/replay.example.toml);
+    /// flags given explicitly override it.
+    #[arg(long)]
+    config: Option<std::path::PathBuf>,
     /// Write the report as JSON to this file.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
 }
 
-impl Default for ReplayArgs {
-    fn default() -> Self {
-        Self {
-            workload: ReplayWorkload::Chat,
-            no_cache: false,
-            verify: VerifyMode::Full,
-            json: None,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 enum ReplayWorkload {
     Chat,
     Rollout,
@@ -91,7 +85,8 @@ enum ReplayWorkload {
     W3,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 enum VerifyMode {
     Full,
     Sampled,
@@ -165,9 +160,85 @@ fn main() -> Result<()> {
     Ok(())
 }
 
+/// A replay config file (`--config`); every field is optional. See
+/// docs/replay.example.toml.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplayFile {
+    workload: Option<ReplayWorkload>,
+    cache: Option<bool>,
+    publish: Option<bool>,
+    verify: Option<VerifyMode>,
+    fail_every_nth_write_back: Option<u64>,
+    cost: Option<CostFile>,
+}
+
+/// The virtual clock's cost model; unset fields keep their defaults.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CostFile {
+    step_us: Option<f64>,
+    prefill_us_per_token: Option<f64>,
+    decode_us_per_row: Option<f64>,
+    kv_bytes_per_token: Option<f64>,
+    h2d_gbps: Option<f64>,
+}
+
+impl CostFile {
+    fn apply(&self, mut cost: CostModel) -> Result<CostModel> {
+        let fields = [
+            ("step_us", self.step_us, &mut cost.step_us),
+            (
+                "prefill_us_per_token",
+                self.prefill_us_per_token,
+                &mut cost.prefill_us_per_token,
+            ),
+            (
+                "decode_us_per_row",
+                self.decode_us_per_row,
+                &mut cost.decode_us_per_row,
+            ),
+            (
+                "kv_bytes_per_token",
+                self.kv_bytes_per_token,
+                &mut cost.kv_bytes_per_token,
+            ),
+        ];
+        for (name, value, slot) in fields {
+            if let Some(v) = value {
+                if !(v.is_finite() && v >= 0.0) {
+                    bail!("cost.{name} must be a finite number ≥ 0, got {v}");
+                }
+                *slot = v;
+            }
+        }
+        if let Some(v) = self.h2d_gbps {
+            if !(v.is_finite() && v > 0.0) {
+                bail!("cost.h2d_gbps must be a finite number > 0, got {v}");
+            }
+            cost.h2d_gbps = v;
+        }
+        Ok(cost)
+    }
+}
+
+fn read_replay_file(path: &std::path::Path) -> Result<ReplayFile> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("invalid replay config {}", path.display()))
+}
+
 /// `kvtier replay`: the main job.
 fn replay(args: ReplayArgs) -> Result<()> {
-    let scenario = match args.workload {
+    let file = match &args.config {
+        Some(path) => read_replay_file(path)?,
+        None => ReplayFile::default(),
+    };
+    let workload = args
+        .workload
+        .or(file.workload)
+        .unwrap_or(ReplayWorkload::Chat);
+    let scenario = match workload {
         ReplayWorkload::Chat => Scenario::Chat,
         ReplayWorkload::Rollout => Scenario::Rollout,
         other => {
@@ -184,14 +255,21 @@ fn replay(args: ReplayArgs) -> Result<()> {
             return write_json(args.json.as_deref(), &report);
         }
     };
-    let verify = match args.verify {
+    let verify = match args.verify.or(file.verify).unwrap_or(VerifyMode::Full) {
         VerifyMode::Full => Verify::Full,
         VerifyMode::Sampled => Verify::Sampled(16),
         VerifyMode::Off => Verify::Off,
     };
+    let cost = match &file.cost {
+        Some(c) => c.apply(CostModel::default())?,
+        None => CostModel::default(),
+    };
     let options = ScenarioOptions {
-        cache: !args.no_cache,
+        cache: !args.no_cache && file.cache.unwrap_or(true),
+        publish: file.publish.unwrap_or(true),
         verify,
+        fail_every_nth_write_back: file.fail_every_nth_write_back.unwrap_or(0),
+        cost,
         ..ScenarioOptions::new(scenario)
     };
     let report = run_scenario(&options).context("replay failed")?;
@@ -420,5 +498,46 @@ fn print_table(r: &Report) {
             r.pass2_steps.unwrap_or(0),
             p2
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_replay_config_parses() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/replay.example.toml"
+        );
+        let file = read_replay_file(std::path::Path::new(path)).expect("example parses");
+        assert_eq!(file.workload, Some(ReplayWorkload::Rollout));
+        let cost = file
+            .cost
+            .expect("cost section")
+            .apply(CostModel::default())
+            .expect("valid");
+        assert_eq!(cost.h2d_gbps, 50.0);
+    }
+
+    #[test]
+    fn bad_replay_configs_are_refused_clearly() {
+        let unknown: Result<ReplayFile, _> = toml::from_str("worklaod = \"chat\"");
+        assert!(
+            unknown
+                .unwrap_err()
+                .to_string()
+                .contains("unknown field `worklaod`")
+        );
+        let bad_enum: Result<ReplayFile, _> = toml::from_str("verify = \"most\"");
+        assert!(bad_enum.is_err());
+        let cost: ReplayFile = toml::from_str("[cost]\nh2d_gbps = 0").expect("parses");
+        let err = cost
+            .cost
+            .expect("cost")
+            .apply(CostModel::default())
+            .unwrap_err();
+        assert!(err.to_string().contains("h2d_gbps"), "{err}");
     }
 }
