@@ -9,7 +9,9 @@
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use kvtier_sim::reference::Verify;
-use kvtier_sim::scenario::{CostModel, Scenario, ScenarioOptions, ScenarioReport, run_scenario};
+use kvtier_sim::scenario::{
+    CostModel, Scenario, ScenarioOptions, ScenarioReport, run_scenario_with_progress,
+};
 use kvtier_sim::{Report, WorkloadKind, WorkloadOptions, run_workload};
 
 #[derive(Debug, Parser)]
@@ -272,7 +274,17 @@ fn replay(args: ReplayArgs) -> Result<()> {
         cost,
         ..ScenarioOptions::new(scenario)
     };
-    let report = run_scenario(&options).context("replay failed")?;
+    let bar = indicatif::ProgressBar::new(0).with_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} requests")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_message(format!("replay {}", scenario.name()));
+    let report = run_scenario_with_progress(&options, |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })
+    .context("replay failed")?;
+    bar.finish_and_clear();
     print_scenario(&report);
     write_json(args.json.as_deref(), &report)?;
     if report.integrity_errors > 0 {

@@ -199,6 +199,10 @@ pub fn scenario_geometry(page_size: u32) -> KvGeometry {
     }
 }
 
+/// Rollout: prompts, and samples of each.
+const PROMPTS: u64 = 2;
+const SAMPLES: u64 = 8;
+
 struct Turn {
     conversation: usize,
     user: Vec<Token>,
@@ -206,6 +210,15 @@ struct Turn {
 
 /// Runs a scenario to completion.
 pub fn run_scenario(o: &ScenarioOptions) -> Result<ScenarioReport, ScenarioError> {
+    run_scenario_with_progress(o, |_, _| {})
+}
+
+/// Runs a scenario to completion, reporting (requests finished, requests in all) after
+/// every step.
+pub fn run_scenario_with_progress(
+    o: &ScenarioOptions,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<ScenarioReport, ScenarioError> {
     const PAGE: u32 = 16;
     let (device_pages, host_pages, batch, budget) = match o.scenario {
         // Working set 16 × 4 × 128 tokens = 512 pages; device holds under a third.
@@ -298,9 +311,9 @@ pub fn run_scenario(o: &ScenarioOptions) -> Result<ScenarioReport, ScenarioError
             }
             Scenario::Rollout => {
                 if pending_rollout {
-                    for p in 0..2u64 {
+                    for p in 0..PROMPTS {
                         let prompt = gen_tokens(tag(5, 1, p), 2048);
-                        for g in 0..8 {
+                        for g in 0..SAMPLES {
                             let id = RequestId::from(format!("p{p}g{g}"));
                             batch_specs.push((RequestSpec::new(id, prompt.clone()), 256));
                         }
@@ -380,6 +393,11 @@ pub fn run_scenario(o: &ScenarioOptions) -> Result<ScenarioReport, ScenarioError
         let t = Instant::now();
         s.advance(events)?;
         r.scheduler_ns += t.elapsed().as_nanos() as u64;
+        let total = match o.scenario {
+            Scenario::Chat => (CONVERSATIONS * TURNS) as u64,
+            Scenario::Rollout => PROMPTS * SAMPLES,
+        };
+        progress(engine.outputs.len() as u64 + r.aborted, total);
         // Finished turns extend their conversation with the engine's own answer.
         let done: Vec<RequestId> = live
             .keys()
