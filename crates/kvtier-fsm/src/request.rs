@@ -111,6 +111,16 @@ pub(crate) struct Draining {
     pub device_node: NodeId,
 }
 
+/// An L3 prefetch in flight: host pages being filled for pages `start_page..` of the
+/// prompt. The host lock pins the host-resident prefix the pages will extend.
+#[derive(Debug)]
+pub(crate) struct Prefetch {
+    pub op: OpId,
+    pub href: NodeLock,
+    pub pages: OwnedPages,
+    pub start_page: u32,
+}
+
 /// A preempted request whose prefix waits on host.
 #[derive(Debug)]
 pub(crate) struct Retracted {
@@ -125,6 +135,10 @@ pub(crate) struct Retracted {
 #[derive(Debug)]
 pub(crate) enum State {
     Submitted,
+    Prefetching(Prefetch),
+    PrefetchDone,
+    /// Aborted while its prefetch was in flight: the pages stay until the transfer ends.
+    Aborting(Prefetch),
     Prefilling(Running),
     PrefillDone(Running),
     Decoding(Running),
@@ -146,6 +160,9 @@ impl State {
     pub fn kind(&self) -> StateKind {
         match self {
             State::Submitted => StateKind::Submitted,
+            State::Prefetching(_) => StateKind::Prefetching,
+            State::PrefetchDone => StateKind::PrefetchDone,
+            State::Aborting(_) => StateKind::Aborting,
             State::Prefilling(_) => StateKind::Prefilling,
             State::PrefillDone(_) => StateKind::PrefillDone,
             State::Decoding(_) => StateKind::Decoding,

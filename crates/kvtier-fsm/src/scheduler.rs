@@ -10,7 +10,7 @@ use kvtier_types::{
 use slab::Slab;
 
 use crate::idmap::IdMap;
-use crate::request::{Draining, LocalKv, Request, Retracted, Running, State, StateKind};
+use crate::request::{Draining, LocalKv, Prefetch, Request, Retracted, Running, State, StateKind};
 use crate::slots::SlotPool;
 use crate::{BatchError, Rejected, SchedError};
 
@@ -367,13 +367,85 @@ impl Scheduler {
                 }
             }
             EngineEvent::WriteBackDone { op_id, success } => self.write_back_done(op_id, success),
-            EngineEvent::PrefetchDone { .. } | EngineEvent::BackupDone { .. } => {
-                Err(SchedError::Unsupported("the L3 tier"))
-            }
+            EngineEvent::PrefetchDone {
+                op_id,
+                request_id,
+                success,
+                completed_pages,
+            } => self.prefetch_done(op_id, &request_id, success, completed_pages),
+            EngineEvent::BackupDone { .. } => Err(SchedError::Unsupported("L3 backup")),
             EngineEvent::Bootstrapped { .. } | EngineEvent::RemotePrefillDone { .. } => {
                 Err(SchedError::Unsupported("prefill/decode disaggregation"))
             }
         }
+    }
+
+    // ----- prefetch -------------------------------------------------------------------
+
+    /// An L3 prefetch finished. The first `completed_pages` pages (none on failure) enter
+    /// the tree at their absolute offsets after the locked host prefix, with the
+    /// request's own pages; the rest go back to the pool.
+    fn prefetch_done(
+        &mut self,
+        op_id: OpId,
+        id: &RequestId,
+        success: bool,
+        completed: u32,
+    ) -> Result<(), SchedError> {
+        let Some(key) = self.lookup(id)? else {
+            return Ok(());
+        };
+        let (State::Prefetching(p) | State::Aborting(p)) = &self.req(key).state else {
+            return self.stale_or_unknown_op(op_id);
+        };
+        if p.op != op_id {
+            return self.stale_or_unknown_op(op_id);
+        }
+        if completed as usize > p.pages.len() {
+            return Err(SchedError::InvalidStorageInfo {
+                id: id.clone(),
+                problem: format!(
+                    "completed_pages {completed} exceeds the {} pages prefetched",
+                    p.pages.len()
+                ),
+            });
+        }
+        let state = std::mem::replace(&mut self.req_mut(key).state, State::Finished);
+        let next = match state {
+            State::Prefetching(Prefetch {
+                href,
+                mut pages,
+                start_page,
+                ..
+            }) => {
+                let done = if success { completed } else { 0 };
+                if let (true, Ok(taken)) = (done > 0, pages.take_first(done as usize)) {
+                    let end = ((start_page + done) * self.config.page_size) as usize;
+                    let tokens = &self.requests[key].tokens[..end];
+                    let inserted = self.cache.insert(Tier::Host, tokens, start_page, taken);
+                    debug_assert!(inserted.is_ok(), "prefetch insert: {inserted:?}");
+                }
+                drop(pages);
+                self.cache.unlock(href);
+                State::PrefetchDone
+            }
+            // The transfer has ended: an aborted request's pages can go now.
+            State::Aborting(held) => {
+                drop(held);
+                State::Finished
+            }
+            other => other,
+        };
+        self.req_mut(key).state = next;
+        Ok(())
+    }
+
+    fn stale_or_unknown_op(&mut self, op_id: OpId) -> Result<(), SchedError> {
+        if op_id != 0 && op_id < self.next_op {
+            self.stats.stale_events += 1;
+            return Ok(());
+        }
+        Err(SchedError::UnknownOp(op_id))
     }
 
     // ----- finish -------------------------------------------------------------------
@@ -519,6 +591,10 @@ impl Scheduler {
         }
         let state = std::mem::replace(&mut self.req_mut(key).state, State::Finished);
         match state {
+            // The L3 transfer may still write these host pages: keep them until it ends.
+            State::Prefetching(p) | State::Aborting(p) => {
+                self.req_mut(key).state = State::Aborting(p);
+            }
             // Host pages attached for a write-back that was never issued: roll them back.
             State::Draining(d) => {
                 self.cache.write_back_done(d.ticket, false);
@@ -612,8 +688,8 @@ impl Scheduler {
         Some(pages)
     }
 
-    /// Pages held outside the tree, per tier (device pages of requests; host pages are
-    /// never held outside the tree here). For invariant checks.
+    /// Pages held outside the tree, per tier: requests' own device pages, and host pages
+    /// of prefetches in flight. For invariant checks.
     pub fn outside_pages(&self) -> [Vec<PageId>; 2] {
         let mut device = Vec::new();
         for (_, r) in self.requests.iter() {
@@ -627,7 +703,13 @@ impl Scheduler {
                 _ => {}
             }
         }
-        [device, Vec::new()]
+        let mut host = Vec::new();
+        for (_, r) in self.requests.iter() {
+            if let State::Prefetching(p) | State::Aborting(p) = &r.state {
+                host.extend_from_slice(p.pages.ids());
+            }
+        }
+        [device, host]
     }
 
     /// Checks cache invariants and exact page conservation against every request.

@@ -15,12 +15,12 @@ use std::collections::HashSet;
 
 use kvtier_radix::{Match, NodeLock, Probe};
 use kvtier_types::{
-    AbortNotice, AbortReason, ExecutionPlan, ForwardRow, LoadBackOp, OpId, RequestId, RowKind,
-    Tier, Token, TransferPair, WriteBackOp,
+    AbortNotice, AbortReason, ExecutionPlan, ForwardRow, LoadBackOp, OpId, PrefetchOp, RequestId,
+    RowKind, Tier, Token, TransferPair, WriteBackOp,
 };
 
 use crate::Scheduler;
-use crate::request::{Draining, LocalKv, Retracted, Running, State, StateKind};
+use crate::request::{Draining, LocalKv, Prefetch, Retracted, Running, State, StateKind};
 use crate::scheduler::Inflight;
 
 /// Rows and flat buffers of the forward batch under construction.
@@ -66,9 +66,10 @@ fn class(kind: StateKind, mixed: bool) -> Option<u8> {
             }
         }
         StateKind::Prefilling => 1,
-        StateKind::Submitted => 2,
+        // A request whose prefetch landed runs like a new one (reference PR #293).
+        StateKind::Submitted | StateKind::PrefetchDone => 2,
         StateKind::Retracted => 4,
-        StateKind::PrefetchDone | StateKind::Aborting => 9,
+        StateKind::Aborting => 9,
         StateKind::Draining
         | StateKind::Prefetching
         | StateKind::Retracting
@@ -265,7 +266,10 @@ impl Scheduler {
             let remaining = budget as u32;
             let used = match self.req(key).state.kind() {
                 StateKind::Prefilling => self.schedule_next_chunk(key, remaining, rows),
-                StateKind::Submitted => self.schedule_first_chunk(key, remaining, rows, plan, seen),
+                StateKind::Submitted if self.try_prefetch(key, plan) => None,
+                StateKind::Submitted | StateKind::PrefetchDone => {
+                    self.schedule_first_chunk(key, remaining, rows, plan, seen)
+                }
                 StateKind::PrefillDone | StateKind::Decoding => {
                     if !mixed && !rows.prefill.is_empty() {
                         break;
@@ -333,6 +337,67 @@ impl Scheduler {
         let op_id = self.next_op_id();
         let pairs = dedup(&mut seen.load_back, pairs);
         plan.load_backs.push(LoadBackOp { op_id, pairs });
+    }
+
+    // ----- Submitted → Prefetching ------------------------------------------------------
+
+    /// Starts an L3 prefetch instead of the first chunk when the request's consecutive
+    /// L3 hits run more than `prefetch_threshold` pages past what the host already holds.
+    /// The host-resident prefix is locked before any host eviction; the op names the
+    /// pages by hashes derived from the tokens at the current host boundary, so they
+    /// align whatever the engine's own hashes were.
+    fn try_prefetch(&mut self, key: usize, plan: &mut ExecutionPlan) -> bool {
+        let c = &self.config;
+        if !c.enable_l3_storage || c.disable_prefix_cache || !c.l2_enabled() {
+            return false;
+        }
+        let ps = c.page_size;
+        let r = self.req(key);
+        let hit = r.storage_hit_pages.min(r.full_pages_except_last(ps));
+        if hit == 0 {
+            return false;
+        }
+        let tokens = &r.tokens[..(hit * ps) as usize];
+        let host = self.cache.probe(tokens).host_pages;
+        let n = hit.saturating_sub(host);
+        if n <= self.config.prefetch_threshold {
+            return false;
+        }
+        let m = self
+            .cache
+            .match_prefix(&self.requests[key].tokens[..(hit * ps) as usize]);
+        debug_assert_eq!(m.host_pages, host);
+        let href = self.cache.lock(m.host, Tier::Host);
+        if !self.cache.ensure_free(Tier::Host, n) {
+            self.cache.unlock(href);
+            return false;
+        }
+        let Some(pages) = self.cache.allocate(Tier::Host, n as usize) else {
+            self.cache.unlock(href);
+            return false;
+        };
+        let end = ((host + n) * ps) as usize;
+        let page_hashes = kvtier_types::hash::rolling_page_hashes(
+            None,
+            &self.req(key).tokens[..end],
+            ps as usize,
+        )
+        .split_off(host as usize);
+        let op = self.next_op_id();
+        plan.prefetches.push(PrefetchOp {
+            op_id: op,
+            request_id: self.req(key).id.clone(),
+            dst_pages: pages.ids().to_vec(),
+            page_hashes,
+        });
+        tracing::debug!(parent: &self.req(key).span, phase = "prefetching", pages = n);
+        self.req_mut(key).state = State::Prefetching(Prefetch {
+            op,
+            href,
+            pages,
+            start_page: host,
+        });
+        true
     }
 
     // ----- Submitted → first chunk -----------------------------------------------------

@@ -190,26 +190,25 @@ fn retracted_requests_accept_late_results() {
     check(&mut s);
 }
 
-/// L3 events (deferred to the L3 issue) are refused as unsupported and change nothing.
+/// A PrefetchDone for an op never issued is refused (the prefetch path is tested in
+/// `l3_prefetch.rs`); backup acknowledgements arrive with the backup path. Neither
+/// changes anything.
 #[test]
-fn l3_events_are_unsupported() {
+fn stray_l3_events_are_refused() {
     let mut s = sched(fixture());
     submit(&mut s, "r1", tokens(1, 4));
-    for event in [
-        EngineEvent::PrefetchDone {
-            op_id: 1,
-            request_id: rid("r1"),
-            success: true,
-            completed_pages: 1,
-        },
-        EngineEvent::BackupDone {
-            op_id: 1,
-            success: true,
-        },
-    ] {
-        let err = single_error(s.advance(vec![event]));
-        assert!(matches!(err, SchedError::Unsupported(_)), "{err:?}");
-    }
+    let err = single_error(s.advance(vec![EngineEvent::PrefetchDone {
+        op_id: 1,
+        request_id: rid("r1"),
+        success: true,
+        completed_pages: 1,
+    }]));
+    assert_eq!(err, SchedError::UnknownOp(1));
+    let err = single_error(s.advance(vec![EngineEvent::BackupDone {
+        op_id: 1,
+        success: true,
+    }]));
+    assert!(matches!(err, SchedError::Unsupported(_)), "{err:?}");
     assert_eq!(state(&s, "r1"), StateKind::Submitted);
 }
 

@@ -8,9 +8,9 @@ use common::*;
 use kvtier_fsm::StateKind;
 use kvtier_types::{ExecutionPlan, RequestSpec, RowKind, SchedulerConfig};
 
-/// The C++ test relies on an L3 prefetch populating the host cache (dormant at
-/// 350cf505) and accepts either outcome: r1 is in the forward, or a load-back exists.
-/// L3 prefetch is deferred to the L3 issue; today r1 is prefilled from scratch.
+/// The C++ test (dormant prefetch at 350cf505) accepted either outcome. With the prefetch
+/// path live: the first plan prefetches the 3 L3 pages into host, and once they land the
+/// request's first chunk loads them back and reuses them.
 #[test]
 fn load_back_triggered_after_prefetch_populates_host_cache() {
     let mut s = sched(SchedulerConfig {
@@ -21,7 +21,21 @@ fn load_back_triggered_after_prefetch_populates_host_cache() {
     spec.storage_hit_pages = 3; // > threshold 2
     s.submit(vec![spec]).expect("accepted");
     let plan = s.next_plan();
-    assert!(row(&plan, "r1").is_some() || !plan.load_backs.is_empty());
+    assert_eq!(plan.prefetches.len(), 1);
+    assert!(row(&plan, "r1").is_none());
+    let op_id = plan.prefetches[0].op_id;
+    advance(
+        &mut s,
+        vec![kvtier_types::EngineEvent::PrefetchDone {
+            op_id,
+            request_id: rid("r1"),
+            success: true,
+            completed_pages: 3,
+        }],
+    );
+    let plan = s.next_plan();
+    assert_eq!(row_of(&plan, "r1").extend_prefix_len, 6);
+    assert_eq!(plan.load_back_pages(), 3);
     check(&mut s);
 }
 

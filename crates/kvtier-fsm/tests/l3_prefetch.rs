@@ -1,0 +1,197 @@
+//! The L3 prefetch path of the core: Submitted → Prefetching → PrefetchDone → first
+//! chunk, and Aborting. Each review bug of reference PR #293 that applies here has a test.
+
+mod common;
+
+use common::*;
+use kvtier_fsm::{SchedError, Scheduler, StateKind};
+use kvtier_types::hash::{PageHash, rolling_page_hashes};
+use kvtier_types::{EngineEvent, ExecutionPlan, RequestSpec, SchedulerConfig};
+
+fn l3_config() -> SchedulerConfig {
+    SchedulerConfig {
+        enable_l3_storage: true,
+        prefetch_threshold: 1,
+        ..fixture()
+    }
+}
+
+/// A scheduler whose host tier holds the first 2 pages of `tokens(1, 12)` (written back
+/// by a finished request, its device copies demoted).
+fn with_host_prefix() -> Scheduler {
+    let mut s = sched(l3_config());
+    submit(&mut s, "r0", tokens(1, 5));
+    drain(&mut s, &mut Engine::with_max_new(1), 20);
+    assert_eq!(s.cache().probe(&tokens(1, 12)).host_pages, 2);
+    assert_eq!(s.cache().probe(&tokens(1, 12)).device_pages, 0);
+    s
+}
+
+/// Submits `r1` (prompt `tokens(1, 13)`) with 5 pages in L3 and plans once.
+fn start_prefetch(s: &mut Scheduler, hashes: Vec<PageHash>) -> ExecutionPlan {
+    let spec = RequestSpec {
+        rolling_hashes: hashes,
+        storage_hit_pages: 5,
+        ..RequestSpec::new("r1", tokens(1, 13))
+    };
+    s.submit(vec![spec]).expect("submit");
+    s.next_plan()
+}
+
+fn prefetch_done(op_id: u32, success: bool, completed: u32) -> EngineEvent {
+    EngineEvent::PrefetchDone {
+        op_id,
+        request_id: rid("r1"),
+        success,
+        completed_pages: completed,
+    }
+}
+
+/// Review bug A: the suffix was inserted at offset 0 despite a host hit. Here the 3
+/// fetched pages extend the 2 host pages, at pages 2..5, and the request then reuses all
+/// 5 (loaded back to device).
+#[test]
+fn prefetched_pages_land_at_their_absolute_offsets() {
+    let mut s = with_host_prefix();
+    let plan = start_prefetch(&mut s, Vec::new());
+    assert!(
+        row(&plan, "r1").is_none(),
+        "no chunk while the prefetch runs"
+    );
+    let op = &plan.prefetches[0];
+    assert_eq!(op.dst_pages.len(), 3);
+    assert_eq!(state(&s, "r1"), StateKind::Prefetching);
+    check(&mut s);
+    let op_id = op.op_id;
+    advance(&mut s, vec![prefetch_done(op_id, true, 3)]);
+    assert_eq!(state(&s, "r1"), StateKind::PrefetchDone);
+    assert_eq!(s.cache().probe(&tokens(1, 12)).host_pages, 5);
+    assert_eq!(
+        s.cache().prefix_page_hashes(&tokens(1, 10)),
+        rolling_page_hashes(None, &tokens(1, 10), 2),
+        "the inserted pages carry the hashes of their absolute positions"
+    );
+    check(&mut s);
+    let plan = s.next_plan();
+    let r1 = row_of(&plan, "r1");
+    assert_eq!(r1.extend_prefix_len, 10);
+    assert_eq!(plan.load_back_pages(), 5);
+    check(&mut s);
+}
+
+/// Review bug C: hashes taken at admission could misalign with the host match at
+/// prefetch time. Here the op's hashes are derived from the tokens at the current host
+/// boundary, whatever the engine sent.
+#[test]
+fn prefetch_hashes_align_with_the_current_host_boundary() {
+    let mut s = with_host_prefix();
+    let wrong = vec![PageHash([7; 32]); 5];
+    let plan = start_prefetch(&mut s, wrong);
+    let expected = rolling_page_hashes(None, &tokens(1, 10), 2)[2..5].to_vec();
+    assert_eq!(plan.prefetches[0].page_hashes, expected);
+}
+
+/// Review bug G: PrefetchDone without completed-page counts. A partial transfer inserts
+/// exactly the completed pages; the rest return to the pool.
+#[test]
+fn a_partial_prefetch_inserts_only_completed_pages() {
+    let mut s = with_host_prefix();
+    let free_before = free_host(&mut s);
+    let plan = start_prefetch(&mut s, Vec::new());
+    advance(
+        &mut s,
+        vec![prefetch_done(plan.prefetches[0].op_id, true, 1)],
+    );
+    assert_eq!(s.cache().probe(&tokens(1, 12)).host_pages, 3);
+    assert_eq!(free_host(&mut s), free_before - 1);
+    check(&mut s);
+}
+
+#[test]
+fn a_failed_prefetch_is_a_miss() {
+    let mut s = with_host_prefix();
+    let free_before = free_host(&mut s);
+    let plan = start_prefetch(&mut s, Vec::new());
+    advance(
+        &mut s,
+        vec![prefetch_done(plan.prefetches[0].op_id, false, 3)],
+    );
+    assert_eq!(s.cache().probe(&tokens(1, 12)).host_pages, 2);
+    assert_eq!(free_host(&mut s), free_before);
+    let plan = s.next_plan();
+    assert_eq!(
+        row_of(&plan, "r1").extend_prefix_len,
+        4,
+        "it computes what L3 did not bring"
+    );
+    check(&mut s);
+}
+
+/// An abort while pages are in flight keeps them until the transfer ends (the L3 DMA may
+/// still write them), then frees them.
+#[test]
+fn abort_during_prefetch_keeps_pages_until_the_transfer_ends() {
+    let mut s = with_host_prefix();
+    let free_before = free_host(&mut s);
+    let plan = start_prefetch(&mut s, Vec::new());
+    advance(&mut s, vec![abort("r1")]);
+    assert_eq!(state(&s, "r1"), StateKind::Aborting);
+    assert_eq!(
+        free_host(&mut s),
+        free_before - 3,
+        "pages held while the transfer runs"
+    );
+    s.next_plan();
+    assert_eq!(
+        state(&s, "r1"),
+        StateKind::Aborting,
+        "not forgotten before the transfer ends"
+    );
+    advance(
+        &mut s,
+        vec![prefetch_done(plan.prefetches[0].op_id, true, 3)],
+    );
+    assert_eq!(state(&s, "r1"), StateKind::Finished);
+    assert_eq!(free_host(&mut s), free_before);
+    s.next_plan();
+    assert!(s.is_idle());
+    check(&mut s);
+}
+
+#[test]
+fn no_prefetch_below_the_threshold_or_without_l3() {
+    for config in [
+        SchedulerConfig {
+            prefetch_threshold: 3,
+            ..l3_config()
+        },
+        fixture(),
+    ] {
+        let mut s = sched(config);
+        let spec = RequestSpec {
+            storage_hit_pages: 3,
+            ..RequestSpec::new("r1", tokens(1, 13))
+        };
+        s.submit(vec![spec]).expect("submit");
+        let plan = s.next_plan();
+        assert!(plan.prefetches.is_empty());
+        assert!(row(&plan, "r1").is_some());
+    }
+}
+
+#[test]
+fn out_of_range_completed_pages_are_refused() {
+    let mut s = with_host_prefix();
+    let plan = start_prefetch(&mut s, Vec::new());
+    let op_id = plan.prefetches[0].op_id;
+    let err = single_error(s.advance(vec![prefetch_done(op_id, true, 9)]));
+    assert!(
+        matches!(err, SchedError::InvalidStorageInfo { .. }),
+        "{err}"
+    );
+    assert_eq!(state(&s, "r1"), StateKind::Prefetching, "nothing changed");
+    let err = single_error(s.advance(vec![prefetch_done(op_id + 100, true, 1)]));
+    assert_eq!(err, SchedError::UnknownOp(op_id + 100));
+    advance(&mut s, vec![prefetch_done(op_id, true, 3)]);
+    check(&mut s);
+}
