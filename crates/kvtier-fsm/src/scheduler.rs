@@ -26,6 +26,15 @@ pub(crate) struct Inflight {
     pub is_retract: bool,
 }
 
+/// Host pages a write-back made readable, to back up to L3. The lock pins them: they
+/// cannot be evicted or reused before the put has read them (review bug B).
+#[derive(Debug)]
+pub(crate) struct PendingBackup {
+    pub pin: NodeLock,
+    pub pages: Vec<PageId>,
+    pub hashes: Vec<kvtier_types::hash::PageHash>,
+}
+
 /// What a publication did to a request's page table.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Published {
@@ -85,6 +94,10 @@ pub struct Scheduler {
     /// The same mapping, for lookups by id (never iterated).
     pub(crate) by_id: IdMap,
     pub(crate) ops: BTreeMap<OpId, Inflight>,
+    /// Written-back host pages waiting for their L3 backup op, pinned on host.
+    pub(crate) pending_backups: Vec<PendingBackup>,
+    /// Backups in flight: the host lock pinning each one's source pages until acked.
+    pub(crate) backups: BTreeMap<OpId, NodeLock>,
     pub(crate) next_op: OpId,
     pub(crate) tombstones: BTreeMap<RequestId, u64>,
     pub(crate) tombstone_order: VecDeque<(u64, RequestId)>,
@@ -112,6 +125,8 @@ impl Scheduler {
             index: BTreeMap::new(),
             by_id: IdMap::default(),
             ops: BTreeMap::new(),
+            pending_backups: Vec::new(),
+            backups: BTreeMap::new(),
             next_op: 1,
             tombstones: BTreeMap::new(),
             tombstone_order: VecDeque::new(),
@@ -373,7 +388,15 @@ impl Scheduler {
                 success,
                 completed_pages,
             } => self.prefetch_done(op_id, &request_id, success, completed_pages),
-            EngineEvent::BackupDone { .. } => Err(SchedError::Unsupported("L3 backup")),
+            EngineEvent::BackupDone { op_id, .. } => match self.backups.remove(&op_id) {
+                // Done or failed, the source pages are free to go: a failed backup is
+                // only a future L3 miss.
+                Some(pin) => {
+                    self.cache.unlock(pin);
+                    Ok(())
+                }
+                None => self.stale_or_unknown_op(op_id),
+            },
             EngineEvent::Bootstrapped { .. } | EngineEvent::RemotePrefillDone { .. } => {
                 Err(SchedError::Unsupported("prefill/decode disaggregation"))
             }
@@ -438,6 +461,23 @@ impl Scheduler {
         };
         self.req_mut(key).state = next;
         Ok(())
+    }
+
+    /// Pins freshly written host pages and queues their L3 backup for the next plan.
+    fn queue_backup(&mut self, written: kvtier_radix::WrittenBack) {
+        let (Some(node), false) = (written.deepest, written.host_pages.is_empty()) else {
+            return;
+        };
+        if written.page_hashes.len() != written.host_pages.len() {
+            debug_assert!(false, "written-back nodes without page hashes");
+            return;
+        }
+        let pin = self.cache.lock(node, Tier::Host);
+        self.pending_backups.push(PendingBackup {
+            pin,
+            pages: written.host_pages,
+            hashes: written.page_hashes,
+        });
     }
 
     fn stale_or_unknown_op(&mut self, op_id: OpId) -> Result<(), SchedError> {
@@ -631,7 +671,10 @@ impl Scheduler {
         // retracted request before the ticket lets go of it.
         let kept_dref = (!success && is_retract && key.is_some())
             .then(|| self.cache.lock(device_node, Tier::Device));
-        self.cache.write_back_done(ticket, success);
+        let written = self.cache.write_back_done(ticket, success);
+        if success && self.config.enable_l3_storage {
+            self.queue_backup(written);
+        }
         if success {
             self.cache.demote(device_node);
         } else {
@@ -750,7 +793,10 @@ impl Scheduler {
 
     /// Whether nothing is running, queued or in flight.
     pub fn is_idle(&self) -> bool {
-        self.index.is_empty() && self.ops.is_empty()
+        self.index.is_empty()
+            && self.ops.is_empty()
+            && self.pending_backups.is_empty()
+            && self.backups.is_empty()
     }
 
     /// Rolling page hashes of the full pages of `tokens`, chained from the root.

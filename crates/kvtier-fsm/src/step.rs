@@ -15,8 +15,8 @@ use std::collections::HashSet;
 
 use kvtier_radix::{Match, NodeLock, Probe};
 use kvtier_types::{
-    AbortNotice, AbortReason, ExecutionPlan, ForwardRow, LoadBackOp, OpId, PrefetchOp, RequestId,
-    RowKind, Tier, Token, TransferPair, WriteBackOp,
+    AbortNotice, AbortReason, BackupOp, ExecutionPlan, ForwardRow, LoadBackOp, OpId, PrefetchOp,
+    RequestId, RowKind, Tier, Token, TransferPair, WriteBackOp,
 };
 
 use crate::Scheduler;
@@ -89,6 +89,7 @@ impl Scheduler {
         let mut plan = ExecutionPlan::default();
         let mut seen = Seen::default();
         self.issue_finish_write_backs(&mut plan, &mut seen);
+        self.issue_backups(&mut plan);
         self.erase_finished();
         if self.config.publish_prefix_mid_flight {
             self.publish_computed_prompts();
@@ -157,6 +158,20 @@ impl Scheduler {
             let id = self.req(key).id.clone();
             let op = self.issue_write_back(d, id, false, plan, seen);
             self.req_mut(key).state = State::WritingBack { op };
+        }
+    }
+
+    /// Emits the L3 backups queued by acknowledged write-backs; each keeps its source
+    /// pages pinned until `BackupDone`.
+    fn issue_backups(&mut self, plan: &mut ExecutionPlan) {
+        for backup in std::mem::take(&mut self.pending_backups) {
+            let op_id = self.next_op_id();
+            plan.backups.push(BackupOp {
+                op_id,
+                src_pages: backup.pages,
+                page_hashes: backup.hashes,
+            });
+            self.backups.insert(op_id, backup.pin);
         }
     }
 

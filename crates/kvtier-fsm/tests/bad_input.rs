@@ -175,9 +175,8 @@ fn valid_events_in_a_batch_apply_around_refused_ones() {
 #[test]
 fn unsupported_capabilities_say_so() {
     let mut s = sched(fixture());
-    let err = single_error(s.advance(vec![EngineEvent::BackupDone {
-        op_id: 1,
-        success: true,
+    let err = single_error(s.advance(vec![EngineEvent::Bootstrapped {
+        request_id: rid("r1"),
     }]));
     assert!(matches!(err, SchedError::Unsupported(_)), "{err}");
     assert!(err.to_string().contains("not supported yet"));

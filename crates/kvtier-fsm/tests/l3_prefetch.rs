@@ -195,3 +195,76 @@ fn out_of_range_completed_pages_are_refused() {
     advance(&mut s, vec![prefetch_done(op_id, true, 3)]);
     check(&mut s);
 }
+
+/// Finishes `r0` (prompt 1..=5, one generated token) and acknowledges its write-back;
+/// returns the plan that carries the backup.
+fn backup_plan(s: &mut Scheduler, write_back_success: bool) -> ExecutionPlan {
+    submit(s, "r0", tokens(1, 5));
+    let mut engine = Engine {
+        ack_write_backs: false,
+        ..Engine::with_max_new(1)
+    };
+    let plans = run_until(s, &mut engine, 10, |_, p| !p.write_backs.is_empty());
+    let op = plans.last().expect("plan").write_backs[0].op_id;
+    advance(s, vec![wb_done(op, write_back_success)]);
+    s.next_plan()
+}
+
+/// Review bug B: backup source pages could be reused before the put read them. The
+/// pages a write-back made readable go out in a BackupOp with their rolling hashes, and
+/// stay pinned on host until BackupDone.
+#[test]
+fn backups_follow_write_backs_and_pin_their_sources() {
+    let mut s = sched(l3_config());
+    let plan = backup_plan(&mut s, true);
+    assert_eq!(plan.backups.len(), 1);
+    let backup = &plan.backups[0];
+    assert_eq!(backup.src_pages.len(), 2);
+    assert_eq!(
+        backup.page_hashes,
+        rolling_page_hashes(None, &tokens(1, 4), 2)
+    );
+    assert_eq!(
+        locked_pages(&mut s, kvtier_types::Tier::Host),
+        2,
+        "sources pinned"
+    );
+    assert!(!s.is_idle(), "a backup in flight is work in flight");
+    check(&mut s);
+    advance(
+        &mut s,
+        vec![EngineEvent::BackupDone {
+            op_id: backup.op_id,
+            success: true,
+        }],
+    );
+    assert_eq!(locked_pages(&mut s, kvtier_types::Tier::Host), 0);
+    s.next_plan();
+    assert!(s.is_idle());
+    // A second ack is stale, an unknown op an error.
+    advance(
+        &mut s,
+        vec![EngineEvent::BackupDone {
+            op_id: backup.op_id,
+            success: true,
+        }],
+    );
+    let err = single_error(s.advance(vec![EngineEvent::BackupDone {
+        op_id: 999,
+        success: true,
+    }]));
+    assert_eq!(err, SchedError::UnknownOp(999));
+    check(&mut s);
+}
+
+#[test]
+fn no_backup_without_l3_or_after_a_failed_write_back() {
+    let mut s = sched(fixture());
+    assert!(backup_plan(&mut s, true).backups.is_empty());
+    let mut s = sched(l3_config());
+    assert!(
+        backup_plan(&mut s, false).backups.is_empty(),
+        "nothing readable to back up"
+    );
+    check(&mut s);
+}

@@ -190,9 +190,8 @@ fn retracted_requests_accept_late_results() {
     check(&mut s);
 }
 
-/// A PrefetchDone for an op never issued is refused (the prefetch path is tested in
-/// `l3_prefetch.rs`); backup acknowledgements arrive with the backup path. Neither
-/// changes anything.
+/// L3 acknowledgements for ops never issued are refused (the prefetch and backup paths
+/// are tested in `l3_prefetch.rs`), and change nothing.
 #[test]
 fn stray_l3_events_are_refused() {
     let mut s = sched(fixture());
@@ -208,7 +207,7 @@ fn stray_l3_events_are_refused() {
         op_id: 1,
         success: true,
     }]));
-    assert!(matches!(err, SchedError::Unsupported(_)), "{err:?}");
+    assert_eq!(err, SchedError::UnknownOp(1));
     assert_eq!(state(&s, "r1"), StateKind::Submitted);
 }
 

@@ -17,8 +17,15 @@ fn page(i: u8) -> Vec<u8> {
         .collect()
 }
 
+/// A store whose batch gets wait up to 10 s for promotions in flight (they return as
+/// soon as the promotions land; the long deadline keeps the tests independent of the
+/// machine's load).
 fn store(dir: &std::path::Path, memory: u64, disk: u64) -> LocalStore {
-    LocalStore::open(LocalStoreConfig::new(dir, memory, disk)).expect("open")
+    let cfg = LocalStoreConfig {
+        get_deadline: std::time::Duration::from_secs(10),
+        ..LocalStoreConfig::new(dir, memory, disk)
+    };
+    LocalStore::open(cfg).expect("open")
 }
 
 fn put_pages(s: &mut LocalStore, n: u8) -> Vec<PutOutcome> {
@@ -135,7 +142,7 @@ fn memory_and_disk_are_bounded() {
 }
 
 #[test]
-fn prefetch_on_exist_promotes_disk_objects_and_deduplicates_hints() {
+fn prefetch_on_exist_promotes_disk_objects_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     put_pages(&mut store(dir.path(), 1 << 20, 1 << 20), 3);
     let mut s = store(dir.path(), 1 << 20, 1 << 20);
@@ -148,7 +155,9 @@ fn prefetch_on_exist_promotes_disk_objects_and_deduplicates_hints() {
         3,
         "no second promotion within the TTL"
     );
-    assert_eq!(s.stats().hints_deduplicated, 3);
+    // Still in flight (deduplicated hints) or already landed (keys in memory), depending
+    // on the workers' pace: either way none starts twice. The exact dedup count is
+    // checked with gated workers in the unit tests.
     let (hits, bufs) = get_pages(&mut s, &keys(3));
     assert_eq!(hits, [true; 3]);
     assert_eq!(bufs[0], page(0));

@@ -75,6 +75,17 @@ struct Ticket {
     pinned: Option<NodeId>,
 }
 
+/// What a successful write-back made readable on host (see `write_back_done`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WrittenBack {
+    /// Host pages, root first.
+    pub host_pages: Vec<PageId>,
+    /// Their rolling page hashes (empty unless page hashes are kept).
+    pub page_hashes: Vec<PageHash>,
+    /// The deepest written node (lock it on host to pin the pages).
+    pub deepest: Option<NodeId>,
+}
+
 /// Counters of the tree for stats and tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TreeStats {
@@ -967,12 +978,14 @@ impl RadixCache {
 
     /// Completes a write-back. On success its host copies become readable; on failure a
     /// copy no other write-back is still filling is rolled back to the pool (the device
-    /// copy stays authoritative). An unknown ticket is ignored.
-    pub fn write_back_done(&mut self, ticket: WriteBackTicket, success: bool) {
+    /// copy stays authoritative). An unknown ticket is ignored. Returns, root first, the
+    /// host pages the write-back made readable and their page hashes (empty when hashes
+    /// are not kept): what an L3 backup should store.
+    pub fn write_back_done(&mut self, ticket: WriteBackTicket, success: bool) -> WrittenBack {
         self.drain_releases();
         let Some(Ticket { nodes, pinned }) = self.tickets.remove(&ticket.0) else {
             debug_assert!(false, "write-back ticket acknowledged twice");
-            return;
+            return WrittenBack::default();
         };
         for &node in &nodes {
             if !self.is_live(node) {
@@ -987,6 +1000,19 @@ impl RadixCache {
                 self.detach(node, Tier::Host);
             }
         }
+        let mut written = WrittenBack::default();
+        if success {
+            for &node in nodes.iter().rev().filter(|&&n| self.is_live(n)) {
+                let n = self.node(node);
+                if n.tiers[1].usable() {
+                    written.host_pages.extend_from_slice(&n.tiers[1].pages);
+                    if n.page_hashes.len() == n.tiers[1].pages.len() {
+                        written.page_hashes.extend_from_slice(&n.page_hashes);
+                    }
+                }
+            }
+            written.deepest = nodes.first().copied().filter(|&n| self.is_live(n));
+        }
         if let Some(deepest) = pinned {
             self.release_lock(deepest, Tier::Device);
             self.release_lock(deepest, Tier::Host);
@@ -996,6 +1022,7 @@ impl RadixCache {
                 self.prune_up(node);
             }
         }
+        written
     }
 
     /// Write-backs attached and not yet acknowledged.

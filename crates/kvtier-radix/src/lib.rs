@@ -27,7 +27,9 @@ mod events;
 mod lock;
 mod node;
 
-pub use cache::{CacheConfig, InsertResult, Match, Probe, RadixCache, TreeStats, WriteBackTicket};
+pub use cache::{
+    CacheConfig, InsertResult, Match, Probe, RadixCache, TreeStats, WriteBackTicket, WrittenBack,
+};
 pub use error::RadixError;
 pub use lock::NodeLock;
 pub use node::NodeId;

@@ -19,7 +19,7 @@ pub use error::TypesError;
 pub use event::{EngineEvent, KvEvent};
 pub use ids::{OpId, PageId, RequestId, SlotId, Tier, Token};
 pub use plan::{
-    AbortNotice, AbortReason, ExecutionPlan, ForwardBatch, ForwardRow, LoadBackOp, PrefetchOp,
-    RowKind, TransferKind, TransferPair, WriteBackOp,
+    AbortNotice, AbortReason, BackupOp, ExecutionPlan, ForwardBatch, ForwardRow, LoadBackOp,
+    PrefetchOp, RowKind, TransferKind, TransferPair, WriteBackOp,
 };
 pub use request::RequestSpec;

@@ -245,6 +245,12 @@ impl Engine {
                 events.push(wb_done(op.op_id, self.write_back_success));
             }
         }
+        for op in &plan.backups {
+            events.push(EngineEvent::BackupDone {
+                op_id: op.op_id,
+                success: true,
+            });
+        }
         for r in &plan.forward.rows {
             let last_chunk = match r.kind {
                 RowKind::Prefill => r.extend_prefix_len + r.input_length == r.prefill_length,
