@@ -2,7 +2,7 @@
 
 use kvtier_host::OwnedPages;
 use kvtier_radix::{NodeId, NodeLock, RadixCache, WriteBackTicket};
-use kvtier_types::{OpId, PageId, RequestId, Tier, Token, TransferPair, hash::PageHash};
+use kvtier_types::{OpId, PageId, RequestId, Tier, Token, TransferPair};
 
 use crate::slots::Slot;
 
@@ -188,9 +188,7 @@ pub(crate) struct Request {
     pub tokens: Vec<Token>,
     pub prefill_len: u32,
     pub state: State,
-    #[allow(dead_code)] // read by the L3 tier
-    pub rolling_hashes: Vec<PageHash>,
-    #[allow(dead_code)] // read by the L3 tier
+    /// Consecutive prompt pages the engine found in L3 (drives prefetch).
     pub storage_hit_pages: u32,
     /// The request's lifecycle span: opened at submit, closed when it is forgotten.
     pub span: tracing::Span,

@@ -268,7 +268,6 @@ impl Scheduler {
             tokens: spec.tokens,
             prefill_len,
             state: State::Submitted,
-            rolling_hashes: spec.rolling_hashes,
             storage_hit_pages: spec.storage_hit_pages,
             span,
         });

@@ -20,7 +20,7 @@ use kvtier_types::{
 };
 
 use crate::Scheduler;
-use crate::request::{Draining, LocalKv, Prefetch, Retracted, Running, State, StateKind};
+use crate::request::{Draining, LocalKv, Prefetch, Request, Retracted, Running, State, StateKind};
 use crate::scheduler::Inflight;
 
 /// Rows and flat buffers of the forward batch under construction.
@@ -41,6 +41,37 @@ impl Rows {
         self.page_table.extend_from_slice(&run.prefix_pages);
         self.page_table.extend_from_slice(run.lka.pages.ids());
         (start, run.occupied_len() as u32)
+    }
+
+    /// A decode row of `d` input tokens over the request's whole page table, new from
+    /// `begin`. A recovery row (new slot after retraction) also names its input token and
+    /// history length, and reports prefill length 0 as the reference does.
+    fn push_decode_row(&mut self, r: &Request, run: &Running, kind: RowKind, begin: u32, d: u32) {
+        let (pages_start, pages_len) = self.push_page_table(run);
+        let recovery = kind == RowKind::Recovery;
+        self.decode.push(ForwardRow {
+            request_id: r.id.clone(),
+            kind,
+            slot: run.slot.id(),
+            input_length: d,
+            prefill_length: if recovery { 0 } else { r.prefill_len },
+            pages_start,
+            pages_len,
+            begin,
+            size: pages_len - begin,
+            extend_prefix_len: 0,
+            input_ids_start: 0,
+            decode_input_id: if recovery {
+                r.tokens.last().copied().unwrap_or(-1)
+            } else {
+                -1
+            },
+            hist_token_len: if recovery {
+                r.tokens.len() as i32 - 1
+            } else {
+                -1
+            },
+        });
     }
 }
 
@@ -610,23 +641,7 @@ impl Scheduler {
             return None;
         }
         run.reserve = d;
-        let r = self.req(key);
-        let (pages_start, pages_len) = rows.push_page_table(&run);
-        rows.decode.push(ForwardRow {
-            request_id: r.id.clone(),
-            kind: RowKind::Decode,
-            slot: run.slot.id(),
-            input_length: d,
-            prefill_length: r.prefill_len,
-            pages_start,
-            pages_len,
-            begin,
-            size: pages_len - begin,
-            extend_prefix_len: 0,
-            input_ids_start: 0,
-            decode_input_id: -1,
-            hist_token_len: -1,
-        });
+        rows.push_decode_row(self.req(key), &run, RowKind::Decode, begin, d);
         if from_prefill_done {
             tracing::debug!(parent: &self.req(key).span, phase = "decoding");
         }
@@ -801,22 +816,7 @@ impl Scheduler {
             reserve: d,
             table_changed_from: None,
         };
-        let (pages_start, pages_len) = rows.push_page_table(&run);
-        rows.decode.push(ForwardRow {
-            request_id: r.id.clone(),
-            kind: RowKind::Recovery,
-            slot: run.slot.id(),
-            input_length: d,
-            prefill_length: 0,
-            pages_start,
-            pages_len,
-            begin: 0,
-            size: pages_len,
-            extend_prefix_len: 0,
-            input_ids_start: 0,
-            decode_input_id: r.tokens.last().copied().unwrap_or(-1),
-            hist_token_len: r.tokens.len() as i32 - 1,
-        });
+        rows.push_decode_row(r, &run, RowKind::Recovery, 0, d);
         self.req_mut(key).state = State::Decoding(run);
         self.push_load_back(pairs, plan, seen);
         Some(d)

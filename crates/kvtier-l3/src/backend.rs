@@ -70,3 +70,12 @@ pub trait L3Backend: Send {
     /// Counters.
     fn stats(&self) -> L3Stats;
 }
+
+/// Checks that a batch pairs each key with one buffer.
+pub(crate) fn check_batch(keys: usize, buffers: usize) -> Result<(), L3Error> {
+    if keys == buffers {
+        Ok(())
+    } else {
+        Err(L3Error::BatchMismatch { keys, buffers })
+    }
+}

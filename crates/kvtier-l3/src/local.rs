@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
-use crate::backend::{Capabilities, L3Backend, L3Stats, PutOutcome};
+use crate::backend::{Capabilities, L3Backend, L3Stats, PutOutcome, check_batch};
 use crate::{L3Error, L3Key, codec};
 
 /// Sizes and timings of a `LocalStore`.
@@ -321,12 +321,7 @@ impl L3Backend for LocalStore {
     }
 
     fn get(&mut self, keys: &[L3Key], buffers: &mut [&mut [u8]]) -> Result<Vec<bool>, L3Error> {
-        if keys.len() != buffers.len() {
-            return Err(L3Error::BatchMismatch {
-                keys: keys.len(),
-                buffers: buffers.len(),
-            });
-        }
+        check_batch(keys.len(), buffers.len())?;
         self.drain();
         // One deadline for the whole batch: wait on the result channel while any key
         // of the batch is still being promoted.
@@ -373,12 +368,7 @@ impl L3Backend for LocalStore {
     }
 
     fn put(&mut self, keys: &[L3Key], buffers: &[&[u8]]) -> Result<Vec<PutOutcome>, L3Error> {
-        if keys.len() != buffers.len() {
-            return Err(L3Error::BatchMismatch {
-                keys: keys.len(),
-                buffers: buffers.len(),
-            });
-        }
+        check_batch(keys.len(), buffers.len())?;
         self.drain();
         let mut out = Vec::with_capacity(keys.len());
         for (key, payload) in keys.iter().zip(buffers) {

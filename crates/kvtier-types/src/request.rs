@@ -10,7 +10,9 @@ pub struct RequestSpec {
     pub id: RequestId,
     /// Prompt tokens. Must be non-empty.
     pub tokens: Vec<Token>,
-    /// Rolling page hashes of the prompt's full pages, if the engine computed them.
+    /// Rolling page hashes of the prompt's full pages, if the engine computed them (it
+    /// needs them to query L3). The scheduler never trusts them for keys: it derives every
+    /// hash from the tokens and the page's position.
     pub rolling_hashes: Vec<PageHash>,
     /// Consecutive prompt pages found in the L3 store.
     pub storage_hit_pages: u32,

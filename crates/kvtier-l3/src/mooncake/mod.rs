@@ -12,7 +12,7 @@ use std::path::PathBuf;
 
 use cxx::UniquePtr;
 
-use crate::backend::{Capabilities, L3Backend, L3Stats, PutOutcome};
+use crate::backend::{Capabilities, L3Backend, L3Stats, PutOutcome, check_batch};
 use crate::{L3Error, L3Key};
 use ffi::bridge;
 
@@ -159,12 +159,7 @@ impl L3Backend for MooncakeStore {
     }
 
     fn get(&mut self, keys: &[L3Key], buffers: &mut [&mut [u8]]) -> Result<Vec<bool>, L3Error> {
-        if keys.len() != buffers.len() {
-            return Err(L3Error::BatchMismatch {
-                keys: keys.len(),
-                buffers: buffers.len(),
-            });
-        }
+        check_batch(keys.len(), buffers.len())?;
         if keys.is_empty() {
             return Ok(Vec::new());
         }
@@ -191,12 +186,7 @@ impl L3Backend for MooncakeStore {
     }
 
     fn put(&mut self, keys: &[L3Key], buffers: &[&[u8]]) -> Result<Vec<PutOutcome>, L3Error> {
-        if keys.len() != buffers.len() {
-            return Err(L3Error::BatchMismatch {
-                keys: keys.len(),
-                buffers: buffers.len(),
-            });
-        }
+        check_batch(keys.len(), buffers.len())?;
         if keys.is_empty() {
             return Ok(Vec::new());
         }
