@@ -1,7 +1,7 @@
 //! Port of `tests/cpp/test_prefetch.cpp`. L3 prefetch is dormant in the reference at
-//! 350cf505 and deferred to our L3 issue: no prefetch op is produced today, and
-//! `PrefetchDone` is `SchedError::Unsupported`. The C++ assertions are kept (they hold
-//! whether or not a prefetch is issued), plus the validation of storage hints.
+//! 350cf505, whose test accepted either a prefetch or a plain prefill; kvtier's prefetch
+//! path is live, so these tests pin the prefetch itself (the full path is tested in
+//! `l3_prefetch.rs`), plus the validation of storage hints.
 
 mod common;
 
@@ -27,11 +27,14 @@ fn prefetch_generated_for_l3_storage_hit() {
     let mut s = sched(l3());
     s.submit(vec![spec("r1", 10, 3)]).expect("accepted");
     let plan = s.next_plan();
-    let prefetched = plan
-        .prefetches
-        .iter()
-        .any(|p| p.request_id.as_str() == "r1");
-    assert!(row(&plan, "r1").is_some() || prefetched);
+    // 3 L3 pages past an empty host match: more than the threshold of 2.
+    assert_eq!(plan.prefetches.len(), 1);
+    assert_eq!(plan.prefetches[0].request_id.as_str(), "r1");
+    assert_eq!(plan.prefetches[0].dst_pages.len(), 3);
+    assert!(
+        row(&plan, "r1").is_none(),
+        "no chunk while the prefetch runs"
+    );
     check(&mut s);
 }
 
