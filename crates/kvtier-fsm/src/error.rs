@@ -66,6 +66,12 @@ pub enum SchedError {
     /// A capability that arrives in a later version.
     #[error("{0} is not supported yet")]
     Unsupported(&'static str),
+    /// A new plan was asked for while the reply to the last cache batch is still due.
+    #[error("a cache batch is still awaiting its reply")]
+    Busy,
+    /// A cache reply that does not answer the batch the scheduler sent.
+    #[error("a cache reply does not match the batch it answers")]
+    UnexpectedReply,
 }
 
 /// One refused item of a batch: its position in the batch and why.

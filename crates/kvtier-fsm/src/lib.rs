@@ -33,17 +33,26 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! [`Scheduler`] owns its radix cache and is the direct path. The request FSM itself is
+//! [`SchedulerCore`], which never touches the cache: each `advance` and each plan
+//! becomes one batch of cache ops (`kvtier_radix::CacheBatch`), so the same core runs
+//! as the Scheduler actor with the cache in the Radix actor (crate `kvtier`).
+//!
 //! Every resource a request holds (node locks, device pages, its request-pool slot) is
 //! an RAII handle inside its state, so leaving a state by any path releases exactly what
 //! that state held.
 
+mod direct;
 mod error;
 mod idmap;
+mod outbox;
 mod request;
 mod scheduler;
 mod slots;
 mod step;
 
+pub use direct::Scheduler;
 pub use error::{BatchError, Rejected, SchedError};
+pub use outbox::Progress;
 pub use request::StateKind;
-pub use scheduler::{Scheduler, SchedulerStats};
+pub use scheduler::{SchedulerCore, SchedulerStats, cache_config};

@@ -1,8 +1,10 @@
 //! Requests and their states. Each state owns exactly the resources it holds.
 
+use std::sync::Arc;
+
 use kvtier_host::OwnedPages;
-use kvtier_radix::{NodeId, NodeLock, RadixCache, WriteBackTicket};
-use kvtier_types::{OpId, PageId, RequestId, Tier, Token, TransferPair};
+use kvtier_radix::{Attached, NodeLock, grow};
+use kvtier_types::{OpId, PageId, RequestId, Token};
 
 use crate::slots::Slot;
 
@@ -44,29 +46,18 @@ pub(crate) struct LocalKv {
 }
 
 impl LocalKv {
-    /// Reserves slots for `n` more tokens, allocating pages when the tail is full.
-    /// All-or-nothing; `false` when the pool is short.
-    pub fn acquire(&mut self, cache: &mut RadixCache, n: u32) -> bool {
-        if n <= self.tail_free {
-            self.tail_free -= n;
-            return true;
-        }
-        let ps = cache.page_size();
-        let need = n - self.tail_free;
-        let Some(mut fresh) = cache.allocate(Tier::Device, need.div_ceil(ps) as usize) else {
-            return false;
-        };
-        if self.pages.append(&mut fresh).is_err() {
-            return false;
-        }
-        let used = need % ps;
-        self.tail_free = if used == 0 { 0 } else { ps - used };
-        true
-    }
-
-    /// Pages needed to acquire `n` more tokens.
-    pub fn pages_for(&self, n: u32, page_size: u32) -> u32 {
-        n.saturating_sub(self.tail_free).div_ceil(page_size)
+    /// Takes the pages the cache allocated for `n` more token slots (see
+    /// [`kvtier_radix::grow`], which both sides use).
+    pub fn absorb(&mut self, mut fresh: OwnedPages, n: u32, page_size: u32) {
+        let (pages, tail_free) = grow(self.tail_free, n, page_size);
+        debug_assert_eq!(
+            pages as usize,
+            fresh.len(),
+            "allocation and accounting disagree"
+        );
+        let appended = self.pages.append(&mut fresh);
+        debug_assert!(appended.is_ok(), "pages of another pool");
+        self.tail_free = tail_free;
     }
 }
 
@@ -101,16 +92,6 @@ impl Running {
     }
 }
 
-/// A finished request whose write-back is attached but not yet issued. The ticket pins
-/// the path on both tiers until it is acknowledged.
-#[derive(Debug)]
-pub(crate) struct Draining {
-    pub ticket: WriteBackTicket,
-    pub pairs: Vec<TransferPair>,
-    /// Deepest node of the written path (where demotion starts after the ack).
-    pub device_node: NodeId,
-}
-
 /// An L3 prefetch in flight: host pages being filled for pages `start_page..` of the
 /// prompt. The host lock pins the host-resident prefix the pages will extend.
 #[derive(Debug)]
@@ -142,7 +123,10 @@ pub(crate) enum State {
     Prefilling(Running),
     PrefillDone(Running),
     Decoding(Running),
-    Draining(Draining),
+    /// Finished; its write-back is attached (the ticket pins the path on both tiers)
+    /// and goes out with the next plan. `None` while the cache's reply to the attach is
+    /// due (within one `advance`).
+    Draining(Option<Attached>),
     WritingBack {
         op: OpId,
     },
@@ -180,12 +164,20 @@ impl State {
             _ => None,
         }
     }
+
+    pub fn running_mut(&mut self) -> Option<&mut Running> {
+        match self {
+            State::Prefilling(r) | State::PrefillDone(r) | State::Decoding(r) => Some(r),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug)]
 pub(crate) struct Request {
     pub id: RequestId,
-    pub tokens: Vec<Token>,
+    /// Prompt and generated tokens; shared with cache ops in flight without copying.
+    pub tokens: Arc<Vec<Token>>,
     pub prefill_len: u32,
     pub state: State,
     /// Consecutive prompt pages the engine found in L3 (drives prefetch).

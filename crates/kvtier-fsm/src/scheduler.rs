@@ -1,17 +1,21 @@
 //! The scheduler core: request table, submit, advance and the finish / abort /
-//! write-back flows. The per-step planning lives in `step.rs`.
+//! write-back flows. The per-step planning lives in `step.rs`; the cache is reached only
+//! through batches of ops (`outbox.rs`).
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 
-use kvtier_radix::{CacheConfig, NodeId, NodeLock, RadixCache, WriteBackTicket};
-use kvtier_types::{
-    EngineEvent, KvEvent, OpId, PageId, RequestId, RequestSpec, SchedulerConfig, Tier, Token,
+use kvtier_radix::{
+    BackupSource, CacheConfig, CacheOp, NodeId, NodeLock, Publication, TokenRef, WriteBackTicket,
 };
+use kvtier_types::{EngineEvent, OpId, PageId, RequestId, RequestSpec, SchedulerConfig, Token};
 use slab::Slab;
 
 use crate::idmap::IdMap;
-use crate::request::{Draining, LocalKv, Prefetch, Request, Retracted, Running, State, StateKind};
+use crate::outbox::{Outbox, Target};
+use crate::request::{LocalKv, Prefetch, Request, Retracted, Running, State, StateKind};
 use crate::slots::SlotPool;
+use crate::step::PlanInProgress;
 use crate::{BatchError, Rejected, SchedError};
 
 /// A write-back in flight. Its cache ticket pins the copy's source and destination pages
@@ -24,25 +28,6 @@ pub(crate) struct Inflight {
     pub ticket: WriteBackTicket,
     pub device_node: NodeId,
     pub is_retract: bool,
-}
-
-/// Host pages a write-back made readable, to back up to L3. The lock pins them: they
-/// cannot be evicted or reused before the put has read them (review bug B).
-#[derive(Debug)]
-pub(crate) struct PendingBackup {
-    pub pin: NodeLock,
-    pub pages: Vec<PageId>,
-    pub hashes: Vec<kvtier_types::hash::PageHash>,
-}
-
-/// What a publication did to a request's page table.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Published {
-    /// Pages of the request now in the tree.
-    pub pages: u32,
-    /// First page-table entry that now names a different page (a duplicate of the
-    /// request's own page was found in the tree), if any.
-    pub first_changed: Option<u32>,
 }
 
 /// Counters and gauges of the scheduler.
@@ -76,17 +61,46 @@ pub struct SchedulerStats {
     pub stale_events: u64,
     /// Write-backs acknowledged as failed.
     pub failed_write_backs: u64,
+    /// Cache batches sent (one per `advance` with cache work, one or two per plan).
+    pub cache_batches: u64,
 }
 
 /// How many plans a finished request's id is remembered, so late results for it (overlap
 /// scheduling delivers them one step late) are recognised as stale rather than unknown.
 const TOMBSTONE_PLANS: u64 = 2;
 
-/// The request state machine and scheduling policy over a radix cache.
+/// The cache settings a scheduler config implies (the radix actor is built with them).
+pub fn cache_config(config: &SchedulerConfig) -> CacheConfig {
+    CacheConfig {
+        page_size: config.page_size,
+        device_pages: config.device_pages,
+        host_pages: config.host_pages,
+        kv_events: config.enable_kv_cache_events,
+        page_hashes: config.enable_l3_storage,
+    }
+}
+
+/// What the core is waiting for.
+#[derive(Debug, Default)]
+pub(crate) enum Awaiting {
+    /// Nothing: the next call may start.
+    #[default]
+    Nothing,
+    /// The reply to a batch of advance ops.
+    Ops(Vec<Target>),
+    /// The reply to a plan's batch.
+    Plan(Box<PlanInProgress>),
+}
+
+/// The request state machine and scheduling policy: the Scheduler actor's core.
+///
+/// It owns the requests and never touches the cache: every cache effect of a call is an
+/// op in one [`kvtier_radix::CacheBatch`], whose reply the caller hands back with
+/// [`SchedulerCore::resume`] before the next call. [`crate::Scheduler`] drives it over
+/// a cache it owns; the actor runtimes drive it over the radix actor.
 #[derive(Debug)]
-pub struct Scheduler {
+pub struct SchedulerCore {
     pub(crate) config: SchedulerConfig,
-    pub(crate) cache: RadixCache,
     pub(crate) slots: SlotPool,
     /// Requests by slab key; `index` gives the id order that reaches every decision.
     pub(crate) requests: Slab<Request>,
@@ -95,7 +109,7 @@ pub struct Scheduler {
     pub(crate) by_id: IdMap,
     pub(crate) ops: BTreeMap<OpId, Inflight>,
     /// Written-back host pages waiting for their L3 backup op, pinned on host.
-    pub(crate) pending_backups: Vec<PendingBackup>,
+    pub(crate) pending_backups: Vec<BackupSource>,
     /// Backups in flight: the host lock pinning each one's source pages until acked.
     pub(crate) backups: BTreeMap<OpId, NodeLock>,
     pub(crate) next_op: OpId,
@@ -104,23 +118,18 @@ pub struct Scheduler {
     pub(crate) stats: SchedulerStats,
     /// Page-table length of the last plan: the next one is usually about as long.
     pub(crate) page_table_hint: usize,
+    /// Cache ops queued for the next batch, with where their results go.
+    pub(crate) outbox: Outbox,
+    pub(crate) awaiting: Awaiting,
 }
 
-impl Scheduler {
-    /// A scheduler over fresh pools. Fails on an invalid config.
+impl SchedulerCore {
+    /// A scheduler core. Fails on an invalid config.
     pub fn new(config: SchedulerConfig) -> Result<Self, SchedError> {
         config.validate()?;
-        let cache = RadixCache::new(&CacheConfig {
-            page_size: config.page_size,
-            device_pages: config.device_pages,
-            host_pages: config.host_pages,
-            kv_events: config.enable_kv_cache_events,
-            page_hashes: config.enable_l3_storage,
-        });
         Ok(Self {
             slots: SlotPool::new(config.max_batch_size),
             config,
-            cache,
             requests: Slab::new(),
             index: BTreeMap::new(),
             by_id: IdMap::default(),
@@ -132,17 +141,14 @@ impl Scheduler {
             tombstone_order: VecDeque::new(),
             stats: SchedulerStats::default(),
             page_table_hint: 0,
+            outbox: Outbox::default(),
+            awaiting: Awaiting::Nothing,
         })
     }
 
     /// The configuration.
     pub fn config(&self) -> &SchedulerConfig {
         &self.config
-    }
-
-    /// The prefix cache (read access for inspection and tests).
-    pub fn cache(&self) -> &RadixCache {
-        &self.cache
     }
 
     // ----- request table -----------------------------------------------------------
@@ -157,6 +163,11 @@ impl Scheduler {
 
     pub(crate) fn req_mut(&mut self, key: usize) -> &mut Request {
         &mut self.requests[key]
+    }
+
+    /// The request at `key` if it is still the one named `id`.
+    pub(crate) fn same(&self, key: usize, id: &RequestId) -> bool {
+        self.requests.get(key).is_some_and(|r| &r.id == id)
     }
 
     fn insert_request(&mut self, request: Request) {
@@ -265,7 +276,7 @@ impl Scheduler {
         tracing::debug!(parent: &span, phase = "queued");
         self.insert_request(Request {
             id: spec.id,
-            tokens: spec.tokens,
+            tokens: Arc::new(spec.tokens),
             prefill_len,
             state: State::Submitted,
             storage_hit_pages: spec.storage_hit_pages,
@@ -276,7 +287,8 @@ impl Scheduler {
     // ----- advance -----------------------------------------------------------------
 
     /// Applies engine events in order. Each event is applied or refused on its own; a
-    /// refused event changes nothing and is reported with its index.
+    /// refused event changes nothing and is reported with its index. The cache work the
+    /// events need is queued: take it with [`Self::take_batch`].
     pub fn advance(&mut self, events: Vec<EngineEvent>) -> Result<(), BatchError> {
         let mut rejected = Vec::new();
         for (index, event) in events.into_iter().enumerate() {
@@ -291,7 +303,7 @@ impl Scheduler {
         }
     }
 
-    /// Aborts one request, whatever its state.
+    /// Aborts one request, whatever its state (cache work queued as for `advance`).
     pub fn abort(&mut self, id: &RequestId) -> Result<(), SchedError> {
         self.apply(EngineEvent::Abort {
             request_id: id.clone(),
@@ -344,11 +356,7 @@ impl Scheduler {
                     | StateKind::Decoding
                     | StateKind::Retracting
                     | StateKind::Retracted => {
-                        self.req_mut(key).tokens.extend_from_slice(&tokens);
-                        Ok(())
-                    }
-                    StateKind::Finished => {
-                        self.stats.stale_events += 1;
+                        Arc::make_mut(&mut self.req_mut(key).tokens).extend_from_slice(&tokens);
                         Ok(())
                     }
                     _ => Err(self.invalid(key, name)),
@@ -391,7 +399,7 @@ impl Scheduler {
                 // Done or failed, the source pages are free to go: a failed backup is
                 // only a future L3 miss.
                 Some(pin) => {
-                    self.cache.unlock(pin);
+                    drop(pin);
                     Ok(())
                 }
                 None => self.stale_or_unknown_op(op_id),
@@ -441,14 +449,23 @@ impl Scheduler {
                 ..
             }) => {
                 let done = if success { completed } else { 0 };
-                if let (true, Ok(taken)) = (done > 0, pages.take_first(done as usize)) {
-                    let end = ((start_page + done) * self.config.page_size) as usize;
-                    let tokens = &self.requests[key].tokens[..end];
-                    let inserted = self.cache.insert(Tier::Host, tokens, start_page, taken);
-                    debug_assert!(inserted.is_ok(), "prefetch insert: {inserted:?}");
+                match (done > 0, pages.take_first(done as usize)) {
+                    (true, Ok(taken)) => {
+                        let end = ((start_page + done) * self.config.page_size) as usize;
+                        let tokens = TokenRef::new(&self.req(key).tokens, end);
+                        self.outbox.push(
+                            CacheOp::InsertPrefetched {
+                                tokens,
+                                start_page,
+                                pages: taken,
+                                href,
+                            },
+                            Target::Ignore,
+                        );
+                    }
+                    _ => drop(href),
                 }
                 drop(pages);
-                self.cache.unlock(href);
                 State::PrefetchDone
             }
             // The transfer has ended: an aborted request's pages can go now.
@@ -462,24 +479,7 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Pins freshly written host pages and queues their L3 backup for the next plan.
-    fn queue_backup(&mut self, written: kvtier_radix::WrittenBack) {
-        let (Some(node), false) = (written.deepest, written.host_pages.is_empty()) else {
-            return;
-        };
-        if written.page_hashes.len() != written.host_pages.len() {
-            debug_assert!(false, "written-back nodes without page hashes");
-            return;
-        }
-        let pin = self.cache.lock(node, Tier::Host);
-        self.pending_backups.push(PendingBackup {
-            pin,
-            pages: written.host_pages,
-            hashes: written.page_hashes,
-        });
-    }
-
-    fn stale_or_unknown_op(&mut self, op_id: OpId) -> Result<(), SchedError> {
+    pub(crate) fn stale_or_unknown_op(&mut self, op_id: OpId) -> Result<(), SchedError> {
         if op_id != 0 && op_id < self.next_op {
             self.stats.stale_events += 1;
             return Ok(());
@@ -513,10 +513,6 @@ impl Scheduler {
                 drop(held);
                 State::Finished
             }
-            State::Finished => {
-                self.stats.stale_events += 1;
-                State::Finished
-            }
             other => {
                 self.req_mut(key).state = other;
                 return Err(self.invalid(key, name));
@@ -526,100 +522,84 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Publishes a finished request's full pages and, with L2 on, attaches host pages
-    /// for the write-back of whatever is not on host yet.
+    /// Publishes a finished request's full pages and, with L2 on, asks the cache to
+    /// attach host pages for the write-back of whatever is not on host yet. With a
+    /// write-back possible the request is `Draining` until the reply says whether one
+    /// was attached.
     fn finish_running(&mut self, key: usize, run: Running) -> State {
-        let ps = self.config.page_size;
-        let (pages, dref, lka) = self.settle(key, run);
+        let (publication, dref, lka) = self.settle(key, run);
         drop(lka);
-        self.cache.unlock(dref);
-        if !self.config.l2_enabled() || self.config.disable_prefix_cache || pages == 0 {
-            return State::Finished;
-        }
-        let tokens = &self.requests[key].tokens[..(pages * ps) as usize];
-        let m = self.cache.match_prefix(tokens);
-        if m.device_pages <= m.host_pages {
-            return State::Finished;
-        }
-        match self.attach_write_back(m.device, m.host) {
-            Some(draining) => State::Draining(draining),
-            None => State::Finished, // host pool full: the prefix stays cached on device only
-        }
-    }
-
-    /// Attaches host pages to the nodes on `device`'s path that lack a readable host
-    /// copy, evicting host cache if needed, and pins the path on both tiers. `None`
-    /// (nothing changed) when the host pool cannot make room.
-    pub(crate) fn attach_write_back(&mut self, device: NodeId, host: NodeId) -> Option<Draining> {
-        let nodes = self.cache.nodes_without(Tier::Host, device);
-        let need = self.cache.pages_needed(Tier::Host, &nodes);
-        let guard = self.cache.lock(host, Tier::Host);
-        let ok = self.cache.ensure_free(Tier::Host, need);
-        let attached = if ok {
-            self.cache.attach_for_write_back(&nodes)
+        let write_back = self.config.l2_enabled()
+            && !self.config.disable_prefix_cache
+            && !publication.tokens.is_empty();
+        let id = self.req(key).id.clone();
+        self.outbox.push(
+            CacheOp::Finish {
+                publication,
+                dref,
+                write_back,
+            },
+            Target::Finish { key, id },
+        );
+        if write_back {
+            State::Draining(None)
         } else {
-            None
-        };
-        self.cache.unlock(guard);
-        let (ticket, pairs) = attached?;
-        Some(Draining {
-            ticket,
-            pairs,
-            device_node: device,
-        })
+            State::Finished
+        }
     }
 
     /// A request stops running (finish or retraction): its full pages except the newest
-    /// token's go into the tree, its slot and load-back lock are released. Returns the
-    /// pages published, the device lock on them and the request's remaining own pages.
-    pub(crate) fn settle(&mut self, key: usize, mut run: Running) -> (u32, NodeLock, LocalKv) {
+    /// token's are to go into the tree. Returns that publication (possibly empty), the
+    /// device lock on its prefix and its remaining own pages.
+    pub(crate) fn settle(
+        &mut self,
+        key: usize,
+        mut run: Running,
+    ) -> (Publication, NodeLock, LocalKv) {
         let full = self.req(key).full_pages_except_last(self.config.page_size);
-        let pages = self.publish(key, &mut run, full).pages;
+        let publication = self
+            .publication(key, &mut run, full)
+            .map(|(p, _)| p)
+            .unwrap_or_else(|| Publication {
+                tokens: TokenRef::new(
+                    &self.req(key).tokens,
+                    run.prefix_pages.len() * self.config.page_size as usize,
+                ),
+                prefix: run.prefix_pages.len() as u32,
+                pages: Default::default(),
+            });
         let Running { dref, lka, .. } = run;
-        (pages, dref, lka)
+        (publication, dref, lka)
     }
 
-    /// Moves the request's computed full pages (up to `pages`, clamped to what it holds)
-    /// into the tree and re-points its device lock at the published node.
-    pub(crate) fn publish(&mut self, key: usize, run: &mut Running, pages: u32) -> Published {
+    /// Takes the request's computed full pages (up to `pages`, clamped to what it holds)
+    /// out of its own pages for publication. Also returns their ids, to spot which ones
+    /// the tree replaces with its own copies. `None` when there is nothing new.
+    pub(crate) fn publication(
+        &self,
+        key: usize,
+        run: &mut Running,
+        pages: u32,
+    ) -> Option<(Publication, Vec<PageId>)> {
         let ps = self.config.page_size;
         let prefix = run.prefix_pages.len() as u32;
-        let unchanged = Published {
-            pages: prefix,
-            first_changed: None,
-        };
         // Overlap scheduling can grow tokens past allocated slots: never take more pages
         // than the request holds.
         let pages = pages.min(prefix + run.lka.pages.len() as u32);
         if pages <= prefix {
-            return unchanged;
+            return None;
         }
-        let Ok(taken) = run.lka.pages.take_first((pages - prefix) as usize) else {
-            return unchanged;
-        };
-        let own: Vec<PageId> = taken.ids().to_vec();
-        let tokens = &self.requests[key].tokens[..(pages * ps) as usize];
-        let Ok(result) = self.cache.insert(Tier::Device, tokens, prefix, taken) else {
-            debug_assert!(false, "publish contract violated");
-            return unchanged;
-        };
-        // New lock before the old one goes, so the path is never unpinned.
-        let dref = self.cache.lock(result.last_node, Tier::Device);
-        let old = std::mem::replace(&mut run.dref, dref);
-        self.cache.unlock(old);
-        run.prefix_pages.clear();
-        self.cache
-            .device_path_pages(result.last_node, &mut run.prefix_pages);
-        // Pages another request published first replace the request's own copies.
-        let first_changed = run.prefix_pages[prefix as usize..]
-            .iter()
-            .zip(&own)
-            .position(|(tree, mine)| tree != mine)
-            .map(|i| prefix + i as u32);
-        Published {
-            pages,
-            first_changed,
-        }
+        let taken = run.lka.pages.take_first((pages - prefix) as usize).ok()?;
+        let own = taken.ids().to_vec();
+        let tokens = TokenRef::new(&self.req(key).tokens, (pages * ps) as usize);
+        Some((
+            Publication {
+                tokens,
+                prefix,
+                pages: taken,
+            },
+            own,
+        ))
     }
 
     // ----- abort ---------------------------------------------------------------------
@@ -635,10 +615,17 @@ impl Scheduler {
                 self.req_mut(key).state = State::Aborting(p);
             }
             // Host pages attached for a write-back that was never issued: roll them back.
-            State::Draining(d) => {
-                self.cache.write_back_done(d.ticket, false);
-                drop(d);
-            }
+            State::Draining(None) => {}
+            State::Draining(Some(attached)) => self.outbox.push(
+                CacheOp::WriteBackAck {
+                    ticket: attached.ticket,
+                    success: false,
+                    keep_device: None,
+                    backup: false,
+                    demote: None,
+                },
+                Target::Ignore,
+            ),
             // The in-flight copy stays pinned by its ticket in the op table until acknowledged.
             State::WritingBack { op } | State::Retracting { op, .. } => {
                 if let Some(inflight) = self.ops.get_mut(&op) {
@@ -653,11 +640,7 @@ impl Scheduler {
 
     fn write_back_done(&mut self, op_id: OpId, success: bool) -> Result<(), SchedError> {
         let Some(op) = self.ops.remove(&op_id) else {
-            if op_id != 0 && op_id < self.next_op {
-                self.stats.stale_events += 1;
-                return Ok(());
-            }
-            return Err(SchedError::UnknownOp(op_id));
+            return self.stale_or_unknown_op(op_id);
         };
         let Inflight {
             request,
@@ -666,19 +649,29 @@ impl Scheduler {
             is_retract,
         } = op;
         let key = request.and_then(|id| self.key_of(&id));
-        // After a failed retract copy the device copy is the only one: pin it for the
-        // retracted request before the ticket lets go of it.
-        let kept_dref = (!success && is_retract && key.is_some())
-            .then(|| self.cache.lock(device_node, Tier::Device));
-        let written = self.cache.write_back_done(ticket, success);
-        if success && self.config.enable_l3_storage {
-            self.queue_backup(written);
-        }
-        if success {
-            self.cache.demote(device_node);
-        } else {
+        if !success {
             self.stats.failed_write_backs += 1;
         }
+        // After a failed retract copy the device copy is the only one: the cache pins it
+        // for the retracted request before the ticket lets go of it.
+        let keep = !success && is_retract && key.is_some();
+        let target = match key {
+            Some(key) if keep => Target::KeepDevice {
+                key,
+                id: self.req(key).id.clone(),
+            },
+            _ => Target::Backup,
+        };
+        self.outbox.push(
+            CacheOp::WriteBackAck {
+                ticket,
+                success,
+                keep_device: keep.then_some(device_node),
+                backup: self.config.enable_l3_storage,
+                demote: success.then_some(device_node),
+            },
+            target,
+        );
         let Some(key) = key else {
             return Ok(());
         };
@@ -689,7 +682,7 @@ impl Scheduler {
                 href, lka, pages, ..
             } => State::Retracted(Retracted {
                 href,
-                dref: kept_dref,
+                dref: None,
                 lka,
                 pages,
             }),
@@ -734,6 +727,7 @@ impl Scheduler {
     /// of prefetches in flight. For invariant checks.
     pub fn outside_pages(&self) -> [Vec<PageId>; 2] {
         let mut device = Vec::new();
+        let mut host = Vec::new();
         for (_, r) in self.requests.iter() {
             match &r.state {
                 State::Prefilling(run) | State::PrefillDone(run) | State::Decoding(run) => {
@@ -742,26 +736,15 @@ impl Scheduler {
                 State::Retracting { lka, .. } | State::Retracted(Retracted { lka, .. }) => {
                     device.extend_from_slice(lka.pages.ids())
                 }
+                State::Prefetching(p) | State::Aborting(p) => host.extend_from_slice(p.pages.ids()),
                 _ => {}
-            }
-        }
-        let mut host = Vec::new();
-        for (_, r) in self.requests.iter() {
-            if let State::Prefetching(p) | State::Aborting(p) = &r.state {
-                host.extend_from_slice(p.pages.ids());
             }
         }
         [device, host]
     }
 
-    /// Checks cache invariants and exact page conservation against every request.
-    pub fn check_invariants(&mut self) -> Result<(), String> {
-        let [device, host] = self.outside_pages();
-        self.cache.check_invariants([&device, &host])
-    }
-
-    /// Counters and gauges.
-    pub fn stats(&mut self) -> SchedulerStats {
+    /// Counters and the request gauges (the cache's gauges come from the cache).
+    pub fn stats(&self) -> SchedulerStats {
         let mut s = self.stats.clone();
         for (_, r) in self.requests.iter() {
             match r.state.kind() {
@@ -772,22 +755,7 @@ impl Scheduler {
                 _ => {}
             }
         }
-        let tree = self.cache.stats();
-        s.available_device_pages = tree.free_pages[0];
-        s.available_host_pages = tree.free_pages[1];
-        s.cached_device_pages = tree.cached_pages[0];
-        s.cached_host_pages = tree.cached_pages[1];
         s
-    }
-
-    /// Takes the KV-cache events collected since the last call.
-    pub fn drain_kv_events(&mut self) -> Vec<KvEvent> {
-        self.cache.drain_events()
-    }
-
-    /// Evicts every unlocked cached page of both tiers.
-    pub fn clear_cache(&mut self) {
-        self.cache.clear();
     }
 
     /// Whether nothing is running, queued or in flight.
@@ -796,6 +764,7 @@ impl Scheduler {
             && self.ops.is_empty()
             && self.pending_backups.is_empty()
             && self.backups.is_empty()
+            && self.outbox.is_empty()
     }
 
     /// Rolling page hashes of the full pages of `tokens`, chained from the root.

@@ -7,24 +7,35 @@
 //!    the token budget and the batch limit;
 //! 4. if nothing could run, retract the longest running request.
 //!
-//! Admission is transactional: a candidate is first *probed* (read-only) and its page
-//! need checked against free plus evictable pages; only then is the match committed,
-//! cache evicted and pages allocated. A candidate that cannot run changes nothing.
+//! The cache side of admission runs in the radix core as an [`AdmitProgram`]: the
+//! candidates in order with the step's limits. There each candidate is first *probed*
+//! (read-only) and its page need checked against free plus evictable pages; only then
+//! is the match committed, cache evicted and pages allocated. A candidate that cannot
+//! run changes nothing. The scheduler then applies the outcomes in the same order:
+//! state transitions, rows, load-back and prefetch ops.
+//!
+//! A plan is one batch: the queued ops, the mid-flight publications and the admission
+//! program. Only when nothing could run does a second batch retract a request.
 
 use std::collections::HashSet;
+use std::time::Instant;
 
-use kvtier_radix::{Match, NodeLock, Probe};
+use kvtier_radix::{
+    Admission, AdmitProgram, Attached, CacheBatch, CacheOp, CacheReply, Intent, NodeLock, OpResult,
+    Outcome, PrefetchCheck, RetractOutcome, TokenRef,
+};
 use kvtier_types::{
     AbortNotice, AbortReason, BackupOp, ExecutionPlan, ForwardRow, LoadBackOp, OpId, PrefetchOp,
-    RequestId, RowKind, Tier, Token, TransferPair, WriteBackOp,
+    RequestId, RowKind, Token, TransferPair, WriteBackOp,
 };
 
-use crate::Scheduler;
-use crate::request::{Draining, LocalKv, Prefetch, Request, Retracted, Running, State, StateKind};
-use crate::scheduler::Inflight;
+use crate::outbox::{Progress, Target};
+use crate::request::{LocalKv, Prefetch, Request, Retracted, Running, State, StateKind};
+use crate::scheduler::{Awaiting, Inflight};
+use crate::{SchedError, SchedulerCore};
 
 /// Rows and flat buffers of the forward batch under construction.
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Rows {
     prefill: Vec<ForwardRow>,
     decode: Vec<ForwardRow>,
@@ -76,7 +87,7 @@ impl Rows {
 }
 
 /// Transfer pairs already emitted in this plan, per direction (a pair is emitted once).
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Seen {
     write_back: HashSet<TransferPair>,
     load_back: HashSet<TransferPair>,
@@ -109,13 +120,44 @@ fn class(kind: StateKind, mixed: bool) -> Option<u8> {
     })
 }
 
-impl Scheduler {
-    /// Builds the next execution plan.
-    pub fn next_plan(&mut self) -> ExecutionPlan {
-        let started = self
-            .config
-            .slow_step_threshold
-            .map(|_| std::time::Instant::now());
+/// A candidate of the step and what it asked the cache for.
+#[derive(Debug)]
+enum Entry {
+    /// No intent (a state that waits this step).
+    None,
+    NextChunk,
+    FirstChunk,
+    Decode,
+    /// A retracted request: its state is out while its locks travel with the intent.
+    Recovery {
+        lka: LocalKv,
+        pages: u32,
+    },
+}
+
+/// A plan between its batches.
+#[derive(Debug)]
+pub(crate) struct PlanInProgress {
+    plan: ExecutionPlan,
+    seen: Seen,
+    rows: Rows,
+    /// Candidates in scheduling order, with their entries.
+    candidates: Vec<(usize, Entry)>,
+    /// Targets of the ops before the step's own op.
+    targets: Vec<Target>,
+    /// The retraction in flight, if this is the second batch.
+    retract: Option<(usize, LocalKv, u32)>,
+    started: Option<Instant>,
+}
+
+impl SchedulerCore {
+    /// Starts the next execution plan: the batch to send to the cache. Its reply goes to
+    /// [`Self::resume`], which answers with the plan or, rarely, one more batch.
+    pub fn plan(&mut self) -> Result<CacheBatch, SchedError> {
+        if self.is_awaiting() {
+            return Err(SchedError::Busy);
+        }
+        let started = self.config.slow_step_threshold.map(|_| Instant::now());
         self.stats.plans += 1;
         let mut plan = ExecutionPlan::default();
         let mut seen = Seen::default();
@@ -125,15 +167,72 @@ impl Scheduler {
         if self.config.publish_prefix_mid_flight {
             self.publish_computed_prompts();
         }
-        let candidates = self.candidates();
-        let mut rows = Rows {
-            page_table: Vec::with_capacity(self.page_table_hint),
-            ..Rows::default()
-        };
-        self.admit(&candidates, &mut rows, &mut plan, &mut seen);
-        if rows.prefill.is_empty() && rows.decode.is_empty() && !candidates.is_empty() {
-            self.retract_one(&candidates, &mut plan, &mut seen);
+        let (program, candidates) = self.admit_program();
+        let (mut batch, targets) = self.outbox.take();
+        batch.ops.push(CacheOp::Admit(program));
+        self.stats.cache_batches += 1;
+        self.awaiting = Awaiting::Plan(Box::new(PlanInProgress {
+            plan,
+            seen,
+            rows: Rows {
+                page_table: Vec::with_capacity(self.page_table_hint),
+                ..Rows::default()
+            },
+            candidates,
+            targets,
+            retract: None,
+            started,
+        }));
+        Ok(batch)
+    }
+
+    pub(crate) fn resume_plan(
+        &mut self,
+        mut p: PlanInProgress,
+        reply: CacheReply,
+    ) -> Result<Progress, SchedError> {
+        let mut results = reply.results.into_iter();
+        for target in std::mem::take(&mut p.targets) {
+            let result = results.next().ok_or(SchedError::UnexpectedReply)?;
+            self.deliver(target, result);
         }
+        let step = results.next().ok_or(SchedError::UnexpectedReply)?;
+        match (p.retract.take(), step) {
+            (None, OpResult::Admitted(outcomes)) => {
+                if outcomes.len()
+                    != p.candidates
+                        .iter()
+                        .filter(|(_, e)| !matches!(e, Entry::None))
+                        .count()
+                {
+                    return Err(SchedError::UnexpectedReply);
+                }
+                self.apply_admissions(&mut p, outcomes);
+                let nothing_ran = p.rows.prefill.is_empty() && p.rows.decode.is_empty();
+                if nothing_ran
+                    && !p.candidates.is_empty()
+                    && let Some(batch) = self.retract_one(&mut p)
+                {
+                    self.stats.cache_batches += 1;
+                    self.awaiting = Awaiting::Plan(Box::new(p));
+                    return Ok(Progress::Cache(batch));
+                }
+            }
+            (Some((key, lka, pages)), OpResult::Retracted(outcome)) => {
+                self.apply_retraction(&mut p, key, lka, pages, outcome);
+            }
+            _ => return Err(SchedError::UnexpectedReply),
+        }
+        Ok(Progress::Plan(self.finish_plan(p)))
+    }
+
+    fn finish_plan(&mut self, p: PlanInProgress) -> ExecutionPlan {
+        let PlanInProgress {
+            mut plan,
+            mut rows,
+            started,
+            ..
+        } = p;
         let forward = &mut plan.forward;
         forward.num_prefill_rows = rows.prefill.len();
         forward.rows = rows.prefill;
@@ -157,15 +256,6 @@ impl Scheduler {
                 );
             }
         }
-        #[cfg(debug_assertions)]
-        if std::env::var_os("KVTIER_DEBUG_MEM").is_some() {
-            let checked = self.check_invariants();
-            debug_assert!(
-                checked.is_ok(),
-                "after plan {}: {checked:?}",
-                self.stats.plans
-            );
-        }
         plan
     }
 
@@ -177,17 +267,27 @@ impl Scheduler {
             .filter(|&k| matches!(self.req(k).state, State::Draining(_)))
             .collect();
         for key in draining {
-            let State::Draining(d) =
+            let State::Draining(Some(attached)) =
                 std::mem::replace(&mut self.req_mut(key).state, State::Finished)
             else {
+                debug_assert!(false, "a finish reply was not applied before the plan");
                 continue;
             };
-            if d.pairs.is_empty() {
-                self.cache.write_back_done(d.ticket, true);
+            if attached.pairs.is_empty() {
+                self.outbox.push(
+                    CacheOp::WriteBackAck {
+                        ticket: attached.ticket,
+                        success: true,
+                        keep_device: None,
+                        backup: false,
+                        demote: None,
+                    },
+                    Target::Ignore,
+                );
                 continue;
             }
             let id = self.req(key).id.clone();
-            let op = self.issue_write_back(d, id, false, plan, seen);
+            let op = self.issue_write_back(attached, id, false, plan, seen);
             self.req_mut(key).state = State::WritingBack { op };
         }
     }
@@ -210,14 +310,14 @@ impl Scheduler {
     /// pins the copy) until the engine acknowledges it.
     fn issue_write_back(
         &mut self,
-        d: Draining,
+        attached: Attached,
         request: RequestId,
         is_retract: bool,
         plan: &mut ExecutionPlan,
         seen: &mut Seen,
     ) -> OpId {
         let op_id = self.next_op_id();
-        let pairs = dedup(&mut seen.write_back, d.pairs);
+        let pairs = dedup(&mut seen.write_back, attached.pairs);
         plan.write_backs.push(WriteBackOp {
             op_id,
             pairs,
@@ -225,8 +325,8 @@ impl Scheduler {
         });
         let inflight = Inflight {
             request: Some(request),
-            ticket: d.ticket,
-            device_node: d.device_node,
+            ticket: attached.ticket,
+            device_node: attached.device_node,
             is_retract,
         };
         self.ops.insert(op_id, inflight);
@@ -261,24 +361,27 @@ impl Scheduler {
             })
             .collect();
         for key in prefilling {
-            let (done, mut run) =
-                match std::mem::replace(&mut self.req_mut(key).state, State::Finished) {
-                    State::Prefilling(run) => (false, run),
-                    State::PrefillDone(run) => (true, run),
-                    other => {
-                        self.req_mut(key).state = other;
-                        continue;
-                    }
-                };
-            let computed = run.window_end() / ps;
-            if let Some(i) = self.publish(key, &mut run, computed).first_changed {
-                run.table_changed_from = Some(run.table_changed_from.map_or(i, |c| c.min(i)));
-            }
-            self.req_mut(key).state = if done {
-                State::PrefillDone(run)
-            } else {
-                State::Prefilling(run)
+            let mut state = std::mem::replace(&mut self.req_mut(key).state, State::Finished);
+            let Some(run) = state.running_mut() else {
+                self.req_mut(key).state = state;
+                continue;
             };
+            let computed = run.window_end() / ps;
+            let prefix = run.prefix_pages.len() as u32;
+            let publication = self.publication(key, run, computed);
+            self.req_mut(key).state = state;
+            if let Some((publication, own)) = publication {
+                let id = self.req(key).id.clone();
+                self.outbox.push(
+                    CacheOp::Publish(publication),
+                    Target::Publish {
+                        key,
+                        id,
+                        prefix,
+                        own,
+                    },
+                );
+            }
         }
     }
 
@@ -294,134 +397,204 @@ impl Scheduler {
         buckets.concat()
     }
 
-    fn admit(
-        &mut self,
-        candidates: &[usize],
-        rows: &mut Rows,
-        plan: &mut ExecutionPlan,
-        seen: &mut Seen,
-    ) {
-        let mixed = self.config.enable_mixed_prefill_decode;
-        let max_rows = self.config.max_batch_size as usize;
-        let mut budget = i64::from(self.config.max_scheduled_tokens);
-        for &key in candidates {
-            let scheduled = rows.prefill.len() + rows.decode.len();
-            if budget <= 0 || scheduled == max_rows {
-                break;
-            }
-            let remaining = budget as u32;
-            let used = match self.req(key).state.kind() {
-                StateKind::Prefilling => self.schedule_next_chunk(key, remaining, rows),
-                StateKind::Submitted if self.try_prefetch(key, plan) => None,
-                StateKind::Submitted | StateKind::PrefetchDone => {
-                    self.schedule_first_chunk(key, remaining, rows, plan, seen)
+    /// The step's admission program: one intent per candidate that can run.
+    fn admit_program(&mut self) -> (AdmitProgram, Vec<(usize, Entry)>) {
+        let c = &self.config;
+        let ps = c.page_size;
+        let prefetch_on = c.enable_l3_storage && !c.disable_prefix_cache && c.l2_enabled();
+        let threshold = c.prefetch_threshold;
+        let keys = self.candidates();
+        let mut intents = Vec::with_capacity(keys.len());
+        let mut candidates = Vec::with_capacity(keys.len());
+        for key in keys {
+            let r = self.req(key);
+            let entry = match &r.state {
+                State::Prefilling(run) => {
+                    intents.push(Intent::NextChunk {
+                        remaining: r.prefill_len - run.window_end(),
+                        tail_free: run.lka.tail_free,
+                    });
+                    Entry::NextChunk
                 }
-                StateKind::PrefillDone | StateKind::Decoding => {
-                    if !mixed && !rows.prefill.is_empty() {
-                        break;
-                    }
-                    self.schedule_decode(key, rows)
+                State::Submitted | State::PrefetchDone => {
+                    let full = r.full_pages_except_last(ps);
+                    let hit = r.storage_hit_pages.min(full);
+                    let prefetch = (prefetch_on && hit > 0 && matches!(r.state, State::Submitted))
+                        .then(|| PrefetchCheck {
+                            tokens: TokenRef::new(&r.tokens, (hit * ps) as usize),
+                            threshold,
+                        });
+                    intents.push(Intent::FirstChunk {
+                        tokens: TokenRef::new(&r.tokens, (full * ps) as usize),
+                        prefill_len: r.prefill_len,
+                        prefetch,
+                    });
+                    Entry::FirstChunk
                 }
-                StateKind::Retracted => {
-                    if !mixed && !rows.prefill.is_empty() {
-                        break;
-                    }
-                    self.schedule_recovery(key, rows, plan, seen)
+                State::PrefillDone(run) | State::Decoding(run) => {
+                    intents.push(Intent::Decode {
+                        reserve: run.reserve,
+                        tail_free: run.lka.tail_free,
+                    });
+                    Entry::Decode
                 }
-                _ => None,
+                State::Retracted(_) => {
+                    let State::Retracted(held) =
+                        std::mem::replace(&mut self.req_mut(key).state, State::Finished)
+                    else {
+                        unreachable!("matched above");
+                    };
+                    let Retracted {
+                        href,
+                        dref,
+                        lka,
+                        pages,
+                    } = held;
+                    let r = self.req(key);
+                    intents.push(Intent::Recovery {
+                        tokens: TokenRef::new(&r.tokens, (pages * ps) as usize),
+                        tail_pages: lka.pages.len() as u32,
+                        tail_free: lka.tail_free,
+                        held: std::iter::once(href).chain(dref).collect(),
+                    });
+                    Entry::Recovery { lka, pages }
+                }
+                _ => Entry::None,
             };
-            if let Some(tokens) = used {
-                budget -= i64::from(tokens);
-            }
+            candidates.push((key, entry));
         }
-    }
-
-    // ----- admission helpers -----------------------------------------------------------
-
-    /// Locks the device match, makes `need` pages free, and locks the path the request
-    /// will read: with a deeper host match, device pages are attached to the host-only
-    /// nodes (the load-back) and both tiers are locked. Returns the device lock, the host
-    /// lock and the load-back pairs, or `None` with nothing changed.
-    fn pin_prefix(
-        &mut self,
-        m: Match,
-        need: u32,
-        use_host: bool,
-    ) -> Option<(NodeLock, Option<NodeLock>, Vec<TransferPair>)> {
-        let guard = self.cache.lock(m.device, Tier::Device);
-        if !self.cache.ensure_free(Tier::Device, need) {
-            debug_assert!(false, "admission probe promised {need} pages");
-            self.cache.unlock(guard);
-            return None;
-        }
-        let pinned = if use_host && m.host_pages > m.device_pages {
-            let href = self.cache.lock(m.host, Tier::Host);
-            let nodes = self.cache.nodes_without(Tier::Device, m.host);
-            match self.cache.attach_for_load_back(&nodes) {
-                Some(pairs) => Some((self.cache.lock(m.host, Tier::Device), Some(href), pairs)),
-                None => {
-                    self.cache.unlock(href);
-                    None
-                }
-            }
-        } else {
-            Some((self.cache.lock(m.device, Tier::Device), None, Vec::new()))
+        let program = AdmitProgram {
+            budget: i64::from(self.config.max_scheduled_tokens),
+            max_rows: self.config.max_batch_size as usize,
+            slots: self.slots.available(),
+            mixed: self.config.enable_mixed_prefill_decode,
+            decode_tokens: self.config.decode_input_tokens,
+            use_host: self.config.l2_enabled(),
+            reuse: !self.config.disable_prefix_cache,
+            intents,
         };
-        self.cache.unlock(guard);
-        pinned
+        (program, candidates)
     }
 
-    fn push_load_back(
-        &mut self,
-        pairs: Vec<TransferPair>,
-        plan: &mut ExecutionPlan,
-        seen: &mut Seen,
-    ) {
-        if pairs.is_empty() {
-            return;
+    /// Applies the admission outcomes in candidate order.
+    fn apply_admissions(&mut self, p: &mut PlanInProgress, outcomes: Vec<Outcome>) {
+        let mut outcomes = outcomes.into_iter();
+        let candidates = std::mem::take(&mut p.candidates);
+        let mut kept = Vec::with_capacity(candidates.len());
+        for (key, entry) in candidates {
+            if matches!(entry, Entry::None) {
+                kept.push((key, Entry::None));
+                continue;
+            }
+            let outcome = outcomes.next().expect("one outcome per intent");
+            let entry = match (entry, outcome) {
+                (Entry::NextChunk, Outcome::Grown { tokens, pages }) => {
+                    self.next_chunk(key, tokens, pages, &mut p.rows);
+                    Entry::None
+                }
+                (
+                    Entry::FirstChunk,
+                    Outcome::Prefetch {
+                        href,
+                        pages,
+                        start_page,
+                    },
+                ) => {
+                    self.start_prefetch(key, href, pages, start_page, &mut p.plan);
+                    Entry::None
+                }
+                (Entry::FirstChunk, Outcome::Admitted(a)) => {
+                    self.first_chunk(key, *a, p);
+                    Entry::None
+                }
+                (Entry::Decode, Outcome::Grown { tokens, pages }) => {
+                    self.decode(key, tokens, pages, &mut p.rows);
+                    Entry::None
+                }
+                (Entry::Recovery { lka, .. }, Outcome::Admitted(a)) => {
+                    self.recovery(key, lka, *a, p);
+                    Entry::None
+                }
+                (Entry::Recovery { lka, pages }, Outcome::Waits { held }) => {
+                    let mut held = held.into_iter();
+                    if let Some(href) = held.next() {
+                        self.req_mut(key).state = State::Retracted(Retracted {
+                            href,
+                            dref: held.next(),
+                            lka,
+                            pages,
+                        });
+                    } else {
+                        debug_assert!(false, "a recovery's locks did not come back");
+                    }
+                    Entry::None
+                }
+                (Entry::Recovery { lka, .. }, Outcome::TooBig) => {
+                    // Even an empty device pool could not hold it again: give up, and say so.
+                    drop(lka);
+                    let id = self.req(key).id.clone();
+                    self.abort_notice(id, AbortReason::ExceedsDevicePool, &mut p.plan);
+                    Entry::None
+                }
+                (_, Outcome::Waits { .. }) => Entry::None,
+                (entry, outcome) => {
+                    debug_assert!(false, "outcome {outcome:?} for {entry:?}");
+                    Entry::None
+                }
+            };
+            kept.push((key, entry));
         }
-        let op_id = self.next_op_id();
-        let pairs = dedup(&mut seen.load_back, pairs);
-        plan.load_backs.push(LoadBackOp { op_id, pairs });
+        p.candidates = kept;
+    }
+
+    /// Entries swapped for the tree's copies since the last row count as new.
+    fn row_begin(run: &mut Running) -> u32 {
+        let occupied = run.occupied_len() as u32;
+        run.table_changed_from
+            .take()
+            .map_or(occupied, |i| i.min(occupied))
+    }
+
+    // ----- Prefilling → next chunk -----------------------------------------------------
+
+    fn next_chunk(&mut self, key: usize, t: u32, pages: kvtier_host::OwnedPages, rows: &mut Rows) {
+        let ps = self.config.page_size;
+        let prefill_len = self.req(key).prefill_len;
+        let State::Prefilling(mut run) =
+            std::mem::replace(&mut self.req_mut(key).state, State::Finished)
+        else {
+            debug_assert!(false, "next chunk of a request not prefilling");
+            return;
+        };
+        let begin = Self::row_begin(&mut run);
+        run.lka.absorb(pages, t, ps);
+        run.window_begin = run.window_end();
+        run.window_size = t;
+        run.reserve = self.config.decode_input_tokens;
+        self.push_prefill_row(key, &run, begin, rows);
+        let done = run.window_end() == prefill_len;
+        self.req_mut(key).state = if done {
+            State::PrefillDone(run)
+        } else {
+            State::Prefilling(run)
+        };
     }
 
     // ----- Submitted → Prefetching ------------------------------------------------------
 
-    /// Starts an L3 prefetch instead of the first chunk when the request's consecutive
-    /// L3 hits run more than `prefetch_threshold` pages past what the host already holds.
-    /// The host-resident prefix is locked before any host eviction; the op names the
-    /// pages by hashes derived from the tokens at the current host boundary, so they
-    /// align whatever the engine's own hashes were.
-    fn try_prefetch(&mut self, key: usize, plan: &mut ExecutionPlan) -> bool {
-        let c = &self.config;
-        if !c.enable_l3_storage || c.disable_prefix_cache || !c.l2_enabled() {
-            return false;
-        }
-        let ps = c.page_size;
-        let r = self.req(key);
-        let hit = r.storage_hit_pages.min(r.full_pages_except_last(ps));
-        if hit == 0 {
-            return false;
-        }
-        let tokens = &r.tokens[..(hit * ps) as usize];
-        let host = self.cache.probe(tokens).host_pages;
-        let n = hit.saturating_sub(host);
-        if n <= self.config.prefetch_threshold {
-            return false;
-        }
-        let m = self
-            .cache
-            .match_prefix(&self.requests[key].tokens[..(hit * ps) as usize]);
-        debug_assert_eq!(m.host_pages, host);
-        let href = self.cache.lock(m.host, Tier::Host);
-        if !self.cache.ensure_free(Tier::Host, n) {
-            self.cache.unlock(href);
-            return false;
-        }
-        let Some(pages) = self.cache.allocate(Tier::Host, n as usize) else {
-            self.cache.unlock(href);
-            return false;
-        };
+    /// An L3 prefetch instead of the first chunk: the op names the pages by hashes
+    /// derived from the tokens at the current host boundary, so they align whatever the
+    /// engine's own hashes were.
+    fn start_prefetch(
+        &mut self,
+        key: usize,
+        href: NodeLock,
+        pages: kvtier_host::OwnedPages,
+        host: u32,
+        plan: &mut ExecutionPlan,
+    ) {
+        let ps = self.config.page_size;
+        let n = pages.len() as u32;
         let end = ((host + n) * ps) as usize;
         let page_hashes = kvtier_types::hash::rolling_page_hashes(
             None,
@@ -443,85 +616,32 @@ impl Scheduler {
             pages,
             start_page: host,
         });
-        true
     }
 
     // ----- Submitted → first chunk -----------------------------------------------------
 
-    fn schedule_first_chunk(
-        &mut self,
-        key: usize,
-        remaining: u32,
-        rows: &mut Rows,
-        plan: &mut ExecutionPlan,
-        seen: &mut Seen,
-    ) -> Option<u32> {
-        if self.slots.available() == 0 {
-            return None;
-        }
+    fn first_chunk(&mut self, key: usize, a: Admission, p: &mut PlanInProgress) {
         let ps = self.config.page_size;
-        let d = self.config.decode_input_tokens;
-        let l2 = self.config.l2_enabled();
-        let reuse = !self.config.disable_prefix_cache;
-        let (prefill_len, full) = {
-            let r = self.req(key);
-            (r.prefill_len, r.full_pages_except_last(ps))
+        let Some(slot) = self.slots.allocate() else {
+            debug_assert!(false, "the program counted a free slot");
+            return;
         };
-        let probe = if reuse {
-            self.cache
-                .probe(&self.req(key).tokens[..(full * ps) as usize])
-        } else {
-            Probe::default()
-        };
-        let dev = probe.device_pages;
-        let host = if l2 { probe.host_pages } else { 0 };
-        let begin_pages = dev.max(host);
-        let load_back = host.saturating_sub(dev);
-        let t = remaining.min(prefill_len - begin_pages * ps);
-        let need = load_back + (t + d).div_ceil(ps);
-        if !self
-            .cache
-            .can_free(Tier::Device, need, probe.device_unlocked_pages)
-        {
-            return None;
-        }
-        let m = if reuse {
-            let tokens = &self.requests[key].tokens[..(full * ps) as usize];
-            self.cache.match_prefix(tokens)
-        } else {
-            let root = self.cache.root();
-            Match {
-                device: root,
-                device_pages: 0,
-                host: root,
-                host_pages: 0,
-            }
-        };
-        debug_assert_eq!(
-            (m.device_pages, if l2 { m.host_pages } else { 0 }),
-            (dev, host)
-        );
-        let (dref, href, pairs) = self.pin_prefix(m, need, l2)?;
-        let mut lka = LocalKv::default();
-        if !(lka.acquire(&mut self.cache, t) && lka.acquire(&mut self.cache, d)) {
-            debug_assert!(false, "admission reserved the pages");
-            return None;
-        }
-        let slot = self.slots.allocate()?;
-        let mut prefix_pages = Vec::with_capacity((begin_pages + t.div_ceil(ps)) as usize);
-        self.cache.device_path_pages(dref.node(), &mut prefix_pages);
+        let prefill_len = self.req(key).prefill_len;
         let run = Running {
-            dref,
-            href,
-            prefix_pages,
-            lka,
+            dref: a.dref,
+            href: a.href,
+            prefix_pages: a.prefix_pages,
+            lka: LocalKv {
+                pages: a.pages,
+                tail_free: a.tail_free,
+            },
             slot,
-            window_begin: begin_pages * ps,
-            window_size: t,
-            reserve: d,
+            window_begin: a.begin_pages * ps,
+            window_size: a.tokens,
+            reserve: self.config.decode_input_tokens,
             table_changed_from: None,
         };
-        self.push_prefill_row(key, &run, 0, rows);
+        self.push_prefill_row(key, &run, 0, &mut p.rows);
         let r = self.req(key);
         r.span.record("cached_tokens", run.window_begin);
         tracing::debug!(parent: &r.span, phase = "prefilling", cached_tokens = run.window_begin);
@@ -531,54 +651,7 @@ impl Scheduler {
         } else {
             State::Prefilling(run)
         };
-        self.push_load_back(pairs, plan, seen);
-        Some(t)
-    }
-
-    // ----- Prefilling → next chunk -----------------------------------------------------
-
-    fn schedule_next_chunk(&mut self, key: usize, remaining: u32, rows: &mut Rows) -> Option<u32> {
-        let ps = self.config.page_size;
-        let prefill_len = self.req(key).prefill_len;
-        let run = self.req(key).state.running()?;
-        let end = run.window_end();
-        let t = remaining.min(prefill_len - end);
-        // Exact need: free slots left in the tail page count (the reference's
-        // `ceil(t / ps)` ignores them and can stall a prompt that fits the pool exactly).
-        if !self
-            .cache
-            .ensure_free(Tier::Device, run.lka.pages_for(t, ps))
-        {
-            return None;
-        }
-        let State::Prefilling(mut run) =
-            std::mem::replace(&mut self.req_mut(key).state, State::Finished)
-        else {
-            return None;
-        };
-        // Entries swapped for the tree's copies since the last row count as new.
-        let begin = run
-            .table_changed_from
-            .take()
-            .map_or(run.occupied_len() as u32, |i| {
-                i.min(run.occupied_len() as u32)
-            });
-        if !run.lka.acquire(&mut self.cache, t) {
-            debug_assert!(false, "pages were made free");
-            self.req_mut(key).state = State::Prefilling(run);
-            return None;
-        }
-        run.window_begin = end;
-        run.window_size = t;
-        run.reserve = self.config.decode_input_tokens;
-        self.push_prefill_row(key, &run, begin, rows);
-        let done = run.window_end() == prefill_len;
-        self.req_mut(key).state = if done {
-            State::PrefillDone(run)
-        } else {
-            State::Prefilling(run)
-        };
-        Some(t)
+        self.push_load_back(a.load_back, &mut p.plan, &mut p.seen);
     }
 
     fn push_prefill_row(&self, key: usize, run: &Running, begin: u32, rows: &mut Rows) {
@@ -609,52 +682,59 @@ impl Scheduler {
         });
     }
 
+    fn push_load_back(
+        &mut self,
+        pairs: Vec<TransferPair>,
+        plan: &mut ExecutionPlan,
+        seen: &mut Seen,
+    ) {
+        if pairs.is_empty() {
+            return;
+        }
+        let op_id = self.next_op_id();
+        let pairs = dedup(&mut seen.load_back, pairs);
+        plan.load_backs.push(LoadBackOp { op_id, pairs });
+    }
+
     // ----- decode ----------------------------------------------------------------------
 
-    fn schedule_decode(&mut self, key: usize, rows: &mut Rows) -> Option<u32> {
+    fn decode(
+        &mut self,
+        key: usize,
+        reserve: u32,
+        pages: kvtier_host::OwnedPages,
+        rows: &mut Rows,
+    ) {
         let ps = self.config.page_size;
         let d = self.config.decode_input_tokens;
-        let run = self.req(key).state.running()?;
-        let extra = run.lka.pages_for(run.reserve, ps);
-        if extra > 0 && !self.cache.ensure_free(Tier::Device, extra) {
-            return None;
-        }
         let (from_prefill_done, mut run) =
             match std::mem::replace(&mut self.req_mut(key).state, State::Finished) {
                 State::PrefillDone(run) => (true, run),
                 State::Decoding(run) => (false, run),
-                _ => return None,
+                other => {
+                    debug_assert!(false, "decode of a request not running");
+                    self.req_mut(key).state = other;
+                    return;
+                }
             };
-        let begin = run
-            .table_changed_from
-            .take()
-            .map_or(run.occupied_len() as u32, |i| {
-                i.min(run.occupied_len() as u32)
-            });
-        if !run.lka.acquire(&mut self.cache, run.reserve) {
-            debug_assert!(false, "pages were made free");
-            self.req_mut(key).state = if from_prefill_done {
-                State::PrefillDone(run)
-            } else {
-                State::Decoding(run)
-            };
-            return None;
-        }
+        let begin = Self::row_begin(&mut run);
+        run.lka.absorb(pages, reserve, ps);
         run.reserve = d;
         rows.push_decode_row(self.req(key), &run, RowKind::Decode, begin, d);
         if from_prefill_done {
             tracing::debug!(parent: &self.req(key).span, phase = "decoding");
         }
         self.req_mut(key).state = State::Decoding(run);
-        Some(d)
     }
 
     // ----- retraction and recovery -----------------------------------------------------
 
-    /// Preempts the running request with the most tokens (ties: scheduling order).
-    fn retract_one(&mut self, candidates: &[usize], plan: &mut ExecutionPlan, seen: &mut Seen) {
+    /// Preempts the running request with the most tokens (ties: scheduling order): the
+    /// batch that retracts it. `None` when there is none to preempt (then a retracted
+    /// request may be requeued to recompute).
+    fn retract_one(&mut self, p: &mut PlanInProgress) -> Option<CacheBatch> {
         let mut victim: Option<(usize, usize)> = None;
-        for &key in candidates {
+        for &(key, _) in &p.candidates {
             let r = self.req(key);
             if matches!(r.state.kind(), StateKind::Decoding | StateKind::PrefillDone)
                 && victim.is_none_or(|(_, len)| r.tokens.len() > len)
@@ -663,53 +743,64 @@ impl Scheduler {
             }
         }
         let Some((key, _)) = victim else {
-            self.requeue_for_recompute(candidates);
-            return;
+            self.requeue_for_recompute(p);
+            return None;
         };
-        let ps = self.config.page_size;
         let run = match std::mem::replace(&mut self.req_mut(key).state, State::Finished) {
             State::PrefillDone(run) | State::Decoding(run) => run,
             other => {
                 self.req_mut(key).state = other;
-                return;
+                return None;
             }
         };
         self.stats.retractions += 1;
         tracing::debug!(parent: &self.req(key).span, phase = "retracted");
-        let (pages, dref, lka) = self.settle(key, run);
-        let tokens = &self.requests[key].tokens[..(pages * ps) as usize];
-        let m = self.cache.match_prefix(tokens);
-        debug_assert_eq!(
-            m.device_pages, pages,
-            "the retracted prefix is locked on device"
-        );
+        let (publication, dref, lka) = self.settle(key, run);
+        let pages = (publication.tokens.len() / self.config.page_size as usize) as u32;
+        p.retract = Some((key, lka, pages));
+        Some(CacheBatch {
+            ops: vec![CacheOp::Retract { publication, dref }],
+        })
+    }
+
+    fn apply_retraction(
+        &mut self,
+        p: &mut PlanInProgress,
+        key: usize,
+        lka: LocalKv,
+        pages: u32,
+        outcome: RetractOutcome,
+    ) {
         let id = self.req(key).id.clone();
-        if m.device_pages > m.host_pages {
-            let Some(draining) = self.attach_write_back(m.device, m.host) else {
+        match outcome {
+            RetractOutcome::Kept {
+                href,
+                write_back: Some(attached),
+            } => {
+                let op = self.issue_write_back(attached, id, true, &mut p.plan, &mut p.seen);
+                self.req_mut(key).state = State::Retracting {
+                    op,
+                    href,
+                    lka,
+                    pages,
+                };
+            }
+            RetractOutcome::Kept {
+                href,
+                write_back: None,
+            } => {
+                self.req_mut(key).state = State::Retracted(Retracted {
+                    href,
+                    dref: None,
+                    lka,
+                    pages,
+                });
+            }
+            RetractOutcome::HostExhausted => {
                 // The host pool cannot take the prefix: give up on the request, and say so.
-                drop((dref, lka));
-                self.abort_notice(id, AbortReason::HostPoolExhausted, plan);
-                return;
-            };
-            let own_href = self.cache.lock(m.device, Tier::Host);
-            self.cache.unlock(dref);
-            let op = self.issue_write_back(draining, id, true, plan, seen);
-            self.req_mut(key).state = State::Retracting {
-                op,
-                href: own_href,
-                lka,
-                pages,
-            };
-        } else {
-            let own_href = self.cache.lock(m.device, Tier::Host);
-            self.cache.unlock(dref);
-            self.cache.demote(m.device);
-            self.req_mut(key).state = State::Retracted(Retracted {
-                href: own_href,
-                dref: None,
-                lka,
-                pages,
-            });
+                drop(lka);
+                self.abort_notice(id, AbortReason::HostPoolExhausted, &mut p.plan);
+            }
         }
     }
 
@@ -718,9 +809,9 @@ impl Scheduler {
     /// The retracted request holding the most tail pages (ties: scheduling order) gives
     /// them back and is requeued to recompute: its whole history becomes its prompt, its
     /// cached prefix is reused, and the last prefill chunk yields its next token.
-    fn requeue_for_recompute(&mut self, candidates: &[usize]) {
+    fn requeue_for_recompute(&mut self, p: &PlanInProgress) {
         let mut victim: Option<(usize, usize)> = None;
-        for &key in candidates {
+        for &(key, _) in &p.candidates {
             if let State::Retracted(held) = &self.req(key).state {
                 let tail = held.lka.pages.len();
                 if tail > 0 && victim.is_none_or(|(_, most)| tail > most) {
@@ -737,78 +828,21 @@ impl Scheduler {
         tracing::debug!(parent: &self.req(key).span, phase = "recomputing");
     }
 
-    /// Resumes a retracted request: reload its prefix onto device, new slot, one decode
-    /// row covering its whole page table.
-    fn schedule_recovery(
-        &mut self,
-        key: usize,
-        rows: &mut Rows,
-        plan: &mut ExecutionPlan,
-        seen: &mut Seen,
-    ) -> Option<u32> {
-        if self.slots.available() == 0 {
-            return None;
-        }
+    /// Resumes a retracted request: its prefix reloaded onto device, a new slot, one
+    /// decode row covering its whole page table.
+    fn recovery(&mut self, key: usize, mut lka: LocalKv, a: Admission, p: &mut PlanInProgress) {
         let ps = self.config.page_size;
         let d = self.config.decode_input_tokens;
-        let State::Retracted(held) = &self.req(key).state else {
-            return None;
+        let Some(slot) = self.slots.allocate() else {
+            debug_assert!(false, "the program counted a free slot");
+            return;
         };
-        // Match exactly the published prefix: the retained tail pages continue from it.
-        let pages = held.pages;
-        let probe = self
-            .cache
-            .probe(&self.req(key).tokens[..(pages * ps) as usize]);
-        let load_back = probe.host_pages.saturating_sub(probe.device_pages);
-        // Exact need: the kept tail page may still have room for the reserved slots (the
-        // reference's estimate ignores it and can leave a request that fits stuck).
-        let need = load_back + held.lka.pages_for(d, ps);
-        let tail = held.lka.pages.len() as u32;
-        // Its whole footprint: the published prefix (on device already or loaded back),
-        // the kept tail pages and the new ones.
-        let footprint = probe.device_pages.max(probe.host_pages) + tail + held.lka.pages_for(d, ps);
-        if footprint > self.cache.usable(Tier::Device) {
-            // Even an empty device pool could not hold it again: give up, and say so.
-            let state = std::mem::replace(&mut self.req_mut(key).state, State::Finished);
-            drop(state);
-            let id = self.req(key).id.clone();
-            self.abort_notice(id, AbortReason::ExceedsDevicePool, plan);
-            return None;
-        }
-        if !self
-            .cache
-            .can_free(Tier::Device, need, probe.device_unlocked_pages)
-        {
-            return None;
-        }
-        let m = self
-            .cache
-            .match_prefix(&self.requests[key].tokens[..(pages * ps) as usize]);
-        let (dref, href, pairs) = self.pin_prefix(m, need, true)?;
-        let State::Retracted(held) =
-            std::mem::replace(&mut self.req_mut(key).state, State::Finished)
-        else {
-            return None;
-        };
-        let Retracted {
-            href: old_href,
-            dref: old_dref,
-            mut lka,
-            ..
-        } = held;
-        drop((old_href, old_dref));
-        if !lka.acquire(&mut self.cache, d) {
-            debug_assert!(false, "pages were made free");
-            return None;
-        }
-        let slot = self.slots.allocate()?;
-        let mut prefix_pages = Vec::new();
-        self.cache.device_path_pages(dref.node(), &mut prefix_pages);
+        lka.absorb(a.pages, d, ps);
         let r = self.req(key);
         let run = Running {
-            dref,
-            href,
-            prefix_pages,
+            dref: a.dref,
+            href: a.href,
+            prefix_pages: a.prefix_pages,
             lka,
             slot,
             window_begin: r.prefill_len,
@@ -816,9 +850,8 @@ impl Scheduler {
             reserve: d,
             table_changed_from: None,
         };
-        rows.push_decode_row(r, &run, RowKind::Recovery, 0, d);
+        p.rows.push_decode_row(r, &run, RowKind::Recovery, 0, d);
         self.req_mut(key).state = State::Decoding(run);
-        self.push_load_back(pairs, plan, seen);
-        Some(d)
+        self.push_load_back(a.load_back, &mut p.plan, &mut p.seen);
     }
 }

@@ -21,12 +21,17 @@
 //! 4. lock counts never go negative; a locked node is never evicted, demoted or pruned;
 //! 5. each LRU set holds exactly the unpinned-or-pinned leaves of its tier.
 
+mod batch;
 mod cache;
 mod error;
 mod events;
 mod lock;
 mod node;
 
+pub use batch::{
+    Admission, AdmitProgram, Attached, BackupSource, CacheBatch, CacheOp, CacheReply, Intent,
+    OpResult, Outcome, PrefetchCheck, Publication, RetractOutcome, TokenRef, grow,
+};
 pub use cache::{
     CacheConfig, InsertResult, Match, Probe, RadixCache, TreeStats, WriteBackTicket, WrittenBack,
 };

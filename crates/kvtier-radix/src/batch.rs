@@ -1,0 +1,817 @@
+//! The radix cache's message protocol: one [`CacheBatch`] per scheduler call.
+//!
+//! The scheduler (request FSM) never calls the cache directly. Each `advance` and each
+//! `next_plan` sends one batch of [`CacheOp`]s; the cache executes them in order and
+//! answers one [`CacheReply`] with a [`OpResult`] per op, in the same order. Handles
+//! (locks, page sets) travel inside ops and results by move.
+//!
+//! Admission is an [`AdmitProgram`]: the scheduler orders the candidates and sets the
+//! token budget, the row and slot limits; the cache decides, candidate by candidate,
+//! what fits, because every fit decision depends on the cache as the earlier candidates
+//! left it (evictions, locks on shared prefixes, load-backs). Executing the program
+//! where the cache lives gives exactly the decisions of a sequential loop, in one
+//! message.
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use kvtier_host::OwnedPages;
+use kvtier_types::{PageId, Tier, Token, TransferPair, hash::PageHash};
+
+use crate::{Match, NodeId, NodeLock, RadixCache, WriteBackTicket};
+
+/// The first `len` tokens of a request, shared without copying.
+#[derive(Debug, Clone)]
+pub struct TokenRef {
+    tokens: Arc<Vec<Token>>,
+    len: usize,
+}
+
+impl TokenRef {
+    /// The first `len` tokens of `tokens` (clamped to its length).
+    pub fn new(tokens: &Arc<Vec<Token>>, len: usize) -> Self {
+        Self {
+            tokens: Arc::clone(tokens),
+            len: len.min(tokens.len()),
+        }
+    }
+}
+
+impl Deref for TokenRef {
+    type Target = [Token];
+
+    fn deref(&self) -> &[Token] {
+        &self.tokens[..self.len]
+    }
+}
+
+/// Pages to allocate for `n` more token slots when the last page has `tail_free` free
+/// slots, and the free slots left afterwards. The scheduler's page accounting and the
+/// cache's allocations both use it, so they agree.
+pub fn grow(tail_free: u32, n: u32, page_size: u32) -> (u32, u32) {
+    if n <= tail_free {
+        return (0, tail_free - n);
+    }
+    let need = n - tail_free;
+    let used = need % page_size;
+    (
+        need.div_ceil(page_size),
+        if used == 0 { 0 } else { page_size - used },
+    )
+}
+
+/// One batch of cache operations, executed in order.
+#[derive(Debug, Default)]
+pub struct CacheBatch {
+    /// The operations.
+    pub ops: Vec<CacheOp>,
+}
+
+/// The answer to a [`CacheBatch`]: one result per op, same order.
+#[derive(Debug, Default)]
+pub struct CacheReply {
+    /// The results.
+    pub results: Vec<OpResult>,
+}
+
+/// A finished request's write-back, attached but not yet issued: the ticket pins the
+/// path on both tiers until acknowledged.
+#[derive(Debug)]
+pub struct Attached {
+    /// The ticket to acknowledge.
+    pub ticket: WriteBackTicket,
+    /// (device page → host page) copies to make.
+    pub pairs: Vec<TransferPair>,
+    /// Deepest node of the written path (demotion starts there after the ack).
+    pub device_node: NodeId,
+}
+
+/// Host pages a write-back made readable, pinned for their L3 backup.
+#[derive(Debug)]
+pub struct BackupSource {
+    /// Pins the pages until the backup has read them.
+    pub pin: NodeLock,
+    /// The host pages, root first.
+    pub pages: Vec<PageId>,
+    /// Their rolling page hashes.
+    pub hashes: Vec<PageHash>,
+}
+
+/// A publication into the tree: a request's computed full pages `prefix..` of `tokens`.
+#[derive(Debug)]
+pub struct Publication {
+    /// The request's tokens up to the last published page.
+    pub tokens: TokenRef,
+    /// Pages of the request already in the tree.
+    pub prefix: u32,
+    /// The request's own pages for pages `prefix..` (duplicates go back to the pool).
+    pub pages: OwnedPages,
+}
+
+/// One cache operation.
+#[derive(Debug)]
+pub enum CacheOp {
+    /// Acknowledges a write-back ticket.
+    WriteBackAck {
+        /// The ticket.
+        ticket: WriteBackTicket,
+        /// Whether the copy succeeded.
+        success: bool,
+        /// Lock this node on device before the ticket lets go of it (a failed retract
+        /// copy: the device copy stays the only one).
+        keep_device: Option<NodeId>,
+        /// Pin the written host pages for an L3 backup.
+        backup: bool,
+        /// Demote device copies from this node after a successful copy.
+        demote: Option<NodeId>,
+    },
+    /// Mid-flight publication of a running request's computed pages.
+    Publish(Publication),
+    /// A request finished: publish its pages, release its prefix lock and, when
+    /// `write_back` is set, attach host pages for whatever is not on host yet.
+    Finish {
+        /// What to publish (may be empty).
+        publication: Publication,
+        /// The request's device lock on its prefix.
+        dref: NodeLock,
+        /// Attach a write-back for the device-only part.
+        write_back: bool,
+    },
+    /// A request is preempted: publish its pages, keep its prefix on host, and attach a
+    /// write-back for the device-only part or demote it.
+    Retract {
+        /// What to publish (may be empty).
+        publication: Publication,
+        /// The request's device lock on its prefix.
+        dref: NodeLock,
+    },
+    /// Prefetched host pages land: insert them after the locked host prefix.
+    InsertPrefetched {
+        /// The prompt up to the last prefetched page.
+        tokens: TokenRef,
+        /// Absolute page index of the first prefetched page.
+        start_page: u32,
+        /// The filled pages.
+        pages: OwnedPages,
+        /// Lock on the host prefix they extend (released after the insert).
+        href: NodeLock,
+    },
+    /// One scheduling step's admissions.
+    Admit(AdmitProgram),
+}
+
+/// The result of one [`CacheOp`].
+#[derive(Debug)]
+pub enum OpResult {
+    /// A write-back ack: the device lock asked for, and the pinned backup source.
+    Acked {
+        /// The device lock (`keep_device`).
+        kept: Option<NodeLock>,
+        /// The backup source (`backup`, on success).
+        backup: Option<BackupSource>,
+    },
+    /// A publication: the new device lock on the published path and its device pages.
+    Published {
+        /// Lock on the node ending at the published length.
+        lock: NodeLock,
+        /// Device pages of the path root → that node.
+        path_pages: Vec<PageId>,
+    },
+    /// A finish: the write-back attached, if any.
+    Finished {
+        /// `None`: nothing to write, or the host pool could not make room.
+        write_back: Option<Attached>,
+    },
+    /// A retraction.
+    Retracted(RetractOutcome),
+    /// Prefetched pages inserted.
+    Inserted,
+    /// The admissions, one per intent.
+    Admitted(Vec<Outcome>),
+}
+
+/// What a retraction did.
+#[derive(Debug)]
+pub enum RetractOutcome {
+    /// The prefix is kept on host (`href`); `write_back` copies its device-only part.
+    Kept {
+        /// Host lock on the published prefix.
+        href: NodeLock,
+        /// The copy to issue, if the prefix was not fully on host.
+        write_back: Option<Attached>,
+    },
+    /// The host pool could not take the prefix: the request must be given up.
+    HostExhausted,
+}
+
+/// An admission program: candidates in scheduling order and the limits of the step.
+#[derive(Debug)]
+pub struct AdmitProgram {
+    /// Token budget of the step.
+    pub budget: i64,
+    /// Maximum forward rows.
+    pub max_rows: usize,
+    /// Free request-pool slots (first chunks and recoveries take one each).
+    pub slots: usize,
+    /// Mixed prefill and decode rows in one batch.
+    pub mixed: bool,
+    /// Decode input tokens per row (`d`).
+    pub decode_tokens: u32,
+    /// The host tier is on (load-backs allowed).
+    pub use_host: bool,
+    /// Prefix reuse is on.
+    pub reuse: bool,
+    /// The candidates, in order.
+    pub intents: Vec<Intent>,
+}
+
+/// What a candidate asks for.
+#[derive(Debug)]
+pub enum Intent {
+    /// A waiting request's first prefill chunk (after an optional L3 prefetch check).
+    FirstChunk {
+        /// The prompt's full pages except the last token's.
+        tokens: TokenRef,
+        /// Prompt length.
+        prefill_len: u32,
+        /// Start an L3 prefetch instead when it pays off.
+        prefetch: Option<PrefetchCheck>,
+    },
+    /// The next chunk of a prefilling request.
+    NextChunk {
+        /// Prompt tokens not yet scheduled.
+        remaining: u32,
+        /// Free slots in its last page.
+        tail_free: u32,
+    },
+    /// A decode row reserving `reserve` token slots.
+    Decode {
+        /// Slots to reserve.
+        reserve: u32,
+        /// Free slots in its last page.
+        tail_free: u32,
+    },
+    /// Resume a retracted request.
+    Recovery {
+        /// Its published prefix.
+        tokens: TokenRef,
+        /// Pages it kept outside the tree.
+        tail_pages: u32,
+        /// Free slots in its last page.
+        tail_free: u32,
+        /// Its old locks, released once the new ones are taken (returned if it waits).
+        held: Vec<NodeLock>,
+    },
+}
+
+/// The L3 prefetch check of a first chunk.
+#[derive(Debug, Clone)]
+pub struct PrefetchCheck {
+    /// The prompt up to its consecutive L3 hits.
+    pub tokens: TokenRef,
+    /// Prefetch only when more than this many pages are missing from host.
+    pub threshold: u32,
+}
+
+/// What the cache did with one intent.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Not admitted this step (does not fit, no slot, or the step stopped before it);
+    /// nothing changed and its handles come back.
+    Waits {
+        /// The intent's handles, returned.
+        held: Vec<NodeLock>,
+    },
+    /// A first chunk or a recovery is admitted.
+    Admitted(Box<Admission>),
+    /// A next chunk or a decode gets its slots.
+    Grown {
+        /// Tokens scheduled (chunk length, or the reserve of a decode).
+        tokens: u32,
+        /// Pages allocated for them.
+        pages: OwnedPages,
+    },
+    /// An L3 prefetch starts instead of the first chunk.
+    Prefetch {
+        /// Lock on the host prefix the prefetched pages extend.
+        href: NodeLock,
+        /// Host pages to fill.
+        pages: OwnedPages,
+        /// Host pages already resident (the prefetch starts there).
+        start_page: u32,
+    },
+    /// A retracted request can never fit the device pool again.
+    TooBig,
+}
+
+/// A first chunk or recovery admitted.
+#[derive(Debug)]
+pub struct Admission {
+    /// Tokens of the chunk (0 for a recovery).
+    pub tokens: u32,
+    /// Prefix pages reused (device or host).
+    pub begin_pages: u32,
+    /// Device lock on the prefix the request reads.
+    pub dref: NodeLock,
+    /// Host lock on the load-back source.
+    pub href: Option<NodeLock>,
+    /// Load-back copies (host page → device page).
+    pub load_back: Vec<TransferPair>,
+    /// Device pages allocated for the chunk and the decode reserve.
+    pub pages: OwnedPages,
+    /// Free slots left in the last of those pages.
+    pub tail_free: u32,
+    /// Device pages of the locked prefix path.
+    pub prefix_pages: Vec<PageId>,
+}
+
+impl RadixCache {
+    /// Executes a batch in order.
+    pub fn execute(&mut self, batch: CacheBatch) -> CacheReply {
+        self.drain_releases();
+        let results = batch
+            .ops
+            .into_iter()
+            .map(|op| self.execute_op(op))
+            .collect();
+        CacheReply { results }
+    }
+
+    fn execute_op(&mut self, op: CacheOp) -> OpResult {
+        match op {
+            CacheOp::WriteBackAck {
+                ticket,
+                success,
+                keep_device,
+                backup,
+                demote,
+            } => {
+                let kept = keep_device.map(|node| self.lock(node, Tier::Device));
+                let written = self.write_back_done(ticket, success);
+                let backup = (success && backup)
+                    .then(|| self.pin_backup(written))
+                    .flatten();
+                if let (true, Some(node)) = (success, demote) {
+                    self.demote(node);
+                }
+                OpResult::Acked { kept, backup }
+            }
+            CacheOp::Publish(publication) => {
+                let (lock, _) = self.publish(publication, None);
+                let mut path_pages = Vec::new();
+                if let Some(lock) = &lock {
+                    self.device_path_pages(lock.node(), &mut path_pages);
+                }
+                match lock {
+                    Some(lock) => OpResult::Published { lock, path_pages },
+                    // Nothing new to publish: callers only send non-empty publications.
+                    None => OpResult::Published {
+                        lock: self.lock(self.root(), Tier::Device),
+                        path_pages,
+                    },
+                }
+            }
+            CacheOp::Finish {
+                publication,
+                dref,
+                write_back,
+            } => {
+                let tokens = publication.tokens.clone();
+                let (lock, pages) = self.publish(publication, Some(dref));
+                if let Some(lock) = lock {
+                    self.unlock(lock);
+                }
+                let write_back = if write_back && pages > 0 {
+                    let m =
+                        self.match_prefix(&tokens[..pages as usize * self.page_size() as usize]);
+                    (m.device_pages > m.host_pages)
+                        .then(|| self.attach_write_back(m.device, m.host))
+                        .flatten()
+                } else {
+                    None
+                };
+                OpResult::Finished { write_back }
+            }
+            CacheOp::Retract { publication, dref } => {
+                let tokens = publication.tokens.clone();
+                let (lock, pages) = self.publish(publication, Some(dref));
+                let dref = lock.expect("publish with a lock returns one");
+                let m = self.match_prefix(&tokens[..pages as usize * self.page_size() as usize]);
+                debug_assert_eq!(m.device_pages, pages, "the retracted prefix is locked");
+                let outcome = if m.device_pages > m.host_pages {
+                    match self.attach_write_back(m.device, m.host) {
+                        Some(attached) => {
+                            let href = self.lock(m.device, Tier::Host);
+                            self.unlock(dref);
+                            RetractOutcome::Kept {
+                                href,
+                                write_back: Some(attached),
+                            }
+                        }
+                        None => {
+                            self.unlock(dref);
+                            RetractOutcome::HostExhausted
+                        }
+                    }
+                } else {
+                    let href = self.lock(m.device, Tier::Host);
+                    self.unlock(dref);
+                    self.demote(m.device);
+                    RetractOutcome::Kept {
+                        href,
+                        write_back: None,
+                    }
+                };
+                OpResult::Retracted(outcome)
+            }
+            CacheOp::InsertPrefetched {
+                tokens,
+                start_page,
+                pages,
+                href,
+            } => {
+                let inserted = self.insert(Tier::Host, &tokens, start_page, pages);
+                debug_assert!(inserted.is_ok(), "prefetch insert: {inserted:?}");
+                self.unlock(href);
+                OpResult::Inserted
+            }
+            CacheOp::Admit(program) => OpResult::Admitted(self.admit(program)),
+        }
+    }
+
+    /// Publishes a request's pages; `old` is the request's previous device lock,
+    /// released once the new one is taken (so the path is never unpinned). Returns the
+    /// lock on the published path (`old` itself when nothing new was published) and its
+    /// depth in pages.
+    fn publish(&mut self, p: Publication, old: Option<NodeLock>) -> (Option<NodeLock>, u32) {
+        let ps = self.page_size() as usize;
+        let total = (p.tokens.len() / ps) as u32;
+        if p.pages.is_empty() {
+            return (old, p.prefix.min(total));
+        }
+        let Ok(result) = self.insert(
+            Tier::Device,
+            &p.tokens[..total as usize * ps],
+            p.prefix,
+            p.pages,
+        ) else {
+            debug_assert!(false, "publish contract violated");
+            return (old, p.prefix);
+        };
+        let lock = self.lock(result.last_node, Tier::Device);
+        if let Some(old) = old {
+            self.unlock(old);
+        }
+        (Some(lock), total)
+    }
+
+    /// Locks freshly written host pages for their L3 backup.
+    fn pin_backup(&mut self, written: crate::WrittenBack) -> Option<BackupSource> {
+        let node = written.deepest?;
+        if written.host_pages.is_empty() {
+            return None;
+        }
+        if written.page_hashes.len() != written.host_pages.len() {
+            debug_assert!(false, "written-back nodes without page hashes");
+            return None;
+        }
+        Some(BackupSource {
+            pin: self.lock(node, Tier::Host),
+            pages: written.host_pages,
+            hashes: written.page_hashes,
+        })
+    }
+
+    /// Attaches host pages to the nodes on `device`'s path that lack a readable host
+    /// copy, evicting host cache if needed, and pins the path on both tiers. `None`
+    /// (nothing changed) when the host pool cannot make room.
+    fn attach_write_back(&mut self, device: NodeId, host: NodeId) -> Option<Attached> {
+        let nodes = self.nodes_without(Tier::Host, device);
+        let need = self.pages_needed(Tier::Host, &nodes);
+        let guard = self.lock(host, Tier::Host);
+        let attached = if self.ensure_free(Tier::Host, need) {
+            self.attach_for_write_back(&nodes)
+        } else {
+            None
+        };
+        self.unlock(guard);
+        let (ticket, pairs) = attached?;
+        Some(Attached {
+            ticket,
+            pairs,
+            device_node: device,
+        })
+    }
+
+    // ----- admission ------------------------------------------------------------------
+
+    /// Runs an admission program: the sequential admission loop of one step.
+    fn admit(&mut self, program: AdmitProgram) -> Vec<Outcome> {
+        let AdmitProgram {
+            mut budget,
+            max_rows,
+            mut slots,
+            mixed,
+            decode_tokens: d,
+            use_host,
+            reuse,
+            intents,
+        } = program;
+        let mut rows = 0usize;
+        let mut prefill_rows = 0usize;
+        let mut stopped = false;
+        let mut outcomes = Vec::with_capacity(intents.len());
+        for intent in intents {
+            if !stopped && (budget <= 0 || rows == max_rows) {
+                stopped = true;
+            }
+            let decode_like = matches!(intent, Intent::Decode { .. } | Intent::Recovery { .. });
+            if !stopped && decode_like && !mixed && prefill_rows > 0 {
+                stopped = true;
+            }
+            if stopped {
+                outcomes.push(Outcome::Waits {
+                    held: intent.into_held(),
+                });
+                continue;
+            }
+            let remaining = budget as u32;
+            let outcome = match intent {
+                Intent::FirstChunk {
+                    tokens,
+                    prefill_len,
+                    prefetch,
+                } => {
+                    let prefetched = prefetch.and_then(|check| self.try_prefetch(&check));
+                    match prefetched {
+                        Some(outcome) => outcome,
+                        None if slots == 0 => Outcome::Waits { held: Vec::new() },
+                        None => {
+                            self.first_chunk(&tokens, prefill_len, remaining, d, use_host, reuse)
+                        }
+                    }
+                }
+                Intent::NextChunk {
+                    remaining: left,
+                    tail_free,
+                } => {
+                    let t = remaining.min(left);
+                    self.grow_local(t, tail_free)
+                }
+                Intent::Decode { reserve, tail_free } => self.grow_local(reserve, tail_free),
+                Intent::Recovery {
+                    tokens,
+                    tail_pages,
+                    tail_free,
+                    held,
+                } => {
+                    if slots == 0 {
+                        Outcome::Waits { held }
+                    } else {
+                        self.recovery(&tokens, tail_pages, tail_free, held, d)
+                    }
+                }
+            };
+            match &outcome {
+                Outcome::Admitted(a) => {
+                    rows += 1;
+                    slots -= 1;
+                    if a.tokens > 0 {
+                        prefill_rows += 1;
+                        budget -= i64::from(a.tokens);
+                    } else {
+                        budget -= i64::from(d);
+                    }
+                }
+                Outcome::Grown { tokens, .. } => {
+                    rows += 1;
+                    if decode_like {
+                        // A decode row costs `d` tokens of budget whatever it reserves.
+                        budget -= i64::from(d);
+                    } else {
+                        prefill_rows += 1;
+                        budget -= i64::from(*tokens);
+                    }
+                }
+                Outcome::Waits { .. } | Outcome::Prefetch { .. } | Outcome::TooBig => {}
+            }
+            outcomes.push(outcome);
+        }
+        outcomes
+    }
+
+    /// Slots for `n` more tokens of a running request, or `Waits`.
+    fn grow_local(&mut self, n: u32, tail_free: u32) -> Outcome {
+        let (need, _) = grow(tail_free, n, self.page_size());
+        if need == 0 {
+            return Outcome::Grown {
+                tokens: n,
+                pages: OwnedPages::empty(),
+            };
+        }
+        if !self.ensure_free(Tier::Device, need) {
+            return Outcome::Waits { held: Vec::new() };
+        }
+        match self.allocate(Tier::Device, need as usize) {
+            Some(pages) => Outcome::Grown { tokens: n, pages },
+            None => {
+                debug_assert!(false, "pages were made free");
+                Outcome::Waits { held: Vec::new() }
+            }
+        }
+    }
+
+    /// Starts an L3 prefetch when the consecutive L3 hits run more than the threshold
+    /// past what the host holds. The host prefix is locked before any host eviction.
+    fn try_prefetch(&mut self, check: &PrefetchCheck) -> Option<Outcome> {
+        let ps = self.page_size();
+        let hit = (check.tokens.len() / ps as usize) as u32;
+        let host = self.probe(&check.tokens).host_pages;
+        let n = hit.saturating_sub(host);
+        if n <= check.threshold {
+            return None;
+        }
+        let m = self.match_prefix(&check.tokens);
+        debug_assert_eq!(m.host_pages, host);
+        let href = self.lock(m.host, Tier::Host);
+        if !self.ensure_free(Tier::Host, n) {
+            self.unlock(href);
+            return None;
+        }
+        let Some(pages) = self.allocate(Tier::Host, n as usize) else {
+            self.unlock(href);
+            return None;
+        };
+        Some(Outcome::Prefetch {
+            href,
+            pages,
+            start_page: host,
+        })
+    }
+
+    fn first_chunk(
+        &mut self,
+        tokens: &[Token],
+        prefill_len: u32,
+        remaining: u32,
+        d: u32,
+        use_host: bool,
+        reuse: bool,
+    ) -> Outcome {
+        let ps = self.page_size();
+        let probe = if reuse {
+            self.probe(tokens)
+        } else {
+            crate::Probe::default()
+        };
+        let dev = probe.device_pages;
+        let host = if use_host { probe.host_pages } else { 0 };
+        let begin_pages = dev.max(host);
+        let load_back = host.saturating_sub(dev);
+        let t = remaining.min(prefill_len - begin_pages * ps);
+        let (chunk_pages, tail) = grow(0, t, ps);
+        let (reserve_pages, tail_free) = grow(tail, d, ps);
+        let need = load_back + chunk_pages + reserve_pages;
+        if !self.can_free(Tier::Device, need, probe.device_unlocked_pages) {
+            return Outcome::Waits { held: Vec::new() };
+        }
+        let m = if reuse {
+            self.match_prefix(tokens)
+        } else {
+            let root = self.root();
+            Match {
+                device: root,
+                device_pages: 0,
+                host: root,
+                host_pages: 0,
+            }
+        };
+        debug_assert_eq!(
+            (m.device_pages, if use_host { m.host_pages } else { 0 }),
+            (dev, host)
+        );
+        let Some((dref, href, load_back)) = self.pin_prefix(m, need, use_host) else {
+            return Outcome::Waits { held: Vec::new() };
+        };
+        let Some(pages) = self.allocate(Tier::Device, (chunk_pages + reserve_pages) as usize)
+        else {
+            debug_assert!(false, "admission reserved the pages");
+            return Outcome::Waits { held: Vec::new() };
+        };
+        let mut prefix_pages = Vec::with_capacity((begin_pages + t.div_ceil(ps)) as usize);
+        self.device_path_pages(dref.node(), &mut prefix_pages);
+        Outcome::Admitted(Box::new(Admission {
+            tokens: t,
+            begin_pages,
+            dref,
+            href,
+            load_back,
+            pages,
+            tail_free,
+            prefix_pages,
+        }))
+    }
+
+    fn recovery(
+        &mut self,
+        tokens: &[Token],
+        tail_pages: u32,
+        tail_free: u32,
+        held: Vec<NodeLock>,
+        d: u32,
+    ) -> Outcome {
+        let probe = self.probe(tokens);
+        let load_back = probe.host_pages.saturating_sub(probe.device_pages);
+        let (reserve_pages, new_tail_free) = grow(tail_free, d, self.page_size());
+        // Exact need: the kept tail page may still have room for the reserved slots.
+        let need = load_back + reserve_pages;
+        // Its whole footprint: the published prefix, the kept tail pages and the new ones.
+        let footprint = probe.device_pages.max(probe.host_pages) + tail_pages + reserve_pages;
+        if footprint > self.usable(Tier::Device) {
+            drop(held);
+            return Outcome::TooBig;
+        }
+        if !self.can_free(Tier::Device, need, probe.device_unlocked_pages) {
+            return Outcome::Waits { held };
+        }
+        let m = self.match_prefix(tokens);
+        let Some((dref, href, load_back)) = self.pin_prefix(m, need, true) else {
+            return Outcome::Waits { held };
+        };
+        for lock in held {
+            self.unlock(lock);
+        }
+        let Some(pages) = self.allocate(Tier::Device, reserve_pages as usize) else {
+            debug_assert!(false, "pages were made free");
+            return Outcome::Waits { held: Vec::new() };
+        };
+        let mut prefix_pages = Vec::new();
+        self.device_path_pages(dref.node(), &mut prefix_pages);
+        Outcome::Admitted(Box::new(Admission {
+            tokens: 0,
+            begin_pages: m.device_pages.max(m.host_pages),
+            dref,
+            href,
+            load_back,
+            pages,
+            tail_free: new_tail_free,
+            prefix_pages,
+        }))
+    }
+
+    /// Locks the device match, makes `need` pages free, and locks the path the request
+    /// will read: with a deeper host match, device pages are attached to the host-only
+    /// nodes (the load-back) and both tiers are locked. `None` with nothing changed.
+    fn pin_prefix(
+        &mut self,
+        m: Match,
+        need: u32,
+        use_host: bool,
+    ) -> Option<(NodeLock, Option<NodeLock>, Vec<TransferPair>)> {
+        let guard = self.lock(m.device, Tier::Device);
+        if !self.ensure_free(Tier::Device, need) {
+            debug_assert!(false, "admission probe promised {need} pages");
+            self.unlock(guard);
+            return None;
+        }
+        let pinned = if use_host && m.host_pages > m.device_pages {
+            let href = self.lock(m.host, Tier::Host);
+            let nodes = self.nodes_without(Tier::Device, m.host);
+            match self.attach_for_load_back(&nodes) {
+                Some(pairs) => Some((self.lock(m.host, Tier::Device), Some(href), pairs)),
+                None => {
+                    self.unlock(href);
+                    None
+                }
+            }
+        } else {
+            Some((self.lock(m.device, Tier::Device), None, Vec::new()))
+        };
+        self.unlock(guard);
+        pinned
+    }
+}
+
+impl Intent {
+    /// The handles an intent carries, for returning them unused.
+    fn into_held(self) -> Vec<NodeLock> {
+        match self {
+            Intent::Recovery { held, .. } => held,
+            _ => Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grow;
+
+    #[test]
+    fn grow_uses_the_tail_first() {
+        assert_eq!(grow(3, 2, 4), (0, 1));
+        assert_eq!(grow(3, 3, 4), (0, 0));
+        assert_eq!(grow(1, 5, 4), (1, 0));
+        assert_eq!(grow(1, 6, 4), (2, 3));
+        assert_eq!(grow(0, 0, 4), (0, 0));
+    }
+}
