@@ -12,7 +12,7 @@ use kvtier_sim::reference::Verify;
 use kvtier_sim::scenario::{
     CostModel, Scenario, ScenarioOptions, ScenarioReport, run_scenario_with_progress,
 };
-use kvtier_sim::{Report, WorkloadKind, WorkloadOptions, run_workload};
+use kvtier_sim::{Path, Report, WorkloadKind, WorkloadOptions, run_workload};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -50,10 +50,35 @@ enum Command {
         /// Diagnostic run: KV-cache events on, counted (not for timing).
         #[arg(long)]
         kv_events: bool,
+        /// The path the workload drives: the core directly, or the actor system (actix,
+        /// or the deterministic runtime).
+        #[arg(long, value_enum, default_value_t = BenchRuntime::Core)]
+        runtime: BenchRuntime,
         /// Print one JSON object as the last line of stdout.
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `--runtime` of `kvtier bench`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum BenchRuntime {
+    /// The scheduler core over its own cache, called directly.
+    Core,
+    /// The actix actor system (the embedding API's default runtime).
+    Actors,
+    /// The deterministic single-thread runtime.
+    Deterministic,
+}
+
+impl BenchRuntime {
+    fn path(self) -> Path {
+        match self {
+            BenchRuntime::Core => Path::Core,
+            BenchRuntime::Actors => Path::Actors,
+            BenchRuntime::Deterministic => Path::Deterministic,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -130,6 +155,7 @@ fn main() -> Result<()> {
             requests,
             measure_pass,
             kv_events,
+            runtime,
             json,
         } => {
             let Some(kind) = workload.kind() else {
@@ -148,6 +174,8 @@ fn main() -> Result<()> {
                 requests,
                 measure_pass,
                 kv_events,
+                path: runtime.path(),
+                record_plans: false,
             };
             if measure_pass.is_some() && kind != WorkloadKind::W1 {
                 bail!("--measure-pass applies to w1 only");

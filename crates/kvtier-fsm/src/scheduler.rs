@@ -758,6 +758,11 @@ impl SchedulerCore {
         s
     }
 
+    /// Write-backs and L3 backups issued and not yet acknowledged.
+    pub fn ops_in_flight(&self) -> usize {
+        self.ops.len() + self.backups.len() + self.pending_backups.len()
+    }
+
     /// Whether nothing is running, queued or in flight.
     pub fn is_idle(&self) -> bool {
         self.index.is_empty()

@@ -9,10 +9,12 @@
 //! sends its ids back to the pool over a channel that the pool drains before it answers
 //! its next call. A page is therefore always either free or held by exactly one owner.
 
+mod allocator;
 mod error;
 mod pool;
 mod release;
 
+pub use allocator::{HostAllocator, HostStats};
 pub use error::HostError;
 pub use pool::{OwnedPages, PagePool, PoolId};
 pub use release::{ReleaseQueue, Releaser};

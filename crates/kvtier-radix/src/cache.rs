@@ -120,6 +120,8 @@ pub struct RadixCache {
     /// adds the new prefix node, so every pending copy is acknowledged.
     tickets: BTreeMap<u64, Ticket>,
     next_ticket: u64,
+    /// The host allocator's lease behind the host tier, returned when the cache goes.
+    host_lease: Option<OwnedPages>,
 }
 
 impl RadixCache {
@@ -159,7 +161,25 @@ impl RadixCache {
             lock_releases: ReleaseQueue::new(),
             tickets: BTreeMap::new(),
             next_ticket: 1,
+            host_lease: None,
         }
+    }
+
+    /// A cache whose host tier is a lease from the host allocator: exactly the host
+    /// pool's usable pages `1..host_pages`. The lease goes back when the cache is dropped.
+    pub fn with_host_lease(config: &CacheConfig, lease: OwnedPages) -> Result<Self, RadixError> {
+        let mut ids = lease.ids().to_vec();
+        ids.sort_unstable();
+        let expected = config.host_pages.saturating_sub(1) as usize;
+        if ids.len() != expected || ids.iter().enumerate().any(|(i, &p)| p as usize != i + 1) {
+            return Err(RadixError::HostLease {
+                expected: expected as u32,
+                got: lease.len() as u32,
+            });
+        }
+        let mut cache = Self::new(config);
+        cache.host_lease = Some(lease);
+        Ok(cache)
     }
 
     /// Tokens per page.

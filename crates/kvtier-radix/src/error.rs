@@ -34,6 +34,14 @@ pub enum RadixError {
     /// A node id that no longer names a live node.
     #[error("stale or unknown tree node")]
     StaleNode,
+    /// A host lease that is not exactly the host pool's usable pages.
+    #[error("the host tier needs a lease of pages 1..={expected}, got {got} pages")]
+    HostLease {
+        /// Usable host pages of the config.
+        expected: u32,
+        /// Pages leased.
+        got: u32,
+    },
     /// Pages from another pool were passed.
     #[error(transparent)]
     Pool(#[from] kvtier_host::HostError),

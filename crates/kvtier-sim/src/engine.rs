@@ -9,7 +9,9 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Instant;
 
-use kvtier_fsm::{BatchError, Scheduler};
+use kvtier::KvError;
+
+use crate::api::SchedulerApi;
 use kvtier_types::{EngineEvent, ExecutionPlan, RequestId, RequestSpec, RowKind, Token};
 use serde::Serialize;
 
@@ -90,7 +92,9 @@ pub struct StepOutcome {
 #[derive(Debug)]
 pub struct StepDriver {
     /// The scheduler under test.
-    pub scheduler: Scheduler,
+    pub scheduler: Box<dyn SchedulerApi>,
+    /// When set, a digest of every plan, in order (for comparing paths step by step).
+    pub plan_digests: Option<Vec<u64>>,
     /// Counters so far.
     pub counters: Counters,
     /// Timed nanoseconds so far.
@@ -107,19 +111,19 @@ pub struct StepDriver {
 
 /// Submits, timed. Never inlined so callgrind can toggle on it.
 #[inline(never)]
-pub fn measured_submit(s: &mut Scheduler, specs: Vec<RequestSpec>) -> Result<(), BatchError> {
+pub fn measured_submit(s: &mut dyn SchedulerApi, specs: Vec<RequestSpec>) -> Result<(), KvError> {
     s.submit(specs)
 }
 
 /// Builds the next plan, timed. Never inlined so callgrind can toggle on it.
 #[inline(never)]
-pub fn measured_next_plan(s: &mut Scheduler) -> ExecutionPlan {
+pub fn measured_next_plan(s: &mut dyn SchedulerApi) -> Result<ExecutionPlan, KvError> {
     s.next_plan()
 }
 
 /// Applies events, timed. Never inlined so callgrind can toggle on it.
 #[inline(never)]
-pub fn measured_advance(s: &mut Scheduler, events: Vec<EngineEvent>) -> Result<(), BatchError> {
+pub fn measured_advance(s: &mut dyn SchedulerApi, events: Vec<EngineEvent>) -> Result<(), KvError> {
     s.advance(events)
 }
 
@@ -130,11 +134,12 @@ fn discard(plan: ExecutionPlan) {
 }
 
 impl StepDriver {
-    /// Wraps a scheduler.
-    pub fn new(scheduler: Scheduler) -> Self {
+    /// Wraps a scheduler (either path).
+    pub fn new(scheduler: Box<dyn SchedulerApi>) -> Self {
         let page_size = u64::from(scheduler.config().page_size);
         Self {
             scheduler,
+            plan_digests: None,
             counters: Counters::default(),
             measured_ns: 0,
             live: BTreeMap::new(),
@@ -146,7 +151,7 @@ impl StepDriver {
     }
 
     /// Submits requests with the token streams the engine will generate for them.
-    pub fn submit(&mut self, batch: Vec<(RequestSpec, Vec<Token>)>) -> Result<u64, BatchError> {
+    pub fn submit(&mut self, batch: Vec<(RequestSpec, Vec<Token>)>) -> Result<u64, KvError> {
         let mut specs = Vec::with_capacity(batch.len());
         for (spec, stream) in batch {
             self.counters.prompt_tokens += spec.tokens.len() as u64;
@@ -161,7 +166,7 @@ impl StepDriver {
         }
         let t0 = Instant::now();
         let result = if self.measure {
-            measured_submit(&mut self.scheduler, specs)
+            measured_submit(self.scheduler.as_mut(), specs)
         } else {
             self.scheduler.submit(specs)
         };
@@ -176,14 +181,20 @@ impl StepDriver {
     }
 
     /// Runs one step.
-    pub fn step(&mut self) -> Result<StepOutcome, BatchError> {
+    pub fn step(&mut self) -> Result<StepOutcome, KvError> {
         let t0 = Instant::now();
         let plan = if self.measure {
-            measured_next_plan(&mut self.scheduler)
+            measured_next_plan(self.scheduler.as_mut())
         } else {
             self.scheduler.next_plan()
-        };
+        }?;
         let mut ns = t0.elapsed().as_nanos() as u64;
+        if let Some(digests) = &mut self.plan_digests {
+            use std::hash::{Hash, Hasher};
+            let mut hasher = std::hash::DefaultHasher::new();
+            plan.hash(&mut hasher);
+            digests.push(hasher.finish());
+        }
         self.counters.steps += 1;
         self.count_kv_events();
         let mut out = StepOutcome {
@@ -195,7 +206,7 @@ impl StepDriver {
         if !(self.skip_empty_advance && out.empty) {
             let t1 = Instant::now();
             let result = if self.measure {
-                measured_advance(&mut self.scheduler, events)
+                measured_advance(self.scheduler.as_mut(), events)
             } else {
                 self.scheduler.advance(events)
             };

@@ -7,11 +7,13 @@
 //! Timed calls go through the `measured_*` functions, which are never inlined, so
 //! `valgrind --tool=callgrind --toggle-collect='*measured_*'` counts exactly them.
 
+pub mod api;
 pub mod engine;
 pub mod reference;
 pub mod scenario;
 pub mod tokens;
 pub mod workloads;
 
+pub use api::{ActorScheduler, Path, SchedulerApi, scheduler_on};
 pub use engine::{Counters, StepDriver};
 pub use workloads::{Report, WorkloadKind, WorkloadOptions, run_workload};

@@ -2,10 +2,12 @@
 
 use std::collections::BTreeMap;
 
-use kvtier_fsm::{BatchError, SchedError, Scheduler};
+use kvtier::KvError;
+use kvtier_fsm::{BatchError, SchedError};
 use kvtier_types::{RequestId, RequestSpec, SchedulerConfig, Token};
 use serde::Serialize;
 
+use crate::api::{Path, scheduler_on};
 use crate::engine::{Counters, StepDriver};
 use crate::tokens::{gen_tokens, tag};
 
@@ -47,6 +49,10 @@ pub struct WorkloadOptions {
     pub measure_pass: Option<u8>,
     /// Diagnostic run: KV-cache events on, counted (WORKLOADS.md §4).
     pub kv_events: bool,
+    /// The path the workload drives: the core directly, or the actor system.
+    pub path: Path,
+    /// Record a digest of every plan in the report (for comparing paths).
+    pub record_plans: bool,
 }
 
 impl WorkloadOptions {
@@ -59,6 +65,8 @@ impl WorkloadOptions {
             requests: None,
             measure_pass: None,
             kv_events: false,
+            path: Path::Core,
+            record_plans: false,
         }
     }
 }
@@ -149,12 +157,19 @@ pub struct Report {
     /// What callgrind totals should be divided by (requests for W1, steady steps for
     /// W2, steps for W3).
     pub callgrind_divisor: u64,
+    /// The path the run drove (core, actors, deterministic).
+    pub path: &'static str,
+    /// A digest of every plan, in order (with `record_plans`).
+    #[serde(skip)]
+    pub plan_digests: Vec<u64>,
 }
 
 impl Report {
     fn new(options: &WorkloadOptions, driver: &StepDriver, requests: u64, divisor: u64) -> Self {
         Self {
             workload: options.kind.name().into(),
+            path: options.path.name(),
+            plan_digests: driver.plan_digests.clone().unwrap_or_default(),
             page_size: options.page_size,
             l2: options.l2 || options.kind == WorkloadKind::W3,
             requests,
@@ -196,6 +211,9 @@ pub enum WorkloadError {
     /// The scheduler refused a submit or an event the engine sent.
     #[error(transparent)]
     Refused(#[from] BatchError),
+    /// The actor system failed.
+    #[error(transparent)]
+    System(KvError),
     /// Bad workload options.
     #[error("{0}")]
     Options(String),
@@ -214,6 +232,24 @@ pub fn run_workload(options: &WorkloadOptions) -> Result<Report, WorkloadError> 
         WorkloadKind::W2 => run_w2(options),
         WorkloadKind::W3 => run_w3(options),
     }
+}
+
+impl From<KvError> for WorkloadError {
+    fn from(e: KvError) -> Self {
+        match e {
+            KvError::Batch(e) => WorkloadError::Refused(e),
+            KvError::Sched(e) => WorkloadError::Config(e),
+            other => WorkloadError::System(other),
+        }
+    }
+}
+
+fn new_driver(o: &WorkloadOptions, config: SchedulerConfig) -> Result<StepDriver, WorkloadError> {
+    let mut driver = StepDriver::new(scheduler_on(o.path, config)?);
+    if o.record_plans {
+        driver.plan_digests = Some(Vec::new());
+    }
+    Ok(driver)
 }
 
 fn base_config(o: &WorkloadOptions) -> SchedulerConfig {
@@ -249,7 +285,7 @@ fn run_w1(o: &WorkloadOptions) -> Result<Report, WorkloadError> {
         max_batch_size: 256,
         ..base_config(o)
     };
-    let mut driver = StepDriver::new(Scheduler::new(config)?);
+    let mut driver = new_driver(o, config)?;
     let systems: Vec<Vec<Token>> = (0..SYSTEMS)
         .map(|i| gen_tokens(tag(1, 1, i as u64), 1024))
         .collect();
@@ -353,7 +389,7 @@ fn run_w2(o: &WorkloadOptions) -> Result<Report, WorkloadError> {
         max_batch_size: n as u32,
         ..base_config(o)
     };
-    let mut driver = StepDriver::new(Scheduler::new(config)?);
+    let mut driver = new_driver(o, config)?;
     let batch = (0..n)
         .map(|r| {
             let id = RequestId::from(format!("r{r:05}"));
@@ -406,7 +442,7 @@ fn run_w3(o: &WorkloadOptions) -> Result<Report, WorkloadError> {
         max_batch_size: 64,
         ..base_config(o)
     };
-    let mut driver = StepDriver::new(Scheduler::new(config)?);
+    let mut driver = new_driver(o, config)?;
     driver.skip_empty_advance = true;
     struct Conversation {
         history: Vec<Token>,

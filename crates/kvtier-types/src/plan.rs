@@ -7,7 +7,7 @@
 use crate::{OpId, PageId, RequestId, SlotId, Token, hash::PageHash};
 
 /// What a forward row computes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RowKind {
     /// A prompt chunk.
     Prefill,
@@ -19,7 +19,7 @@ pub enum RowKind {
 }
 
 /// One row of the forward batch.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ForwardRow {
     /// The request this row computes.
     pub request_id: RequestId,
@@ -50,7 +50,7 @@ pub struct ForwardRow {
 }
 
 /// The forward part of a plan.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct ForwardBatch {
     /// Prefill rows first (in scheduling order), then decode and recovery rows.
     pub rows: Vec<ForwardRow>,
@@ -145,7 +145,7 @@ impl TransferPair {
 }
 
 /// Device→host copies the engine must run and acknowledge with `WriteBackDone`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct WriteBackOp {
     /// Acknowledge with this id.
     pub op_id: OpId,
@@ -158,7 +158,7 @@ pub struct WriteBackOp {
 
 /// Host→device copies that must land before this plan's forward reads them. Not
 /// acknowledged.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct LoadBackOp {
     /// Op id (from the shared counter).
     pub op_id: OpId,
@@ -167,7 +167,7 @@ pub struct LoadBackOp {
 }
 
 /// L3→host fill of host pages, acknowledged with `PrefetchDone` (L3 tier).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PrefetchOp {
     /// Acknowledge with this id.
     pub op_id: OpId,
@@ -180,7 +180,7 @@ pub struct PrefetchOp {
 }
 
 /// Host→L3 copy of written-back pages, acknowledged with `BackupDone` (L3 tier).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct BackupOp {
     /// Acknowledge with this id.
     pub op_id: OpId,
@@ -191,7 +191,7 @@ pub struct BackupOp {
 }
 
 /// Why the scheduler gave up on a request by itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AbortReason {
     /// A retraction needed host pages and the host pool could not provide them.
     HostPoolExhausted,
@@ -201,7 +201,7 @@ pub enum AbortReason {
 }
 
 /// A request the scheduler aborted on its own; the engine must stop waiting for it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct AbortNotice {
     /// The aborted request (now unknown to the scheduler).
     pub request_id: RequestId,
@@ -210,7 +210,7 @@ pub struct AbortNotice {
 }
 
 /// Everything the engine must do this step.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct ExecutionPlan {
     /// The forward batch (possibly without rows).
     pub forward: ForwardBatch,

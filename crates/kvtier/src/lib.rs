@@ -1,0 +1,128 @@
+//! kvtier's embedding API: the actor system over the scheduler, radix and host cores.
+//!
+//! [`System::builder`] wires one actor per core — the Scheduler (request FSM), the Radix
+//! cache and the Host allocator — under one of two runtimes, and returns a [`Handle`]
+//! (`Clone + Send + Sync`) with async `submit`, `next_plan`, `advance`, `abort`, `stats`
+//! and `shutdown`. [`BlockingHandle`] wraps it for callers outside async code.
+//!
+//! * [`Runtime::Actix`] (default): actix 0.13 actors on their own thread; the three
+//!   actors share one arbiter, so their messages never hop threads.
+//! * [`Runtime::Deterministic`]: a single-threaded bus delivers the same messages in a
+//!   fixed order, with [`FaultHooks`] to delay, fail or reorder deliveries.
+//!
+//! Both give the same plans as the direct path, [`kvtier_fsm::Scheduler`], step for step:
+//! the cores are the same and each call is one conversation of typed messages
+//! (`docs/messages.md`).
+//!
+//! ```
+//! use kvtier::{BlockingHandle, System};
+//! use kvtier_types::{EngineEvent, RequestSpec, SchedulerConfig};
+//!
+//! let config = SchedulerConfig { page_size: 2, device_pages: 32, host_pages: 32, ..Default::default() };
+//! let handle = BlockingHandle::new(System::builder(config).start()?);
+//! handle.submit(vec![RequestSpec::new("r1", vec![11, 12, 13, 14, 15])])?;
+//! let plan = handle.next_plan()?;
+//! assert_eq!(plan.forward.rows.len(), 1);
+//! handle.advance(vec![EngineEvent::Finish { request_id: "r1".into() }])?;
+//! let report = handle.shutdown()?;
+//! assert!(report.conservation.is_ok() && report.host.leased_pages == 0);
+//! # Ok::<(), kvtier::KvError>(())
+//! ```
+
+mod error;
+mod handle;
+pub mod messages;
+pub mod runtime;
+
+use kvtier_fsm::{SchedulerCore, cache_config};
+use kvtier_host::HostAllocator;
+use kvtier_radix::RadixCache;
+use kvtier_types::SchedulerConfig;
+
+pub use error::KvError;
+pub use handle::{BlockingHandle, Handle, block_on};
+pub use messages::{ShutdownReport, SystemStats};
+pub use runtime::deterministic::{ActorName, Delivery, Fault, FaultHooks, NoFaults};
+
+/// Which runtime delivers the messages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Runtime {
+    /// actix actors on a dedicated thread.
+    #[default]
+    Actix,
+    /// The single-threaded deterministic bus.
+    Deterministic,
+}
+
+/// Entry point of the embedding API.
+#[derive(Debug)]
+pub struct System;
+
+impl System {
+    /// A builder over a scheduler configuration.
+    pub fn builder(config: SchedulerConfig) -> SystemBuilder {
+        SystemBuilder {
+            config,
+            runtime: Runtime::default(),
+            hooks: None,
+        }
+    }
+}
+
+/// Configures and starts a [`System`].
+#[derive(Debug)]
+pub struct SystemBuilder {
+    config: SchedulerConfig,
+    runtime: Runtime,
+    hooks: Option<Box<dyn FaultHooks>>,
+}
+
+impl SystemBuilder {
+    /// Chooses the runtime.
+    pub fn runtime(mut self, runtime: Runtime) -> Self {
+        self.runtime = runtime;
+        self
+    }
+
+    /// Fault hooks for the deterministic runtime (implies it).
+    pub fn fault_hooks(mut self, hooks: impl FaultHooks + 'static) -> Self {
+        self.runtime = Runtime::Deterministic;
+        self.hooks = Some(Box::new(hooks));
+        self
+    }
+
+    /// Builds the cores and starts the actors. Fails on an invalid config.
+    pub fn start(self) -> Result<Handle, KvError> {
+        let parts = Parts::build(self.config)?;
+        match self.runtime {
+            Runtime::Actix => Handle::start_actix(parts),
+            Runtime::Deterministic => {
+                Handle::start_bus(parts, self.hooks.unwrap_or_else(|| Box::new(NoFaults)))
+            }
+        }
+    }
+}
+
+/// The cores of one system, wired: the radix cache's host tier is a lease from the
+/// host allocator.
+#[derive(Debug)]
+pub(crate) struct Parts {
+    pub core: SchedulerCore,
+    pub cache: RadixCache,
+    pub host: HostAllocator,
+}
+
+impl Parts {
+    fn build(config: SchedulerConfig) -> Result<Self, KvError> {
+        let core = SchedulerCore::new(config)?;
+        let cache_config = cache_config(core.config());
+        let mut host = HostAllocator::new(cache_config.host_pages);
+        let usable = cache_config.host_pages.saturating_sub(1);
+        let lease = host
+            .lease(usable)
+            .map_err(|e| KvError::Setup(e.to_string()))?;
+        let cache = RadixCache::with_host_lease(&cache_config, lease)
+            .map_err(|e| KvError::Setup(e.to_string()))?;
+        Ok(Self { core, cache, host })
+    }
+}

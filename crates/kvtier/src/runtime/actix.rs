@@ -1,0 +1,303 @@
+//! The actix runtime: one actor per core, on one arbiter (local delivery, no thread hop
+//! between actors). Each shell owns its core and maps messages to core calls.
+
+use actix::prelude::*;
+use kvtier_fsm::{Progress, SchedulerCore};
+use kvtier_host::HostAllocator;
+use kvtier_radix::{CacheBatch, RadixCache};
+use kvtier_types::ExecutionPlan;
+
+use crate::messages::*;
+use crate::{KvError, Parts};
+
+// ----- Host allocator --------------------------------------------------------------
+
+/// The Host allocator actor.
+#[derive(Debug)]
+pub struct HostActor {
+    core: HostAllocator,
+}
+
+impl Actor for HostActor {
+    type Context = Context<Self>;
+}
+
+impl Handler<Lease> for HostActor {
+    type Result = <Lease as actix::Message>::Result;
+    fn handle(&mut self, msg: Lease, _: &mut Context<Self>) -> Self::Result {
+        self.core.lease(msg.pages)
+    }
+}
+
+impl Handler<HostStatsQuery> for HostActor {
+    type Result = MessageResult<HostStatsQuery>;
+    fn handle(&mut self, _: HostStatsQuery, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.core.stats())
+    }
+}
+
+// ----- Radix cache -----------------------------------------------------------------
+
+/// The Radix cache actor. The cache is dropped at shutdown, returning its host lease.
+#[derive(Debug)]
+pub struct RadixActor {
+    cache: Option<RadixCache>,
+}
+
+impl Actor for RadixActor {
+    type Context = Context<Self>;
+}
+
+impl Handler<RunBatch> for RadixActor {
+    type Result = MessageResult<RunBatch>;
+    fn handle(&mut self, msg: RunBatch, _: &mut Context<Self>) -> Self::Result {
+        let _entered = msg.span.enter();
+        let reply = match &mut self.cache {
+            Some(cache) => cache.execute(msg.batch),
+            // Closed: the batch's handles are dropped; the scheduler sees a short reply.
+            None => Default::default(),
+        };
+        MessageResult(reply)
+    }
+}
+
+impl Handler<CacheStats> for RadixActor {
+    type Result = MessageResult<CacheStats>;
+    fn handle(&mut self, _: CacheStats, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.cache.as_mut().map(|c| c.stats()).unwrap_or_default())
+    }
+}
+
+impl Handler<DrainKvEvents> for RadixActor {
+    type Result = MessageResult<DrainKvEvents>;
+    fn handle(&mut self, _: DrainKvEvents, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(
+            self.cache
+                .as_mut()
+                .map(|c| c.drain_events())
+                .unwrap_or_default(),
+        )
+    }
+}
+
+impl Handler<CheckPages> for RadixActor {
+    type Result = MessageResult<CheckPages>;
+    fn handle(&mut self, msg: CheckPages, _: &mut Context<Self>) -> Self::Result {
+        let [device, host] = &msg.outside;
+        MessageResult(match &mut self.cache {
+            Some(cache) => cache.check_invariants([device, host]),
+            None => Err("the cache is closed".into()),
+        })
+    }
+}
+
+impl Handler<CloseCache> for RadixActor {
+    type Result = ();
+    fn handle(&mut self, _: CloseCache, _: &mut Context<Self>) {
+        self.cache = None;
+    }
+}
+
+// ----- Scheduler -------------------------------------------------------------------
+
+/// The Scheduler actor: the request FSM. Calls that need the cache converse with the
+/// radix actor inside an atomic response, so no other message interleaves.
+#[derive(Debug)]
+pub struct SchedulerActor {
+    core: Option<SchedulerCore>,
+    radix: Addr<RadixActor>,
+    host: Addr<HostActor>,
+    /// Set when a conversation broke off: only shutdown is served then.
+    failed: Option<String>,
+}
+
+impl Actor for SchedulerActor {
+    type Context = Context<Self>;
+}
+
+type Reply<T> = AtomicResponse<SchedulerActor, Result<T, KvError>>;
+
+fn ready<T: 'static>(value: Result<T, KvError>) -> Reply<T> {
+    AtomicResponse::new(Box::pin(fut::ready(value)))
+}
+
+impl SchedulerActor {
+    fn core(&mut self) -> Result<&mut SchedulerCore, KvError> {
+        if let Some(reason) = &self.failed {
+            return Err(KvError::Failed(reason.clone()));
+        }
+        self.core.as_mut().ok_or(KvError::ShutDown)
+    }
+
+    /// Sends a batch and resumes the core with the reply until it is done.
+    fn converse(
+        &mut self,
+        batch: CacheBatch,
+        span: tracing::Span,
+    ) -> ResponseActFuture<Self, Result<Option<ExecutionPlan>, KvError>> {
+        let request = self.radix.send(RunBatch {
+            batch,
+            span: span.clone(),
+        });
+        Box::pin(request.into_actor(self).then(move |reply, act, _| {
+            let resumed = match (reply, act.core()) {
+                (Ok(reply), Ok(core)) => core.resume(reply).map_err(KvError::from),
+                (Err(_), _) => Err(KvError::ActorGone("radix")),
+                (_, Err(e)) => Err(e),
+            };
+            let next: ResponseActFuture<Self, _> = match resumed {
+                Ok(Progress::Done) => Box::pin(fut::ready(Ok(None))),
+                Ok(Progress::Plan(plan)) => Box::pin(fut::ready(Ok(Some(plan)))),
+                Ok(Progress::Cache(batch)) => act.converse(batch, span),
+                Err(e) => {
+                    act.failed = Some(e.to_string());
+                    Box::pin(fut::ready(Err(e)))
+                }
+            };
+            next
+        }))
+    }
+
+    /// Runs the core's queued cache work, then answers `result`.
+    fn flush(&mut self, result: Result<(), KvError>, span: tracing::Span) -> Reply<()> {
+        let batch = match self.core() {
+            Ok(core) => core.take_batch(),
+            Err(e) => return ready(Err(e)),
+        };
+        let Some(batch) = batch else {
+            return ready(result);
+        };
+        AtomicResponse::new(Box::pin(
+            self.converse(batch, span)
+                .map(move |done, _, _| done.and(result)),
+        ))
+    }
+}
+
+impl Handler<Submit> for SchedulerActor {
+    type Result = Result<(), KvError>;
+    fn handle(&mut self, msg: Submit, _: &mut Context<Self>) -> Self::Result {
+        let _entered = msg.span.enter();
+        Ok(self.core()?.submit(msg.specs)?)
+    }
+}
+
+impl Handler<Advance> for SchedulerActor {
+    type Result = Reply<()>;
+    fn handle(&mut self, msg: Advance, _: &mut Context<Self>) -> Self::Result {
+        let result = {
+            let _entered = msg.span.enter();
+            match self.core() {
+                Ok(core) => core.advance(msg.events).map_err(KvError::from),
+                Err(e) => return ready(Err(e)),
+            }
+        };
+        self.flush(result, msg.span)
+    }
+}
+
+impl Handler<Abort> for SchedulerActor {
+    type Result = Reply<()>;
+    fn handle(&mut self, msg: Abort, _: &mut Context<Self>) -> Self::Result {
+        let result = match self.core() {
+            Ok(core) => core.abort(&msg.id).map_err(KvError::from),
+            Err(e) => return ready(Err(e)),
+        };
+        self.flush(result, msg.span)
+    }
+}
+
+impl Handler<NextPlan> for SchedulerActor {
+    type Result = Reply<ExecutionPlan>;
+    fn handle(&mut self, msg: NextPlan, _: &mut Context<Self>) -> Self::Result {
+        let batch = match self.core().and_then(|c| c.plan().map_err(KvError::from)) {
+            Ok(batch) => batch,
+            Err(e) => return ready(Err(e)),
+        };
+        AtomicResponse::new(Box::pin(self.converse(batch, msg.span).map(
+            |plan, _, _| {
+                plan.and_then(|p| p.ok_or(KvError::Sched(kvtier_fsm::SchedError::UnexpectedReply)))
+            },
+        )))
+    }
+}
+
+impl Handler<Stats> for SchedulerActor {
+    type Result = Reply<SystemStats>;
+    fn handle(&mut self, _: Stats, _: &mut Context<Self>) -> Self::Result {
+        let core = match self.core() {
+            Ok(core) => core.stats(),
+            Err(e) => return ready(Err(e)),
+        };
+        let tree = self.radix.send(CacheStats);
+        let host = self.host.send(HostStatsQuery);
+        let both = async move { (tree.await, host.await) };
+        AtomicResponse::new(Box::pin(both.into_actor(self).map(
+            move |(tree, host), _, _| {
+                let tree = tree.map_err(|_| KvError::ActorGone("radix"))?;
+                let host = host.map_err(|_| KvError::ActorGone("host"))?;
+                Ok(SystemStats {
+                    scheduler: core.with_tree(tree),
+                    host,
+                })
+            },
+        )))
+    }
+}
+
+impl Handler<TakeKvEvents> for SchedulerActor {
+    type Result = Reply<Vec<kvtier_types::KvEvent>>;
+    fn handle(&mut self, _: TakeKvEvents, _: &mut Context<Self>) -> Self::Result {
+        let events = self.radix.send(DrainKvEvents);
+        AtomicResponse::new(Box::pin(
+            events
+                .into_actor(self)
+                .map(|events, _, _| events.map_err(|_| KvError::ActorGone("radix"))),
+        ))
+    }
+}
+
+impl Handler<Shutdown> for SchedulerActor {
+    type Result = AtomicResponse<Self, ShutdownReport>;
+    fn handle(&mut self, _: Shutdown, _: &mut Context<Self>) -> Self::Result {
+        let mut report = self.core.as_ref().map(core_report).unwrap_or_default();
+        report.failure = self.failed.clone();
+        // Dropping the core releases every handle it held back to its owner.
+        self.core = None;
+        let radix = self.radix.clone();
+        let host = self.host.clone();
+        let steps = async move {
+            let conservation = radix
+                .send(CheckPages {
+                    outside: [Vec::new(), Vec::new()],
+                })
+                .await
+                .unwrap_or_else(|_| Err("the radix actor is gone".into()));
+            let _ = radix.send(CloseCache).await;
+            let host = host.send(HostStatsQuery).await.unwrap_or_default();
+            (conservation, host)
+        };
+        AtomicResponse::new(Box::pin(steps.into_actor(self).map(
+            move |(conservation, host), _, _| {
+                report.conservation = conservation;
+                report.host = host;
+                System::current().stop();
+                report
+            },
+        )))
+    }
+}
+
+/// Starts the three actors on the current actix system; returns the scheduler's address.
+pub(crate) fn start(parts: Parts) -> Addr<SchedulerActor> {
+    let Parts { core, cache, host } = parts;
+    let host = HostActor { core: host }.start();
+    let radix = RadixActor { cache: Some(cache) }.start();
+    SchedulerActor {
+        core: Some(core),
+        radix,
+        host,
+        failed: None,
+    }
+    .start()
+}

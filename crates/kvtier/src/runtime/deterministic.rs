@@ -1,0 +1,348 @@
+//! The deterministic runtime: the same cores and the same messages as the actix
+//! runtime, delivered one at a time by a single-threaded bus in a fixed order.
+//!
+//! Fault hooks see every delivery and may deliver it, delay it by some ticks, or fail
+//! it; when several messages are ready at once, a hook picks which goes first.
+
+use std::collections::VecDeque;
+
+use kvtier_fsm::{Progress, SchedulerCore};
+use kvtier_host::{HostAllocator, HostStats};
+use kvtier_radix::{CacheBatch, CacheReply, RadixCache, TreeStats};
+use kvtier_types::{EngineEvent, ExecutionPlan, KvEvent, RequestId, RequestSpec};
+
+use crate::messages::{ShutdownReport, SystemStats, core_report};
+use crate::{KvError, Parts};
+
+/// An actor of the system, for fault hooks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ActorName {
+    /// The request FSM.
+    Scheduler,
+    /// The radix cache.
+    Radix,
+    /// The host allocator.
+    Host,
+}
+
+impl ActorName {
+    fn name(self) -> &'static str {
+        match self {
+            ActorName::Scheduler => "scheduler",
+            ActorName::Radix => "radix",
+            ActorName::Host => "host",
+        }
+    }
+}
+
+/// A message about to be delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// Sequence number of the message on the bus (from 0).
+    pub seq: u64,
+    /// The sender.
+    pub from: ActorName,
+    /// The receiver.
+    pub to: ActorName,
+    /// The message type (as in `docs/messages.md`).
+    pub message: &'static str,
+}
+
+/// What to do with a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Deliver it now.
+    Deliver,
+    /// Hold it back this many ticks (other ready messages go first).
+    Delay(u64),
+    /// Drop it: the call it belongs to fails with [`KvError::DeliveryFailed`].
+    Fail,
+}
+
+/// Fault injection for the deterministic runtime. The defaults deliver everything in
+/// sending order.
+pub trait FaultHooks: Send + std::fmt::Debug {
+    /// Called once per message when it is sent.
+    fn on_send(&mut self, _delivery: &Delivery) -> Fault {
+        Fault::Deliver
+    }
+
+    /// Picks which of the ready messages (in sending order) is delivered next.
+    fn pick(&mut self, _ready: &[Delivery]) -> usize {
+        0
+    }
+}
+
+/// Delivers everything in sending order.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoFaults;
+
+impl FaultHooks for NoFaults {}
+
+#[derive(Debug)]
+enum Payload {
+    Batch(CacheBatch),
+    Reply(CacheReply),
+    CacheStats,
+    TreeStats(TreeStats),
+    HostStatsQuery,
+    HostStats(HostStats),
+}
+
+impl Payload {
+    fn name(&self) -> &'static str {
+        match self {
+            Payload::Batch(_) => "RunBatch",
+            Payload::Reply(_) => "CacheReply",
+            Payload::CacheStats => "CacheStats",
+            Payload::TreeStats(_) => "TreeStats",
+            Payload::HostStatsQuery => "HostStatsQuery",
+            Payload::HostStats(_) => "HostStats",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Envelope {
+    delivery: Delivery,
+    due: u64,
+    payload: Payload,
+}
+
+/// What the scheduler's side of a conversation is waiting for.
+enum Wanted {
+    Done,
+    Plan(Option<Box<ExecutionPlan>>),
+}
+
+/// The bus and the cores it delivers to.
+#[derive(Debug)]
+pub struct Bus {
+    scheduler: Option<SchedulerCore>,
+    radix: Option<RadixCache>,
+    host: HostAllocator,
+    hooks: Box<dyn FaultHooks>,
+    queue: VecDeque<Envelope>,
+    clock: u64,
+    seq: u64,
+    failed: Option<String>,
+    /// Stats replies collected by the scheduler's side.
+    stats_in: (Option<TreeStats>, Option<HostStats>),
+}
+
+impl Bus {
+    pub(crate) fn new(parts: Parts, hooks: Box<dyn FaultHooks>) -> Self {
+        Self {
+            scheduler: Some(parts.core),
+            radix: Some(parts.cache),
+            host: parts.host,
+            hooks,
+            queue: VecDeque::new(),
+            clock: 0,
+            seq: 0,
+            failed: None,
+            stats_in: (None, None),
+        }
+    }
+
+    fn core(&mut self) -> Result<&mut SchedulerCore, KvError> {
+        if let Some(reason) = &self.failed {
+            return Err(KvError::Failed(reason.clone()));
+        }
+        self.scheduler.as_mut().ok_or(KvError::ShutDown)
+    }
+
+    fn send(&mut self, from: ActorName, to: ActorName, payload: Payload) -> Result<(), KvError> {
+        let delivery = Delivery {
+            seq: self.seq,
+            from,
+            to,
+            message: payload.name(),
+        };
+        self.seq += 1;
+        let due = match self.hooks.on_send(&delivery) {
+            Fault::Deliver => self.clock,
+            Fault::Delay(ticks) => self.clock + ticks,
+            Fault::Fail => {
+                let error = KvError::DeliveryFailed {
+                    to: to.name(),
+                    message: delivery.message,
+                };
+                // The payload (and any handle in it) is dropped: handles go home.
+                drop(payload);
+                self.failed = Some(error.to_string());
+                return Err(error);
+            }
+        };
+        self.queue.push_back(Envelope {
+            delivery,
+            due,
+            payload,
+        });
+        Ok(())
+    }
+
+    /// Delivers messages until the queue is empty; returns the plan if one completed.
+    fn run(&mut self, mut wanted: Wanted) -> Result<Option<Box<ExecutionPlan>>, KvError> {
+        while !self.queue.is_empty() {
+            let earliest = self.queue.iter().map(|e| e.due).min().unwrap_or(self.clock);
+            self.clock = self.clock.max(earliest);
+            let ready: Vec<usize> = (0..self.queue.len())
+                .filter(|&i| self.queue[i].due <= self.clock)
+                .collect();
+            let infos: Vec<Delivery> = ready
+                .iter()
+                .map(|&i| self.queue[i].delivery.clone())
+                .collect();
+            let pick = self.hooks.pick(&infos).min(ready.len() - 1);
+            let envelope = self
+                .queue
+                .remove(ready[pick])
+                .expect("picked from the ready messages");
+            self.clock += 1;
+            self.deliver(envelope, &mut wanted)?;
+        }
+        Ok(match wanted {
+            Wanted::Plan(plan) => plan,
+            Wanted::Done => None,
+        })
+    }
+
+    fn deliver(&mut self, envelope: Envelope, wanted: &mut Wanted) -> Result<(), KvError> {
+        use ActorName::*;
+        match envelope.payload {
+            Payload::Batch(batch) => {
+                let reply = match &mut self.radix {
+                    Some(cache) => cache.execute(batch),
+                    None => CacheReply::default(),
+                };
+                self.send(Radix, Scheduler, Payload::Reply(reply))
+            }
+            Payload::Reply(reply) => match self.core()?.resume(reply)? {
+                Progress::Done => Ok(()),
+                Progress::Plan(plan) => {
+                    *wanted = Wanted::Plan(Some(Box::new(plan)));
+                    Ok(())
+                }
+                Progress::Cache(batch) => self.send(Scheduler, Radix, Payload::Batch(batch)),
+            },
+            Payload::CacheStats => {
+                let stats = self.radix.as_mut().map(|c| c.stats()).unwrap_or_default();
+                self.send(Radix, Scheduler, Payload::TreeStats(stats))
+            }
+            Payload::HostStatsQuery => {
+                let stats = self.host.stats();
+                self.send(Host, Scheduler, Payload::HostStats(stats))
+            }
+            Payload::TreeStats(stats) => {
+                self.stats_in.0 = Some(stats);
+                Ok(())
+            }
+            Payload::HostStats(stats) => {
+                self.stats_in.1 = Some(stats);
+                Ok(())
+            }
+        }
+    }
+
+    /// A failed conversation fails the system: the core may be mid-call.
+    fn guard<T>(&mut self, result: Result<T, KvError>) -> Result<T, KvError> {
+        if let Err(e) = &result
+            && self.failed.is_none()
+            && !matches!(e, KvError::Batch(_) | KvError::Sched(_) | KvError::ShutDown)
+        {
+            self.failed = Some(e.to_string());
+        }
+        result
+    }
+
+    fn flush(&mut self) -> Result<(), KvError> {
+        if let Some(batch) = self.core()?.take_batch() {
+            self.send(
+                ActorName::Scheduler,
+                ActorName::Radix,
+                Payload::Batch(batch),
+            )?;
+            let run = self.run(Wanted::Done);
+            self.guard(run)?;
+        }
+        Ok(())
+    }
+
+    /// Queues requests.
+    pub fn submit(&mut self, specs: Vec<RequestSpec>) -> Result<(), KvError> {
+        Ok(self.core()?.submit(specs)?)
+    }
+
+    /// Applies engine events, then their cache work.
+    pub fn advance(&mut self, events: Vec<EngineEvent>) -> Result<(), KvError> {
+        let result = self.core()?.advance(events);
+        self.flush()?;
+        Ok(result?)
+    }
+
+    /// Aborts a request, then runs its cache work.
+    pub fn abort(&mut self, id: &RequestId) -> Result<(), KvError> {
+        let result = self.core()?.abort(id);
+        self.flush()?;
+        Ok(result?)
+    }
+
+    /// Builds the next plan.
+    pub fn next_plan(&mut self) -> Result<ExecutionPlan, KvError> {
+        let batch = self.core()?.plan()?;
+        self.send(
+            ActorName::Scheduler,
+            ActorName::Radix,
+            Payload::Batch(batch),
+        )?;
+        let plan = self.run(Wanted::Plan(None));
+        let plan = self.guard(plan)?;
+        plan.map(|p| *p)
+            .ok_or(KvError::Sched(kvtier_fsm::SchedError::UnexpectedReply))
+    }
+
+    /// Counters of every actor (the radix and host queries travel concurrently).
+    pub fn stats(&mut self) -> Result<SystemStats, KvError> {
+        let core = self.core()?.stats();
+        self.stats_in = (None, None);
+        self.send(ActorName::Scheduler, ActorName::Radix, Payload::CacheStats)?;
+        self.send(
+            ActorName::Scheduler,
+            ActorName::Host,
+            Payload::HostStatsQuery,
+        )?;
+        self.run(Wanted::Done)?;
+        match std::mem::take(&mut self.stats_in) {
+            (Some(tree), Some(host)) => Ok(SystemStats {
+                scheduler: core.with_tree(tree),
+                host,
+            }),
+            _ => Err(KvError::Sched(kvtier_fsm::SchedError::UnexpectedReply)),
+        }
+    }
+
+    /// KV-cache events since the last call.
+    pub fn take_kv_events(&mut self) -> Result<Vec<KvEvent>, KvError> {
+        Ok(self
+            .radix
+            .as_mut()
+            .map(|c| c.drain_events())
+            .unwrap_or_default())
+    }
+
+    /// Drops every core in order and reports what was held.
+    pub fn shutdown(&mut self) -> ShutdownReport {
+        let mut report = self.scheduler.as_ref().map(core_report).unwrap_or_default();
+        report.failure = self.failed.clone();
+        self.queue.clear();
+        self.scheduler = None;
+        report.conservation = match &mut self.radix {
+            Some(cache) => cache.check_invariants([&[], &[]]),
+            None => Err("the cache is closed".into()),
+        };
+        self.radix = None;
+        report.host = self.host.stats();
+        report
+    }
+}
