@@ -12,7 +12,22 @@ use anyhow::{Context, Result, bail};
 use crate::{capture_stdout, cargo, display_command, run_command};
 
 const USAGE: &str = "usage: cargo xtask bench [--quick] [--no-criterion]\n       \
-                     cargo xtask bench --callgrind <workload> [args..]";
+                     cargo xtask bench --callgrind <workload> [args..]\n       \
+                     cargo xtask bench --runtimes [--rounds N]";
+
+/// Workloads compared across runtimes: arguments and the JSON field compared.
+const RUNTIME_CASES: &[(&str, &[&str], &str)] = &[
+    (
+        "w1 P=64 per request",
+        &["w1", "--page-size", "64"],
+        "ns_per_request",
+    ),
+    (
+        "w2 N=256 steady step p50",
+        &["w2", "--requests", "256"],
+        "steady_p50_ns",
+    ),
+];
 
 /// Workloads and their arguments for the full run.
 const FULL: &[&[&str]] = &[
@@ -22,6 +37,9 @@ const FULL: &[&[&str]] = &[
     &["w2", "--requests", "256"],
     &["w2", "--requests", "1024"],
     &["w3"],
+    &["w1", "--page-size", "64", "--runtime", "actors"],
+    &["w2", "--requests", "256", "--runtime", "actors"],
+    &["w3", "--runtime", "actors"],
     &["copy"],
 ];
 
@@ -47,11 +65,21 @@ const COLUMNS: &[&str] = &[
 pub fn run(root: &Path, args: &[String]) -> Result<()> {
     let mut quick = false;
     let mut criterion = true;
+    let mut runtimes = false;
+    let mut rounds = 7;
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => quick = true,
             "--no-criterion" => criterion = false,
+            "--runtimes" => runtimes = true,
+            "--rounds" => {
+                rounds = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|&n: &usize| n > 0)
+                    .with_context(|| format!("--rounds needs a positive count\n{USAGE}"))?;
+            }
             "--callgrind" => {
                 let rest: Vec<String> = args.cloned().collect();
                 return callgrind(root, &rest);
@@ -60,6 +88,9 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
         }
     }
 
+    if runtimes {
+        return compare_runtimes(root, rounds);
+    }
     let workloads = if quick { QUICK } else { FULL };
     let bench_dir = root.join(target_dir()).join("bench");
     fs::create_dir_all(&bench_dir).with_context(|| format!("creating {}", bench_dir.display()))?;
@@ -102,6 +133,60 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// `cargo xtask bench --runtimes`: the core path and the actor system (actix, on the
+/// calling thread), run alternately `rounds` times; medians and their ratio.
+fn compare_runtimes(root: &Path, rounds: usize) -> Result<()> {
+    let mut build = cargo(root);
+    build.args(["build", "--release", "-p", "kvtier-cli"]);
+    println!("==> bench: {}", display_command(&build));
+    run_command(&mut build)?;
+    let binary = root.join(target_dir()).join("release").join("kvtier");
+    let runtimes = ["core", "actors"];
+    println!(
+        "\n{:<28} {:>12} {:>12} {:>7}",
+        "workload", "core", "actors", "ratio"
+    );
+    for (name, args, field) in RUNTIME_CASES {
+        let mut samples: [Vec<f64>; 2] = Default::default();
+        for _ in 0..rounds {
+            for (i, runtime) in runtimes.iter().enumerate() {
+                let mut command = Command::new(&binary);
+                command
+                    .arg("bench")
+                    .args(*args)
+                    .args(["--runtime", runtime, "--json"]);
+                let stdout = capture_stdout(&mut command)?;
+                let line = last_line(&stdout).context("the benchmark printed nothing")?;
+                let fields = parse_flat_json(line)
+                    .with_context(|| format!("not a flat JSON object: {line}"))?;
+                let value = get(&fields, field)
+                    .and_then(JsonValue::as_f64)
+                    .with_context(|| format!("no `{field}` in {line}"))?;
+                samples[i].push(value);
+            }
+        }
+        let [core, actors] = samples.map(median);
+        println!(
+            "{name:<28} {:>10.2}µs {:>10.2}µs {:>6.2}x",
+            core / 1e3,
+            actors / 1e3,
+            actors / core
+        );
+    }
+    println!("(medians of {rounds} interleaved runs each)");
+    Ok(())
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
 /// `cargo xtask bench --callgrind <w> [args..]`.
 fn callgrind(root: &Path, args: &[String]) -> Result<()> {
     let Some((workload, extra)) = args.split_first() else {
@@ -120,7 +205,12 @@ fn callgrind(root: &Path, args: &[String]) -> Result<()> {
     let bench_dir = target.join("bench");
     fs::create_dir_all(root.join(&bench_dir))
         .with_context(|| format!("creating {}", bench_dir.display()))?;
-    let out_file = bench_dir.join(format!("callgrind.{workload}.out"));
+    let tag: String = args
+        .iter()
+        .map(|a| a.trim_start_matches('-'))
+        .collect::<Vec<_>>()
+        .join("-");
+    let out_file = bench_dir.join(format!("callgrind.{tag}.out"));
     let mut valgrind = Command::new("valgrind");
     valgrind
         .current_dir(root)

@@ -65,8 +65,10 @@ enum Command {
 enum BenchRuntime {
     /// The scheduler core over its own cache, called directly.
     Core,
-    /// The actix actor system (the embedding API's default runtime).
+    /// The actix actor system, on the calling thread (no thread hop).
     Actors,
+    /// The actix actor system on its own thread, through the blocking handle.
+    ActorsThreaded,
     /// The deterministic single-thread runtime.
     Deterministic,
 }
@@ -76,6 +78,7 @@ impl BenchRuntime {
         match self {
             BenchRuntime::Core => Path::Core,
             BenchRuntime::Actors => Path::Actors,
+            BenchRuntime::ActorsThreaded => Path::ActorsThreaded,
             BenchRuntime::Deterministic => Path::Deterministic,
         }
     }

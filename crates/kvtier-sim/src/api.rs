@@ -1,6 +1,6 @@
 //! The calls a workload makes, over either path: the direct core or the actor system.
 
-use kvtier::{BlockingHandle, KvError, Runtime, System};
+use kvtier::{BlockingHandle, KvError, LocalSystem, Runtime, System};
 use kvtier_fsm::Scheduler;
 use kvtier_types::{EngineEvent, ExecutionPlan, KvEvent, RequestSpec, SchedulerConfig};
 
@@ -10,9 +10,11 @@ pub enum Path {
     /// The scheduler core over its own cache, called directly.
     #[default]
     Core,
-    /// The actix actor system, through the blocking handle.
+    /// The actix actor system on the caller's thread ([`kvtier::LocalSystem`]).
     Actors,
-    /// The deterministic runtime, through the blocking handle.
+    /// The actix actor system on its own thread, through the blocking handle.
+    ActorsThreaded,
+    /// The deterministic runtime on the caller's thread.
     Deterministic,
 }
 
@@ -22,6 +24,7 @@ impl Path {
         match self {
             Path::Core => "core",
             Path::Actors => "actors",
+            Path::ActorsThreaded => "actors-threaded",
             Path::Deterministic => "deterministic",
         }
     }
@@ -114,11 +117,68 @@ impl SchedulerApi for ActorScheduler {
     }
 }
 
+/// The actor system on the caller's thread, as a workload sees it.
+#[derive(Debug)]
+pub struct LocalActors {
+    system: Option<LocalSystem>,
+    config: SchedulerConfig,
+}
+
+impl LocalActors {
+    /// Starts a system on `runtime`, on this thread.
+    pub fn start(config: SchedulerConfig, runtime: Runtime) -> Result<Self, KvError> {
+        let system = System::builder(config.clone())
+            .runtime(runtime)
+            .start_local()?;
+        Ok(Self {
+            system: Some(system),
+            config,
+        })
+    }
+
+    fn system(&mut self) -> Result<&mut LocalSystem, KvError> {
+        self.system.as_mut().ok_or(KvError::ShutDown)
+    }
+}
+
+impl Drop for LocalActors {
+    fn drop(&mut self) {
+        if let Some(system) = self.system.take() {
+            let _ = system.shutdown();
+        }
+    }
+}
+
+impl SchedulerApi for LocalActors {
+    fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    fn submit(&mut self, specs: Vec<RequestSpec>) -> Result<(), KvError> {
+        self.system()?.submit(specs)
+    }
+
+    fn next_plan(&mut self) -> Result<ExecutionPlan, KvError> {
+        self.system()?.next_plan()
+    }
+
+    fn advance(&mut self, events: Vec<EngineEvent>) -> Result<(), KvError> {
+        self.system()?.advance(events)
+    }
+
+    fn drain_kv_events(&mut self) -> Vec<KvEvent> {
+        self.system()
+            .and_then(|s| s.take_kv_events())
+            .unwrap_or_default()
+    }
+}
+
 /// A scheduler on `path`.
 pub fn scheduler_on(path: Path, config: SchedulerConfig) -> Result<Box<dyn SchedulerApi>, KvError> {
     Ok(match path {
         Path::Core => Box::new(Scheduler::new(config)?),
-        Path::Actors => Box::new(ActorScheduler::start(config, Runtime::Actix)?),
-        Path::Deterministic => Box::new(ActorScheduler::start(config, Runtime::Deterministic)?),
+        Path::Actors => Box::new(LocalActors::start(config, Runtime::Actix)?),
+        Path::ActorsThreaded => Box::new(ActorScheduler::start(config, Runtime::Actix)?),
+        Path::Deterministic => Box::new(LocalActors::start(config, Runtime::Deterministic)?),
     })
 }

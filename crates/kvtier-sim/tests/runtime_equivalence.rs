@@ -7,7 +7,12 @@ use kvtier_sim::{
 };
 use kvtier_types::{RequestSpec, SchedulerConfig, Token};
 
-const PATHS: [Path; 3] = [Path::Core, Path::Deterministic, Path::Actors];
+const PATHS: [Path; 4] = [
+    Path::Core,
+    Path::Deterministic,
+    Path::Actors,
+    Path::ActorsThreaded,
+];
 
 fn run(kind: WorkloadKind, path: Path, l2: bool, requests: Option<usize>) -> Report {
     let options = WorkloadOptions {
@@ -23,7 +28,7 @@ fn run(kind: WorkloadKind, path: Path, l2: bool, requests: Option<usize>) -> Rep
 fn assert_same(kind: WorkloadKind, l2: bool, requests: Option<usize>) {
     let core = run(kind, Path::Core, l2, requests);
     assert!(core.plan_digests.len() > 10, "the run recorded its plans");
-    for path in [Path::Deterministic, Path::Actors] {
+    for path in PATHS.into_iter().skip(1) {
         let other = run(kind, path, l2, requests);
         let first_diff = core
             .plan_digests

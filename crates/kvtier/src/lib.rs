@@ -3,7 +3,8 @@
 //! [`System::builder`] wires one actor per core — the Scheduler (request FSM), the Radix
 //! cache and the Host allocator — under one of two runtimes, and returns a [`Handle`]
 //! (`Clone + Send + Sync`) with async `submit`, `next_plan`, `advance`, `abort`, `stats`
-//! and `shutdown`. [`BlockingHandle`] wraps it for callers outside async code.
+//! and `shutdown`. [`BlockingHandle`] wraps it for callers outside async code, and
+//! [`SystemBuilder::start_local`] runs the same actors on the caller's own thread.
 //!
 //! * [`Runtime::Actix`] (default): actix 0.13 actors on their own thread; the three
 //!   actors share one arbiter, so their messages never hop threads.
@@ -31,6 +32,7 @@
 
 mod error;
 mod handle;
+mod local;
 pub mod messages;
 pub mod runtime;
 
@@ -41,6 +43,7 @@ use kvtier_types::SchedulerConfig;
 
 pub use error::KvError;
 pub use handle::{BlockingHandle, Handle, block_on};
+pub use local::LocalSystem;
 pub use messages::{ShutdownReport, SystemStats};
 pub use runtime::deterministic::{ActorName, Delivery, Fault, FaultHooks, NoFaults};
 
@@ -89,6 +92,19 @@ impl SystemBuilder {
         self.runtime = Runtime::Deterministic;
         self.hooks = Some(Box::new(hooks));
         self
+    }
+
+    /// Builds the cores and starts the actors on the calling thread: they run while a
+    /// call of the returned [`LocalSystem`] waits. Fails on an invalid config.
+    pub fn start_local(self) -> Result<LocalSystem, KvError> {
+        let parts = Parts::build(self.config)?;
+        Ok(match self.runtime {
+            Runtime::Actix => LocalSystem::actix(parts),
+            Runtime::Deterministic => LocalSystem::bus(runtime::deterministic::Bus::new(
+                parts,
+                self.hooks.unwrap_or_else(|| Box::new(NoFaults)),
+            )),
+        })
     }
 
     /// Builds the cores and starts the actors. Fails on an invalid config.
