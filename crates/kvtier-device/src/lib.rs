@@ -16,9 +16,11 @@
 mod arenas;
 pub mod bench;
 mod error;
+mod executor;
 mod ffi;
 mod geometry;
 
 pub use arenas::KvArenas;
 pub use error::DeviceError;
+pub use executor::{CopyFaults, DeviceCore, DeviceStats, FailEveryNth, ModelRunner, NoCopyFaults};
 pub use geometry::KvGeometry;

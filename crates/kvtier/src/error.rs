@@ -1,5 +1,6 @@
 //! The error type of the embedding API.
 
+use kvtier_device::DeviceError;
 use kvtier_fsm::{BatchError, SchedError};
 
 /// Why a call through the [`crate::Handle`] failed.
@@ -11,6 +12,12 @@ pub enum KvError {
     /// The scheduler refused the call.
     #[error(transparent)]
     Sched(#[from] SchedError),
+    /// The device refused a plan's copies (nothing of that plan was applied past it).
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    /// `execute` on a system built without a device.
+    #[error("this system has no device actor (SystemBuilder::device)")]
+    NoDevice,
     /// The configuration or the wiring is invalid.
     #[error("invalid setup: {0}")]
     Setup(String),

@@ -6,12 +6,12 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{self, JoinHandle, Thread};
 
-use actix::Addr;
+use kvtier_device::DeviceCore;
 use kvtier_types::{EngineEvent, ExecutionPlan, KvEvent, RequestId, RequestSpec};
 use tokio::sync::oneshot;
 
 use crate::messages::*;
-use crate::runtime::actix::SchedulerActor;
+use crate::runtime::actix::{Addrs, SchedulerActor};
 use crate::runtime::deterministic::{Bus, FaultHooks};
 use crate::{KvError, Parts};
 
@@ -24,12 +24,17 @@ enum Command {
     NextPlan(oneshot::Sender<Result<ExecutionPlan, KvError>>),
     Stats(oneshot::Sender<Result<SystemStats, KvError>>),
     TakeKvEvents(oneshot::Sender<Result<Vec<KvEvent>, KvError>>),
+    Execute(
+        Box<ExecutionPlan>,
+        oneshot::Sender<Result<Vec<EngineEvent>, KvError>>,
+    ),
+    TakeDevice(oneshot::Sender<Option<DeviceCore>>),
     Shutdown(oneshot::Sender<ShutdownReport>),
 }
 
 #[derive(Debug, Clone)]
 enum Backend {
-    Actix(Addr<SchedulerActor>),
+    Actix(Addrs),
     Bus(flume::Sender<Command>),
 }
 
@@ -50,7 +55,8 @@ impl Handle {
             .name("kvtier-actors".into())
             .spawn(move || {
                 let system = actix::System::new();
-                let addr = system.block_on(async move { crate::runtime::actix::start(parts) });
+                let addr =
+                    system.block_on(async move { crate::runtime::actix::start(parts, true) });
                 if tx.send(addr).is_ok() {
                     let _ = system.run();
                 }
@@ -80,6 +86,8 @@ impl Handle {
                         Command::NextPlan(r) => drop(r.send(bus.next_plan())),
                         Command::Stats(r) => drop(r.send(bus.stats())),
                         Command::TakeKvEvents(r) => drop(r.send(bus.take_kv_events())),
+                        Command::Execute(plan, r) => drop(r.send(bus.execute(*plan))),
+                        Command::TakeDevice(r) => drop(r.send(bus.take_device())),
                         Command::Shutdown(r) => {
                             drop(r.send(bus.shutdown()));
                             break;
@@ -103,13 +111,49 @@ impl Handle {
         answer.await.map_err(|_| KvError::ShutDown)
     }
 
-    async fn actix<M>(addr: &Addr<SchedulerActor>, msg: M) -> Result<M::Result, KvError>
+    async fn actix<M>(addrs: &Addrs, msg: M) -> Result<M::Result, KvError>
     where
         M: actix::Message + Send + 'static,
         M::Result: Send,
         SchedulerActor: actix::Handler<M>,
     {
-        addr.send(msg).await.map_err(|_| KvError::ShutDown)
+        addrs
+            .scheduler
+            .send(msg)
+            .await
+            .map_err(|_| KvError::ShutDown)
+    }
+
+    /// Runs a plan's copies on the device actor, then its forward rows through the
+    /// device's model runner; returns the events to `advance` with.
+    pub async fn execute(&self, plan: &ExecutionPlan) -> Result<Vec<EngineEvent>, KvError> {
+        let span = tracing::Span::current();
+        match &self.backend {
+            Backend::Actix(a) => {
+                let device = a.device.as_ref().ok_or(KvError::NoDevice)?;
+                let msg = Execute {
+                    plan: plan.clone(),
+                    span,
+                };
+                device.send(msg).await.map_err(|_| KvError::ShutDown)?
+            }
+            Backend::Bus(tx) => {
+                let plan = Box::new(plan.clone());
+                Self::bus(tx, |r| Command::Execute(plan, r)).await?
+            }
+        }
+    }
+
+    /// Takes the device core out of the system (to read its model runner at the end of
+    /// a run). Later `execute` calls fail with [`KvError::NoDevice`].
+    pub async fn take_device(&self) -> Result<Option<DeviceCore>, KvError> {
+        match &self.backend {
+            Backend::Actix(a) => match &a.device {
+                Some(device) => device.send(TakeDevice).await.map_err(|_| KvError::ShutDown),
+                None => Ok(None),
+            },
+            Backend::Bus(tx) => Self::bus(tx, Command::TakeDevice).await,
+        }
     }
 
     /// Queues requests. Invalid ones come back in [`KvError::Batch`]; the rest are queued.
@@ -225,6 +269,16 @@ impl BlockingHandle {
     /// See [`Handle::take_kv_events`].
     pub fn take_kv_events(&self) -> Result<Vec<KvEvent>, KvError> {
         block_on(self.handle.take_kv_events())
+    }
+
+    /// See [`Handle::execute`].
+    pub fn execute(&self, plan: &ExecutionPlan) -> Result<Vec<EngineEvent>, KvError> {
+        block_on(self.handle.execute(plan))
+    }
+
+    /// See [`Handle::take_device`].
+    pub fn take_device(&self) -> Result<Option<DeviceCore>, KvError> {
+        block_on(self.handle.take_device())
     }
 
     /// See [`Handle::shutdown`].

@@ -36,6 +36,7 @@ mod local;
 pub mod messages;
 pub mod runtime;
 
+use kvtier_device::DeviceCore;
 use kvtier_fsm::{SchedulerCore, cache_config};
 use kvtier_host::HostAllocator;
 use kvtier_radix::RadixCache;
@@ -68,6 +69,7 @@ impl System {
             config,
             runtime: Runtime::default(),
             hooks: None,
+            device: None,
         }
     }
 }
@@ -78,9 +80,16 @@ pub struct SystemBuilder {
     config: SchedulerConfig,
     runtime: Runtime,
     hooks: Option<Box<dyn FaultHooks>>,
+    device: Option<DeviceCore>,
 }
 
 impl SystemBuilder {
+    /// Adds the device actor over this core (arenas, kernel backend, model runner).
+    pub fn device(mut self, device: DeviceCore) -> Self {
+        self.device = Some(device);
+        self
+    }
+
     /// Chooses the runtime.
     pub fn runtime(mut self, runtime: Runtime) -> Self {
         self.runtime = runtime;
@@ -97,7 +106,7 @@ impl SystemBuilder {
     /// Builds the cores and starts the actors on the calling thread: they run while a
     /// call of the returned [`LocalSystem`] waits. Fails on an invalid config.
     pub fn start_local(self) -> Result<LocalSystem, KvError> {
-        let parts = Parts::build(self.config)?;
+        let parts = Parts::build(self.config, self.device)?;
         Ok(match self.runtime {
             Runtime::Actix => LocalSystem::actix(parts),
             Runtime::Deterministic => LocalSystem::bus(runtime::deterministic::Bus::new(
@@ -109,7 +118,7 @@ impl SystemBuilder {
 
     /// Builds the cores and starts the actors. Fails on an invalid config.
     pub fn start(self) -> Result<Handle, KvError> {
-        let parts = Parts::build(self.config)?;
+        let parts = Parts::build(self.config, self.device)?;
         match self.runtime {
             Runtime::Actix => Handle::start_actix(parts),
             Runtime::Deterministic => {
@@ -126,10 +135,11 @@ pub(crate) struct Parts {
     pub core: SchedulerCore,
     pub cache: RadixCache,
     pub host: HostAllocator,
+    pub device: Option<DeviceCore>,
 }
 
 impl Parts {
-    fn build(config: SchedulerConfig) -> Result<Self, KvError> {
+    fn build(config: SchedulerConfig, device: Option<DeviceCore>) -> Result<Self, KvError> {
         let core = SchedulerCore::new(config)?;
         let cache_config = cache_config(core.config());
         let mut host = HostAllocator::new(cache_config.host_pages);
@@ -139,6 +149,11 @@ impl Parts {
             .map_err(|e| KvError::Setup(e.to_string()))?;
         let cache = RadixCache::with_host_lease(&cache_config, lease)
             .map_err(|e| KvError::Setup(e.to_string()))?;
-        Ok(Self { core, cache, host })
+        Ok(Self {
+            core,
+            cache,
+            host,
+            device,
+        })
     }
 }

@@ -2,10 +2,11 @@
 //! so no message crosses a thread. For an engine loop that owns its scheduling thread.
 
 use actix::{Addr, SystemRunner};
+use kvtier_device::DeviceCore;
 use kvtier_types::{EngineEvent, ExecutionPlan, KvEvent, RequestId, RequestSpec};
 
 use crate::messages::*;
-use crate::runtime::actix::SchedulerActor;
+use crate::runtime::actix::{Addrs, SchedulerActor};
 use crate::runtime::deterministic::Bus;
 use crate::{KvError, Parts};
 
@@ -13,6 +14,7 @@ enum Inner {
     Actix {
         runner: SystemRunner,
         scheduler: Addr<SchedulerActor>,
+        addrs: Addrs,
     },
     Bus(Box<Bus>),
 }
@@ -38,9 +40,13 @@ impl std::fmt::Debug for LocalSystem {
 impl LocalSystem {
     pub(crate) fn actix(parts: Parts) -> Self {
         let runner = actix::System::new();
-        let scheduler = runner.block_on(async move { crate::runtime::actix::start(parts) });
+        let addrs = runner.block_on(async move { crate::runtime::actix::start(parts, false) });
         Self {
-            inner: Inner::Actix { runner, scheduler },
+            inner: Inner::Actix {
+                runner,
+                scheduler: addrs.scheduler.clone(),
+                addrs,
+            },
         }
     }
 
@@ -69,9 +75,9 @@ impl LocalSystem {
     pub fn submit(&mut self, specs: Vec<RequestSpec>) -> Result<(), KvError> {
         let span = tracing::Span::current();
         match &mut self.inner {
-            Inner::Actix { runner, scheduler } => {
-                Self::call(runner, scheduler, Submit { specs, span })?
-            }
+            Inner::Actix {
+                runner, scheduler, ..
+            } => Self::call(runner, scheduler, Submit { specs, span })?,
             Inner::Bus(bus) => bus.submit(specs),
         }
     }
@@ -80,7 +86,9 @@ impl LocalSystem {
     pub fn next_plan(&mut self) -> Result<ExecutionPlan, KvError> {
         let span = tracing::Span::current();
         match &mut self.inner {
-            Inner::Actix { runner, scheduler } => Self::call(runner, scheduler, NextPlan { span })?,
+            Inner::Actix {
+                runner, scheduler, ..
+            } => Self::call(runner, scheduler, NextPlan { span })?,
             Inner::Bus(bus) => bus.next_plan(),
         }
     }
@@ -89,9 +97,9 @@ impl LocalSystem {
     pub fn advance(&mut self, events: Vec<EngineEvent>) -> Result<(), KvError> {
         let span = tracing::Span::current();
         match &mut self.inner {
-            Inner::Actix { runner, scheduler } => {
-                Self::call(runner, scheduler, Advance { events, span })?
-            }
+            Inner::Actix {
+                runner, scheduler, ..
+            } => Self::call(runner, scheduler, Advance { events, span })?,
             Inner::Bus(bus) => bus.advance(events),
         }
     }
@@ -100,9 +108,9 @@ impl LocalSystem {
     pub fn abort(&mut self, id: RequestId) -> Result<(), KvError> {
         let span = tracing::Span::current();
         match &mut self.inner {
-            Inner::Actix { runner, scheduler } => {
-                Self::call(runner, scheduler, Abort { id, span })?
-            }
+            Inner::Actix {
+                runner, scheduler, ..
+            } => Self::call(runner, scheduler, Abort { id, span })?,
             Inner::Bus(bus) => bus.abort(&id),
         }
     }
@@ -110,7 +118,9 @@ impl LocalSystem {
     /// See [`crate::Handle::stats`].
     pub fn stats(&mut self) -> Result<SystemStats, KvError> {
         match &mut self.inner {
-            Inner::Actix { runner, scheduler } => Self::call(runner, scheduler, Stats)?,
+            Inner::Actix {
+                runner, scheduler, ..
+            } => Self::call(runner, scheduler, Stats)?,
             Inner::Bus(bus) => bus.stats(),
         }
     }
@@ -118,15 +128,49 @@ impl LocalSystem {
     /// See [`crate::Handle::take_kv_events`].
     pub fn take_kv_events(&mut self) -> Result<Vec<KvEvent>, KvError> {
         match &mut self.inner {
-            Inner::Actix { runner, scheduler } => Self::call(runner, scheduler, TakeKvEvents)?,
+            Inner::Actix {
+                runner, scheduler, ..
+            } => Self::call(runner, scheduler, TakeKvEvents)?,
             Inner::Bus(bus) => bus.take_kv_events(),
+        }
+    }
+
+    /// See [`crate::Handle::execute`].
+    pub fn execute(&mut self, plan: &ExecutionPlan) -> Result<Vec<EngineEvent>, KvError> {
+        match &mut self.inner {
+            Inner::Actix { runner, addrs, .. } => {
+                let device = addrs.device.as_ref().ok_or(KvError::NoDevice)?;
+                let msg = Execute {
+                    plan: plan.clone(),
+                    span: tracing::Span::current(),
+                };
+                runner
+                    .block_on(device.send(msg))
+                    .map_err(|_| KvError::ShutDown)?
+            }
+            Inner::Bus(bus) => bus.execute(plan.clone()),
+        }
+    }
+
+    /// See [`crate::Handle::take_device`].
+    pub fn take_device(&mut self) -> Result<Option<DeviceCore>, KvError> {
+        match &mut self.inner {
+            Inner::Actix { runner, addrs, .. } => match &addrs.device {
+                Some(device) => runner
+                    .block_on(device.send(TakeDevice))
+                    .map_err(|_| KvError::ShutDown),
+                None => Ok(None),
+            },
+            Inner::Bus(bus) => Ok(bus.take_device()),
         }
     }
 
     /// See [`crate::Handle::shutdown`].
     pub fn shutdown(self) -> Result<ShutdownReport, KvError> {
         match self.inner {
-            Inner::Actix { runner, scheduler } => Self::call(&runner, &scheduler, Shutdown),
+            Inner::Actix {
+                runner, scheduler, ..
+            } => Self::call(&runner, &scheduler, Shutdown),
             Inner::Bus(mut bus) => Ok(bus.shutdown()),
         }
     }

@@ -3,6 +3,7 @@
 //! One message per actor per call: a scheduling step sends one [`RunBatch`] to the radix
 //! actor (two when it must retract), an `advance` at most one.
 
+use kvtier_device::{DeviceCore, DeviceStats};
 use kvtier_fsm::SchedulerStats;
 use kvtier_host::{HostError, HostStats, OwnedPages};
 use kvtier_radix::{CacheBatch, CacheReply, TreeStats};
@@ -105,6 +106,26 @@ pub struct CheckPages {
 #[derive(Debug)]
 pub struct CloseCache;
 
+// ----- to the Device actor (from the engine) ---------------------------------------
+
+/// Execute a plan's write-backs and load-backs on the arenas, then its forward rows
+/// through the model runner; the reply is the events for `advance`.
+#[derive(Debug)]
+pub struct Execute {
+    /// The plan.
+    pub plan: ExecutionPlan,
+    /// The caller's span.
+    pub span: tracing::Span,
+}
+
+/// Take the device core out (at the end of a run, to read its runner).
+#[derive(Debug)]
+pub struct TakeDevice;
+
+/// The device's counters.
+#[derive(Debug)]
+pub struct DeviceStatsQuery;
+
 // ----- to the Host allocator actor -------------------------------------------------
 
 /// Lease host pages.
@@ -132,6 +153,9 @@ request! {
     CheckPages => Result<(), String>;
     CloseCache => ();
     Lease => Result<OwnedPages, HostError>;
+    Execute => Result<Vec<EngineEvent>, KvError>;
+    TakeDevice => Option<DeviceCore>;
+    DeviceStatsQuery => Option<DeviceStats>;
     HostStatsQuery => HostStats;
 }
 
@@ -142,6 +166,8 @@ pub struct SystemStats {
     pub scheduler: SchedulerStats,
     /// The host allocator's counters.
     pub host: HostStats,
+    /// The device's counters, when the system has a device.
+    pub device: Option<DeviceStats>,
 }
 
 /// What shutdown found.

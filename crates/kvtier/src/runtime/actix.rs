@@ -2,6 +2,7 @@
 //! between actors). Each shell owns its core and maps messages to core calls.
 
 use actix::prelude::*;
+use kvtier_device::DeviceCore;
 use kvtier_fsm::{Progress, SchedulerCore};
 use kvtier_host::HostAllocator;
 use kvtier_radix::{CacheBatch, RadixCache};
@@ -98,6 +99,42 @@ impl Handler<CloseCache> for RadixActor {
     }
 }
 
+// ----- Device ----------------------------------------------------------------------
+
+/// The Device actor: arenas, kernel library, model runner. On its own arbiter when the
+/// system has its own thread, so copies never block the scheduler.
+#[derive(Debug)]
+pub struct DeviceActor {
+    core: Option<DeviceCore>,
+}
+
+impl Actor for DeviceActor {
+    type Context = Context<Self>;
+}
+
+impl Handler<Execute> for DeviceActor {
+    type Result = <Execute as actix::Message>::Result;
+    fn handle(&mut self, msg: Execute, _: &mut Context<Self>) -> Self::Result {
+        let _entered = msg.span.enter();
+        let core = self.core.as_mut().ok_or(KvError::NoDevice)?;
+        Ok(core.execute(&msg.plan)?)
+    }
+}
+
+impl Handler<TakeDevice> for DeviceActor {
+    type Result = MessageResult<TakeDevice>;
+    fn handle(&mut self, _: TakeDevice, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.core.take())
+    }
+}
+
+impl Handler<DeviceStatsQuery> for DeviceActor {
+    type Result = MessageResult<DeviceStatsQuery>;
+    fn handle(&mut self, _: DeviceStatsQuery, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.core.as_ref().map(DeviceCore::stats))
+    }
+}
+
 // ----- Scheduler -------------------------------------------------------------------
 
 /// The Scheduler actor: the request FSM. Calls that need the cache converse with the
@@ -107,6 +144,7 @@ pub struct SchedulerActor {
     core: Option<SchedulerCore>,
     radix: Addr<RadixActor>,
     host: Addr<HostActor>,
+    device: Option<Addr<DeviceActor>>,
     /// Set when a conversation broke off: only shutdown is served then.
     failed: Option<String>,
 }
@@ -231,14 +269,22 @@ impl Handler<Stats> for SchedulerActor {
         };
         let tree = self.radix.send(CacheStats);
         let host = self.host.send(HostStatsQuery);
-        let both = async move { (tree.await, host.await) };
-        AtomicResponse::new(Box::pin(both.into_actor(self).map(
-            move |(tree, host), _, _| {
+        let device = self.device.as_ref().map(|d| d.send(DeviceStatsQuery));
+        let all = async move {
+            let device = match device {
+                Some(d) => d.await.ok().flatten(),
+                None => None,
+            };
+            (tree.await, host.await, device)
+        };
+        AtomicResponse::new(Box::pin(all.into_actor(self).map(
+            move |(tree, host, device), _, _| {
                 let tree = tree.map_err(|_| KvError::ActorGone("radix"))?;
                 let host = host.map_err(|_| KvError::ActorGone("host"))?;
                 Ok(SystemStats {
                     scheduler: core.with_tree(tree),
                     host,
+                    device,
                 })
             },
         )))
@@ -288,16 +334,39 @@ impl Handler<Shutdown> for SchedulerActor {
     }
 }
 
-/// Starts the three actors on the current actix system; returns the scheduler's address.
-pub(crate) fn start(parts: Parts) -> Addr<SchedulerActor> {
-    let Parts { core, cache, host } = parts;
+/// The addresses the embedder talks to.
+#[derive(Debug, Clone)]
+pub(crate) struct Addrs {
+    pub scheduler: Addr<SchedulerActor>,
+    pub device: Option<Addr<DeviceActor>>,
+}
+
+/// Starts the actors on the current actix system. The device actor gets its own arbiter
+/// (thread) when `device_thread` is set.
+pub(crate) fn start(parts: Parts, device_thread: bool) -> Addrs {
+    let Parts {
+        core,
+        cache,
+        host,
+        device,
+    } = parts;
     let host = HostActor { core: host }.start();
     let radix = RadixActor { cache: Some(cache) }.start();
-    SchedulerActor {
+    let device = device.map(|core| {
+        let actor = DeviceActor { core: Some(core) };
+        if device_thread {
+            DeviceActor::start_in_arbiter(&Arbiter::new().handle(), move |_| actor)
+        } else {
+            actor.start()
+        }
+    });
+    let scheduler = SchedulerActor {
         core: Some(core),
         radix,
         host,
+        device: device.clone(),
         failed: None,
     }
-    .start()
+    .start();
+    Addrs { scheduler, device }
 }

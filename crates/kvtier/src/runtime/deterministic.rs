@@ -6,6 +6,7 @@
 
 use std::collections::VecDeque;
 
+use kvtier_device::{DeviceCore, DeviceError};
 use kvtier_fsm::{Progress, SchedulerCore};
 use kvtier_host::{HostAllocator, HostStats};
 use kvtier_radix::{CacheBatch, CacheReply, RadixCache, TreeStats};
@@ -23,6 +24,10 @@ pub enum ActorName {
     Radix,
     /// The host allocator.
     Host,
+    /// The device (arenas, kernels, model runner).
+    Device,
+    /// The embedder's engine loop (sender of `Execute`).
+    Engine,
 }
 
 impl ActorName {
@@ -31,6 +36,8 @@ impl ActorName {
             ActorName::Scheduler => "scheduler",
             ActorName::Radix => "radix",
             ActorName::Host => "host",
+            ActorName::Device => "device",
+            ActorName::Engine => "engine",
         }
     }
 }
@@ -87,6 +94,8 @@ enum Payload {
     TreeStats(TreeStats),
     HostStatsQuery,
     HostStats(HostStats),
+    Execute(Box<ExecutionPlan>),
+    Executed(Result<Vec<EngineEvent>, DeviceError>),
 }
 
 impl Payload {
@@ -98,6 +107,8 @@ impl Payload {
             Payload::TreeStats(_) => "TreeStats",
             Payload::HostStatsQuery => "HostStatsQuery",
             Payload::HostStats(_) => "HostStats",
+            Payload::Execute(_) => "Execute",
+            Payload::Executed(_) => "Executed",
         }
     }
 }
@@ -121,6 +132,7 @@ pub struct Bus {
     scheduler: Option<SchedulerCore>,
     radix: Option<RadixCache>,
     host: HostAllocator,
+    device: Option<DeviceCore>,
     hooks: Box<dyn FaultHooks>,
     queue: VecDeque<Envelope>,
     clock: u64,
@@ -128,6 +140,8 @@ pub struct Bus {
     failed: Option<String>,
     /// Stats replies collected by the scheduler's side.
     stats_in: (Option<TreeStats>, Option<HostStats>),
+    /// The device's answer to the engine's `Execute`.
+    executed: Option<Result<Vec<EngineEvent>, DeviceError>>,
 }
 
 impl Bus {
@@ -136,12 +150,14 @@ impl Bus {
             scheduler: Some(parts.core),
             radix: Some(parts.cache),
             host: parts.host,
+            device: parts.device,
             hooks,
             queue: VecDeque::new(),
             clock: 0,
             seq: 0,
             failed: None,
             stats_in: (None, None),
+            executed: None,
         }
     }
 
@@ -242,6 +258,17 @@ impl Bus {
                 self.stats_in.1 = Some(stats);
                 Ok(())
             }
+            Payload::Execute(plan) => {
+                let result = match &mut self.device {
+                    Some(device) => device.execute(&plan),
+                    None => Ok(Vec::new()),
+                };
+                self.send(Device, Engine, Payload::Executed(result))
+            }
+            Payload::Executed(result) => {
+                self.executed = Some(result);
+                Ok(())
+            }
         }
     }
 
@@ -317,9 +344,35 @@ impl Bus {
             (Some(tree), Some(host)) => Ok(SystemStats {
                 scheduler: core.with_tree(tree),
                 host,
+                device: self.device.as_ref().map(DeviceCore::stats),
             }),
             _ => Err(KvError::Sched(kvtier_fsm::SchedError::UnexpectedReply)),
         }
+    }
+
+    /// Runs a plan on the device: its copies, then its forward rows.
+    pub fn execute(&mut self, plan: ExecutionPlan) -> Result<Vec<EngineEvent>, KvError> {
+        if let Some(reason) = &self.failed {
+            return Err(KvError::Failed(reason.clone()));
+        }
+        if self.device.is_none() {
+            return Err(KvError::NoDevice);
+        }
+        self.send(
+            ActorName::Engine,
+            ActorName::Device,
+            Payload::Execute(Box::new(plan)),
+        )?;
+        self.run(Wanted::Done)?;
+        match self.executed.take() {
+            Some(result) => Ok(result?),
+            None => Err(KvError::Sched(kvtier_fsm::SchedError::UnexpectedReply)),
+        }
+    }
+
+    /// Takes the device core out.
+    pub fn take_device(&mut self) -> Option<DeviceCore> {
+        self.device.take()
     }
 
     /// KV-cache events since the last call.

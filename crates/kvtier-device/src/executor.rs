@@ -1,0 +1,179 @@
+//! The device actor's core: executes each plan's cache ops on the arenas through the
+//! kernel library, then hands the forward rows to the model runner.
+
+use std::any::Any;
+
+use kvtier_types::{EngineEvent, ExecutionPlan, TransferPair, WriteBackOp};
+
+use crate::{DeviceError, KvArenas};
+
+/// What runs a plan's forward rows over the arenas: an engine's model runner, or the
+/// reference engine that proves the KV it reads is right.
+pub trait ModelRunner: Send + std::fmt::Debug {
+    /// Device pages just loaded back from host (`src` host page → `dst` device page).
+    fn loaded(&mut self, _pairs: &[TransferPair]) {}
+
+    /// Runs the plan's forward rows and appends the engine's events.
+    fn forward(
+        &mut self,
+        plan: &ExecutionPlan,
+        arenas: &mut KvArenas,
+        events: &mut Vec<EngineEvent>,
+    ) -> Result<(), DeviceError>;
+
+    /// The runner, for reading it back.
+    fn as_any(&self) -> &dyn Any;
+
+    /// The runner, for taking it back out of the system.
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
+}
+
+/// Fault injection: which copies fail.
+pub trait CopyFaults: Send + std::fmt::Debug {
+    /// Whether this write-back's copy fails (it then copies nothing).
+    fn fail_write_back(&mut self, op: &WriteBackOp) -> bool;
+}
+
+/// Every copy succeeds.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoCopyFaults;
+
+impl CopyFaults for NoCopyFaults {
+    fn fail_write_back(&mut self, _: &WriteBackOp) -> bool {
+        false
+    }
+}
+
+/// Fails every `n`-th write-back (the `n`-th, `2n`-th, …); `n == 0` fails none.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct FailEveryNth {
+    n: u64,
+    seen: u64,
+}
+
+impl FailEveryNth {
+    /// Fails every `n`-th write-back.
+    pub fn new(n: u64) -> Self {
+        Self { n, seen: 0 }
+    }
+}
+
+impl CopyFaults for FailEveryNth {
+    fn fail_write_back(&mut self, _: &WriteBackOp) -> bool {
+        self.seen += 1;
+        self.n > 0 && self.seen.is_multiple_of(self.n)
+    }
+}
+
+/// Counters of the device actor.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceStats {
+    /// Write-back ops executed (failed ones included).
+    pub write_backs: u64,
+    /// Write-back ops that failed (acknowledged with `success: false`).
+    pub failed_write_backs: u64,
+    /// Pages written back.
+    pub pages_written: u64,
+    /// Load-back ops executed.
+    pub load_backs: u64,
+    /// Pages loaded back.
+    pub pages_loaded: u64,
+    /// Bytes moved by both.
+    pub moved_bytes: u64,
+}
+
+/// The device actor's core: the arenas, the model runner and the copy faults.
+#[derive(Debug)]
+pub struct DeviceCore {
+    arenas: KvArenas,
+    runner: Option<Box<dyn ModelRunner>>,
+    faults: Box<dyn CopyFaults>,
+    stats: DeviceStats,
+}
+
+impl DeviceCore {
+    /// A device over these arenas, with no runner (plans' forward rows are left to the
+    /// engine) and no faults.
+    pub fn new(arenas: KvArenas) -> Self {
+        Self {
+            arenas,
+            runner: None,
+            faults: Box::new(NoCopyFaults),
+            stats: DeviceStats::default(),
+        }
+    }
+
+    /// Runs forward rows through `runner`.
+    pub fn with_runner(mut self, runner: Box<dyn ModelRunner>) -> Self {
+        self.runner = Some(runner);
+        self
+    }
+
+    /// Fails copies as `faults` says.
+    pub fn with_faults(mut self, faults: Box<dyn CopyFaults>) -> Self {
+        self.faults = faults;
+        self
+    }
+
+    /// Executes one plan: write-backs first (they read device pages the forward may
+    /// overwrite), then load-backs, then the forward rows. Returns the write-back acks
+    /// followed by the runner's events, ready for `advance`.
+    ///
+    /// A write-back whose copy fails (injected, or refused by the kernel library) is
+    /// acknowledged with `success: false`: the scheduler rolls its host pages back and
+    /// the device copy stays the valid one. A failed load-back is an error: the rows
+    /// that read its pages cannot run.
+    pub fn execute(&mut self, plan: &ExecutionPlan) -> Result<Vec<EngineEvent>, DeviceError> {
+        let page_bytes = self.arenas.geometry().page_bytes();
+        let mut events = Vec::with_capacity(plan.write_backs.len() + plan.forward.rows.len());
+        for op in &plan.write_backs {
+            self.stats.write_backs += 1;
+            let success =
+                !self.faults.fail_write_back(op) && self.arenas.write_back(&op.pairs).is_ok();
+            if success {
+                self.stats.pages_written += op.pairs.len() as u64;
+                self.stats.moved_bytes += page_bytes * op.pairs.len() as u64;
+            } else {
+                self.stats.failed_write_backs += 1;
+            }
+            events.push(EngineEvent::WriteBackDone {
+                op_id: op.op_id,
+                success,
+            });
+        }
+        let layers = self.arenas.geometry().layers;
+        for op in &plan.load_backs {
+            self.arenas.load_back(&op.pairs, 0..layers)?;
+            self.stats.load_backs += 1;
+            self.stats.pages_loaded += op.pairs.len() as u64;
+            self.stats.moved_bytes += page_bytes * op.pairs.len() as u64;
+            if let Some(runner) = &mut self.runner {
+                runner.loaded(&op.pairs);
+            }
+        }
+        if let Some(runner) = &mut self.runner {
+            runner.forward(plan, &mut self.arenas, &mut events)?;
+        }
+        Ok(events)
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> DeviceStats {
+        self.stats
+    }
+
+    /// The arenas (for fault injection and inspection).
+    pub fn arenas_mut(&mut self) -> &mut KvArenas {
+        &mut self.arenas
+    }
+
+    /// The model runner, if any.
+    pub fn runner(&self) -> Option<&dyn ModelRunner> {
+        self.runner.as_deref()
+    }
+
+    /// Takes the model runner out.
+    pub fn take_runner(&mut self) -> Option<Box<dyn ModelRunner>> {
+        self.runner.take()
+    }
+}
