@@ -103,6 +103,12 @@ struct ReplayArgs {
     /// Write the report as JSON to this file.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// Run the actors on the deterministic runtime (same messages, fixed order).
+    #[arg(long, conflicts_with = "runtime")]
+    deterministic: bool,
+    /// Which path runs the replay (default: the actix actor system).
+    #[arg(long, value_enum)]
+    runtime: Option<BenchRuntime>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
@@ -261,6 +267,15 @@ fn read_replay_file(path: &std::path::Path) -> Result<ReplayFile> {
     toml::from_str(&text).with_context(|| format!("invalid replay config {}", path.display()))
 }
 
+/// The path a replay drives: the actor system unless told otherwise.
+fn replay_path(args: &ReplayArgs) -> Path {
+    match (args.deterministic, args.runtime) {
+        (true, _) => Path::Deterministic,
+        (false, Some(runtime)) => runtime.path(),
+        (false, None) => Path::Actors,
+    }
+}
+
 /// `kvtier replay`: the main job.
 fn replay(args: ReplayArgs) -> Result<()> {
     let file = match &args.config {
@@ -283,7 +298,11 @@ fn replay(args: ReplayArgs) -> Result<()> {
                 ReplayWorkload::W2 => WorkloadKind::W2,
                 _ => WorkloadKind::W3,
             };
-            let report = run_workload(&WorkloadOptions::new(kind)).context("replay failed")?;
+            let options = WorkloadOptions {
+                path: replay_path(&args),
+                ..WorkloadOptions::new(kind)
+            };
+            let report = run_workload(&options).context("replay failed")?;
             print_table(&report);
             return write_json(args.json.as_deref(), &report);
         }
@@ -303,6 +322,7 @@ fn replay(args: ReplayArgs) -> Result<()> {
         verify,
         fail_every_nth_write_back: file.fail_every_nth_write_back.unwrap_or(0),
         cost,
+        path: replay_path(&args),
         ..ScenarioOptions::new(scenario)
     };
     let bar = indicatif::ProgressBar::new(0).with_style(

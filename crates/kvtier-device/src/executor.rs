@@ -3,13 +3,28 @@
 
 use std::any::Any;
 
-use kvtier_types::{EngineEvent, ExecutionPlan, TransferPair, WriteBackOp};
+use kvtier_types::{EngineEvent, ExecutionPlan, RequestId, Token, TransferPair, WriteBackOp};
 
 use crate::{DeviceError, KvArenas};
+
+/// A request the engine submitted since its last plan, announced to the model runner
+/// with the next plan (its prompt and how many tokens to generate).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewRequest {
+    /// The request.
+    pub id: RequestId,
+    /// Its prompt.
+    pub prompt: Vec<Token>,
+    /// Tokens to generate before it finishes.
+    pub max_new_tokens: usize,
+}
 
 /// What runs a plan's forward rows over the arenas: an engine's model runner, or the
 /// reference engine that proves the KV it reads is right.
 pub trait ModelRunner: Send + std::fmt::Debug {
+    /// Requests submitted since the last plan (before their first row).
+    fn admit(&mut self, _requests: &[NewRequest]) {}
+
     /// Device pages just loaded back from host (`src` host page → `dst` device page).
     fn loaded(&mut self, _pairs: &[TransferPair]) {}
 
@@ -123,7 +138,14 @@ impl DeviceCore {
     /// acknowledged with `success: false`: the scheduler rolls its host pages back and
     /// the device copy stays the valid one. A failed load-back is an error: the rows
     /// that read its pages cannot run.
-    pub fn execute(&mut self, plan: &ExecutionPlan) -> Result<Vec<EngineEvent>, DeviceError> {
+    pub fn execute(
+        &mut self,
+        plan: &ExecutionPlan,
+        new_requests: &[NewRequest],
+    ) -> Result<Vec<EngineEvent>, DeviceError> {
+        if let Some(runner) = &mut self.runner {
+            runner.admit(new_requests);
+        }
         let page_bytes = self.arenas.geometry().page_bytes();
         let mut events = Vec::with_capacity(plan.write_backs.len() + plan.forward.rows.len());
         for op in &plan.write_backs {

@@ -22,5 +22,7 @@ mod geometry;
 
 pub use arenas::KvArenas;
 pub use error::DeviceError;
-pub use executor::{CopyFaults, DeviceCore, DeviceStats, FailEveryNth, ModelRunner, NoCopyFaults};
+pub use executor::{
+    CopyFaults, DeviceCore, DeviceStats, FailEveryNth, ModelRunner, NewRequest, NoCopyFaults,
+};
 pub use geometry::KvGeometry;

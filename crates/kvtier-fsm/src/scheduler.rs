@@ -63,6 +63,8 @@ pub struct SchedulerStats {
     pub failed_write_backs: u64,
     /// Cache batches sent (one per `advance` with cache work, one or two per plan).
     pub cache_batches: u64,
+    /// Nothing running, queued or in flight.
+    pub idle: bool,
 }
 
 /// How many plans a finished request's id is remembered, so late results for it (overlap
@@ -746,6 +748,7 @@ impl SchedulerCore {
     /// Counters and the request gauges (the cache's gauges come from the cache).
     pub fn stats(&self) -> SchedulerStats {
         let mut s = self.stats.clone();
+        s.idle = self.is_idle();
         for (_, r) in self.requests.iter() {
             match r.state.kind() {
                 StateKind::Submitted => s.waiting += 1,

@@ -1,13 +1,14 @@
 //! The calls a workload makes, over either path: the direct core or the actor system.
 
 use kvtier::{BlockingHandle, KvError, LocalSystem, Runtime, System};
+use kvtier_device::{DeviceCore, NewRequest};
 use kvtier_fsm::Scheduler;
 use kvtier_types::{EngineEvent, ExecutionPlan, KvEvent, RequestSpec, SchedulerConfig};
 
 /// Which path a workload drives.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Path {
-    /// The scheduler core over its own cache, called directly.
+    /// The scheduler core over its own cache (and the device core), called directly.
     #[default]
     Core,
     /// The actix actor system on the caller's thread ([`kvtier::LocalSystem`]).
@@ -28,9 +29,16 @@ impl Path {
             Path::Deterministic => "deterministic",
         }
     }
+
+    fn runtime(self) -> Runtime {
+        match self {
+            Path::Deterministic => Runtime::Deterministic,
+            _ => Runtime::Actix,
+        }
+    }
 }
 
-/// What a workload needs from a scheduler.
+/// What a workload needs from a scheduler (and, for scenarios, its device).
 pub trait SchedulerApi: std::fmt::Debug {
     /// The configuration.
     fn config(&self) -> &SchedulerConfig;
@@ -42,6 +50,20 @@ pub trait SchedulerApi: std::fmt::Debug {
     fn advance(&mut self, events: Vec<EngineEvent>) -> Result<(), KvError>;
     /// KV-cache events since the last call.
     fn drain_kv_events(&mut self) -> Vec<KvEvent>;
+    /// Whether nothing is running, queued or in flight.
+    fn is_idle(&mut self) -> Result<bool, KvError>;
+    /// Runs a plan on the device (copies, then forward rows); the events to advance.
+    fn execute(
+        &mut self,
+        _plan: &ExecutionPlan,
+        _new_requests: Vec<NewRequest>,
+    ) -> Result<Vec<EngineEvent>, KvError> {
+        Err(KvError::NoDevice)
+    }
+    /// Takes the device core out (at the end of a run).
+    fn take_device(&mut self) -> Result<Option<DeviceCore>, KvError> {
+        Ok(None)
+    }
 }
 
 impl SchedulerApi for Scheduler {
@@ -64,9 +86,61 @@ impl SchedulerApi for Scheduler {
     fn drain_kv_events(&mut self) -> Vec<KvEvent> {
         Scheduler::drain_kv_events(self)
     }
+
+    fn is_idle(&mut self) -> Result<bool, KvError> {
+        Ok(Scheduler::is_idle(self))
+    }
 }
 
-/// The actor system as a workload sees it. Shuts the system down when dropped.
+/// The direct path with a device: the scheduler core over its cache, and the device
+/// core, both called in place.
+#[derive(Debug)]
+pub struct DirectSystem {
+    scheduler: Scheduler,
+    device: Option<DeviceCore>,
+}
+
+impl SchedulerApi for DirectSystem {
+    fn config(&self) -> &SchedulerConfig {
+        self.scheduler.config()
+    }
+
+    fn submit(&mut self, specs: Vec<RequestSpec>) -> Result<(), KvError> {
+        Ok(self.scheduler.submit(specs)?)
+    }
+
+    fn next_plan(&mut self) -> Result<ExecutionPlan, KvError> {
+        Ok(self.scheduler.next_plan())
+    }
+
+    fn advance(&mut self, events: Vec<EngineEvent>) -> Result<(), KvError> {
+        Ok(self.scheduler.advance(events)?)
+    }
+
+    fn drain_kv_events(&mut self) -> Vec<KvEvent> {
+        self.scheduler.drain_kv_events()
+    }
+
+    fn is_idle(&mut self) -> Result<bool, KvError> {
+        Ok(self.scheduler.is_idle())
+    }
+
+    fn execute(
+        &mut self,
+        plan: &ExecutionPlan,
+        new_requests: Vec<NewRequest>,
+    ) -> Result<Vec<EngineEvent>, KvError> {
+        let device = self.device.as_mut().ok_or(KvError::NoDevice)?;
+        Ok(device.execute(plan, &new_requests)?)
+    }
+
+    fn take_device(&mut self) -> Result<Option<DeviceCore>, KvError> {
+        Ok(self.device.take())
+    }
+}
+
+/// The actor system on its own thread, as a workload sees it. Shuts the system down
+/// when dropped.
 #[derive(Debug)]
 pub struct ActorScheduler {
     handle: BlockingHandle,
@@ -74,11 +148,18 @@ pub struct ActorScheduler {
 }
 
 impl ActorScheduler {
-    /// Starts a system on `runtime`.
-    pub fn start(config: SchedulerConfig, runtime: Runtime) -> Result<Self, KvError> {
-        let handle = System::builder(config.clone()).runtime(runtime).start()?;
+    /// Starts a system on `runtime`, with a device actor when one is given.
+    pub fn start(
+        config: SchedulerConfig,
+        runtime: Runtime,
+        device: Option<DeviceCore>,
+    ) -> Result<Self, KvError> {
+        let mut builder = System::builder(config.clone()).runtime(runtime);
+        if let Some(device) = device {
+            builder = builder.device(device);
+        }
         Ok(Self {
-            handle: BlockingHandle::new(handle),
+            handle: BlockingHandle::new(builder.start()?),
             config,
         })
     }
@@ -115,6 +196,22 @@ impl SchedulerApi for ActorScheduler {
     fn drain_kv_events(&mut self) -> Vec<KvEvent> {
         self.handle.take_kv_events().unwrap_or_default()
     }
+
+    fn is_idle(&mut self) -> Result<bool, KvError> {
+        Ok(self.handle.stats()?.scheduler.idle)
+    }
+
+    fn execute(
+        &mut self,
+        plan: &ExecutionPlan,
+        new_requests: Vec<NewRequest>,
+    ) -> Result<Vec<EngineEvent>, KvError> {
+        self.handle.execute(plan, new_requests)
+    }
+
+    fn take_device(&mut self) -> Result<Option<DeviceCore>, KvError> {
+        self.handle.take_device()
+    }
 }
 
 /// The actor system on the caller's thread, as a workload sees it.
@@ -125,13 +222,19 @@ pub struct LocalActors {
 }
 
 impl LocalActors {
-    /// Starts a system on `runtime`, on this thread.
-    pub fn start(config: SchedulerConfig, runtime: Runtime) -> Result<Self, KvError> {
-        let system = System::builder(config.clone())
-            .runtime(runtime)
-            .start_local()?;
+    /// Starts a system on `runtime`, on this thread, with a device actor when one is
+    /// given.
+    pub fn start(
+        config: SchedulerConfig,
+        runtime: Runtime,
+        device: Option<DeviceCore>,
+    ) -> Result<Self, KvError> {
+        let mut builder = System::builder(config.clone()).runtime(runtime);
+        if let Some(device) = device {
+            builder = builder.device(device);
+        }
         Ok(Self {
-            system: Some(system),
+            system: Some(builder.start_local()?),
             config,
         })
     }
@@ -171,14 +274,50 @@ impl SchedulerApi for LocalActors {
             .and_then(|s| s.take_kv_events())
             .unwrap_or_default()
     }
+
+    fn is_idle(&mut self) -> Result<bool, KvError> {
+        Ok(self.system()?.stats()?.scheduler.idle)
+    }
+
+    fn execute(
+        &mut self,
+        plan: &ExecutionPlan,
+        new_requests: Vec<NewRequest>,
+    ) -> Result<Vec<EngineEvent>, KvError> {
+        self.system()?.execute(plan, new_requests)
+    }
+
+    fn take_device(&mut self) -> Result<Option<DeviceCore>, KvError> {
+        self.system()?.take_device()
+    }
 }
 
-/// A scheduler on `path`.
+/// A scheduler on `path` (no device: the workload plays the engine itself).
 pub fn scheduler_on(path: Path, config: SchedulerConfig) -> Result<Box<dyn SchedulerApi>, KvError> {
     Ok(match path {
         Path::Core => Box::new(Scheduler::new(config)?),
-        Path::Actors => Box::new(LocalActors::start(config, Runtime::Actix)?),
-        Path::ActorsThreaded => Box::new(ActorScheduler::start(config, Runtime::Actix)?),
-        Path::Deterministic => Box::new(LocalActors::start(config, Runtime::Deterministic)?),
+        Path::ActorsThreaded => Box::new(ActorScheduler::start(config, Runtime::Actix, None)?),
+        Path::Actors | Path::Deterministic => {
+            Box::new(LocalActors::start(config, path.runtime(), None)?)
+        }
+    })
+}
+
+/// A whole system on `path`: the scheduler, and the device actor over `device`.
+pub fn system_on(
+    path: Path,
+    config: SchedulerConfig,
+    device: DeviceCore,
+) -> Result<Box<dyn SchedulerApi>, KvError> {
+    let device = Some(device);
+    Ok(match path {
+        Path::Core => Box::new(DirectSystem {
+            scheduler: Scheduler::new(config)?,
+            device,
+        }),
+        Path::ActorsThreaded => Box::new(ActorScheduler::start(config, Runtime::Actix, device)?),
+        Path::Actors | Path::Deterministic => {
+            Box::new(LocalActors::start(config, path.runtime(), device)?)
+        }
     })
 }

@@ -14,6 +14,8 @@ pub mod scenario;
 pub mod tokens;
 pub mod workloads;
 
-pub use api::{ActorScheduler, Path, SchedulerApi, scheduler_on};
+pub use api::{
+    ActorScheduler, DirectSystem, LocalActors, Path, SchedulerApi, scheduler_on, system_on,
+};
 pub use engine::{Counters, StepDriver};
 pub use workloads::{Report, WorkloadKind, WorkloadOptions, run_workload};

@@ -12,13 +12,16 @@
 //!   corrupted KV also changes the output: a run with cache reuse must produce exactly the
 //!   tokens of a run without it.
 //!
-//! Load-backs and write-backs of each plan run on the arenas through the kernel library
-//! before the forward, and write-backs are acknowledged in the same step.
+//! It is a [`ModelRunner`]: the device actor runs each plan's load-backs and write-backs
+//! on the arenas through the kernel library, then hands the forward rows to it.
 
+use std::any::Any;
 use std::collections::BTreeMap;
 
-use kvtier_device::{DeviceError, KvArenas, KvGeometry};
-use kvtier_types::{EngineEvent, ExecutionPlan, PageId, RequestId, RowKind, Tier, Token};
+use kvtier_device::{DeviceCore, DeviceError, KvArenas, KvGeometry, ModelRunner, NewRequest};
+use kvtier_types::{
+    EngineEvent, ExecutionPlan, PageId, RequestId, RowKind, Tier, Token, TransferPair,
+};
 
 use crate::tokens::splitmix64;
 
@@ -85,7 +88,6 @@ impl Track {
 /// The reference engine.
 #[derive(Debug)]
 pub struct ReferenceEngine {
-    arenas: KvArenas,
     geometry: KvGeometry,
     verify: Verify,
     provenance: Vec<Provenance>,
@@ -94,8 +96,6 @@ pub struct ReferenceEngine {
     pub errors: Vec<IntegrityError>,
     /// Tokens generated per finished request.
     pub outputs: BTreeMap<RequestId, Vec<Token>>,
-    /// Bytes moved by write-backs and load-backs.
-    pub moved_bytes: u64,
     /// Steps run.
     steps: u64,
     /// Full pages ever computed, by the prefix hash of their last token → the step.
@@ -103,12 +103,6 @@ pub struct ReferenceEngine {
     /// Σ over first prefill chunks of the full prompt pages some request had computed
     /// in an earlier step: the best any prefix cache could have reused.
     pub ideal_hit_pages: u64,
-    /// Fault injection: fail every `n`-th write-back (the copy does not happen and the
-    /// scheduler is told so). 0 disables.
-    pub fail_every_nth_write_back: u64,
-    write_backs_seen: u64,
-    /// Write-backs failed on purpose.
-    pub failed_write_backs: u64,
 }
 
 /// Bytes of one token in one (layer, plane): one slot.
@@ -122,12 +116,11 @@ fn kv_word(h: u64, layer: u32, plane: u32, w: usize) -> u64 {
 }
 
 impl ReferenceEngine {
-    /// An engine over fresh arenas for pools of `device_pages` and `host_pages` (page 0
-    /// included). Slots must be whole 8-byte words.
+    /// An engine for a device pool of `device_pages` (page 0 included). Slots must be
+    /// whole 8-byte words.
     pub fn new(
         geometry: KvGeometry,
         device_pages: u32,
-        host_pages: u32,
         verify: Verify,
     ) -> Result<Self, DeviceError> {
         if !slot_bytes(&geometry).is_multiple_of(8) || slot_bytes(&geometry) == 0 {
@@ -135,23 +128,25 @@ impl ReferenceEngine {
                 "the reference engine needs token slots of whole 8-byte words".into(),
             ));
         }
-        let arenas = KvArenas::new(geometry, device_pages, host_pages.max(2), 2)?;
         Ok(Self {
-            arenas,
             geometry,
             verify,
             provenance: vec![Provenance::Fresh; device_pages as usize],
             tracks: BTreeMap::new(),
             errors: Vec::new(),
             outputs: BTreeMap::new(),
-            moved_bytes: 0,
             steps: 0,
             computed_pages: std::collections::HashMap::new(),
             ideal_hit_pages: 0,
-            fail_every_nth_write_back: 0,
-            write_backs_seen: 0,
-            failed_write_backs: 0,
         })
+    }
+
+    /// A device core over fresh arenas for pools of `device_pages` and `host_pages`
+    /// (page 0 included), with this engine as its model runner.
+    pub fn into_device(self, host_pages: u32) -> Result<DeviceCore, DeviceError> {
+        let device_pages = self.provenance.len() as u32;
+        let arenas = KvArenas::new(self.geometry, device_pages, host_pages.max(2), 2)?;
+        Ok(DeviceCore::new(arenas).with_runner(Box::new(self)))
     }
 
     /// Registers a submitted request: its prompt and how many tokens it generates.
@@ -179,58 +174,9 @@ impl ReferenceEngine {
         self.tracks.remove(id);
     }
 
-    /// Runs one plan: cache ops, then every forward row. Returns the engine events.
-    pub fn step(&mut self, plan: &ExecutionPlan) -> Result<Vec<EngineEvent>, DeviceError> {
-        self.steps += 1;
-        let mut events = Vec::new();
-        let page_bytes = self.geometry.page_bytes();
-        for op in &plan.write_backs {
-            self.write_backs_seen += 1;
-            let n = self.fail_every_nth_write_back;
-            if n > 0 && self.write_backs_seen.is_multiple_of(n) {
-                // The copy fails: the host pages keep whatever they held before.
-                self.failed_write_backs += 1;
-                events.push(EngineEvent::WriteBackDone {
-                    op_id: op.op_id,
-                    success: false,
-                });
-                continue;
-            }
-            self.arenas.write_back(&op.pairs)?;
-            self.moved_bytes += page_bytes * op.pairs.len() as u64;
-            events.push(EngineEvent::WriteBackDone {
-                op_id: op.op_id,
-                success: true,
-            });
-        }
-        for op in &plan.load_backs {
-            self.arenas.load_back(&op.pairs, 0..self.geometry.layers)?;
-            self.moved_bytes += page_bytes * op.pairs.len() as u64;
-            for pair in &op.pairs {
-                self.provenance[pair.dst as usize] = Provenance::LoadedFromHost(pair.src);
-            }
-        }
-        for notice in &plan.aborted {
-            self.forget(&notice.request_id);
-        }
-        for row in &plan.forward.rows {
-            let table = plan.forward.page_table_of(row).to_vec();
-            let Some(track) = self.tracks.remove(&row.request_id) else {
-                continue;
-            };
-            let track = self.forward(row, &table, track, &mut events)?;
-            if track.generated < track.max_new {
-                self.tracks.insert(row.request_id.clone(), track);
-            } else {
-                let out = track.tokens[track.tokens.len() - track.generated..].to_vec();
-                self.outputs.insert(row.request_id.clone(), out);
-            }
-        }
-        Ok(events)
-    }
-
-    fn forward(
+    fn forward_row(
         &mut self,
+        arenas: &mut KvArenas,
         row: &kvtier_types::ForwardRow,
         table: &[PageId],
         mut track: Track,
@@ -259,9 +205,9 @@ impl ReferenceEngine {
                 })
                 .count() as u64;
         }
-        self.check(&row.request_id, &track, table, read_end);
+        self.check(arenas, &row.request_id, &track, table, read_end);
         for pos in compute.clone() {
-            self.write_slot(&track, table, pos)?;
+            self.write_slot(arenas, &track, table, pos)?;
             if (pos + 1) % ps == 0 {
                 self.computed_pages
                     .entry(track.prefix[pos as usize])
@@ -272,7 +218,7 @@ impl ReferenceEngine {
         if !last_chunk {
             return Ok(track);
         }
-        let token = self.next_token(&track, table, compute.end)?;
+        let token = self.next_token(arenas, &track, table, compute.end)?;
         track.push(token);
         track.generated += 1;
         events.push(EngineEvent::ExtendResult {
@@ -287,13 +233,14 @@ impl ReferenceEngine {
         Ok(track)
     }
 
-    fn slot(
-        &mut self,
+    fn slot<'a>(
+        &self,
+        arenas: &'a mut KvArenas,
         table: &[PageId],
         pos: u32,
         layer: u32,
         plane: u32,
-    ) -> Result<(PageId, &mut [u8]), DeviceError> {
+    ) -> Result<(PageId, &'a mut [u8]), DeviceError> {
         let ps = self.geometry.page_size;
         let page = *table
             .get((pos / ps) as usize)
@@ -303,16 +250,22 @@ impl ReferenceEngine {
                 pages: table.len() as u32,
             })?;
         let bytes = slot_bytes(&self.geometry);
-        let item = self.arenas.item_mut(Tier::Device, page, layer, plane)?;
+        let item = arenas.item_mut(Tier::Device, page, layer, plane)?;
         let at = (pos % ps) as usize * bytes;
         Ok((page, &mut item[at..at + bytes]))
     }
 
-    fn write_slot(&mut self, track: &Track, table: &[PageId], pos: u32) -> Result<(), DeviceError> {
+    fn write_slot(
+        &mut self,
+        arenas: &mut KvArenas,
+        track: &Track,
+        table: &[PageId],
+        pos: u32,
+    ) -> Result<(), DeviceError> {
         let h = track.prefix[pos as usize];
         for layer in 0..self.geometry.layers {
             for plane in 0..self.geometry.planes {
-                let (page, slot) = self.slot(table, pos, layer, plane)?;
+                let (page, slot) = self.slot(arenas, table, pos, layer, plane)?;
                 for (w, chunk) in slot.chunks_exact_mut(8).enumerate() {
                     chunk.copy_from_slice(&kv_word(h, layer, plane, w).to_le_bytes());
                 }
@@ -323,7 +276,14 @@ impl ReferenceEngine {
     }
 
     /// Verifies positions `0..end` per the verify mode; records the first bad slot.
-    fn check(&mut self, id: &RequestId, track: &Track, table: &[PageId], end: u32) {
+    fn check(
+        &mut self,
+        arenas: &mut KvArenas,
+        id: &RequestId,
+        track: &Track,
+        table: &[PageId],
+        end: u32,
+    ) {
         let (positions, layers): (Vec<u32>, u32) = match self.verify {
             Verify::Off => return,
             Verify::Full => ((0..end).collect(), self.geometry.layers),
@@ -337,7 +297,7 @@ impl ReferenceEngine {
             let h = track.prefix[pos as usize];
             for layer in 0..layers {
                 for plane in 0..self.geometry.planes {
-                    let Ok((page, slot)) = self.slot(table, pos, layer, plane) else {
+                    let Ok((page, slot)) = self.slot(arenas, table, pos, layer, plane) else {
                         self.errors.push(IntegrityError {
                             request: id.clone(),
                             position: pos,
@@ -370,14 +330,15 @@ impl ReferenceEngine {
     /// The next token: a digest of the KV read at every position before `end` (first
     /// word of layer 0, plane 0 — attention reads them all) and the request's salt.
     fn next_token(
-        &mut self,
+        &self,
+        arenas: &mut KvArenas,
         track: &Track,
         table: &[PageId],
         end: u32,
     ) -> Result<Token, DeviceError> {
         let mut h = track.salt;
         for pos in 0..end {
-            let (_, slot) = self.slot(table, pos, 0, 0)?;
+            let (_, slot) = self.slot(arenas, table, pos, 0, 0)?;
             let word = u64::from_le_bytes(slot[..8].try_into().unwrap_or([0; 8]));
             h = (h ^ word)
                 .wrapping_mul(0x9E37_79B9_7F4A_7C15)
@@ -385,11 +346,59 @@ impl ReferenceEngine {
         }
         Ok(1 + (splitmix64(h) % 32000) as Token)
     }
+}
 
-    /// Overwrites one byte of a device page (fault injection for tests).
-    pub fn corrupt(&mut self, page: PageId) -> Result<(), DeviceError> {
-        let item = self.arenas.item_mut(Tier::Device, page, 0, 0)?;
-        item[0] ^= 0xff;
+impl ModelRunner for ReferenceEngine {
+    fn admit(&mut self, requests: &[NewRequest]) {
+        for r in requests {
+            self.register(r.id.clone(), &r.prompt, r.max_new_tokens);
+        }
+    }
+
+    fn loaded(&mut self, pairs: &[TransferPair]) {
+        for pair in pairs {
+            self.provenance[pair.dst as usize] = Provenance::LoadedFromHost(pair.src);
+        }
+    }
+
+    fn forward(
+        &mut self,
+        plan: &ExecutionPlan,
+        arenas: &mut KvArenas,
+        events: &mut Vec<EngineEvent>,
+    ) -> Result<(), DeviceError> {
+        self.steps += 1;
+        for notice in &plan.aborted {
+            self.forget(&notice.request_id);
+        }
+        for row in &plan.forward.rows {
+            let table = plan.forward.page_table_of(row);
+            let Some(track) = self.tracks.remove(&row.request_id) else {
+                continue;
+            };
+            let track = self.forward_row(arenas, row, table, track, events)?;
+            if track.generated < track.max_new {
+                self.tracks.insert(row.request_id.clone(), track);
+            } else {
+                let out = track.tokens[track.tokens.len() - track.generated..].to_vec();
+                self.outputs.insert(row.request_id.clone(), out);
+            }
+        }
         Ok(())
     }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
+        self
+    }
+}
+
+/// Overwrites one byte of a device page (fault injection for tests).
+pub fn corrupt(arenas: &mut KvArenas, page: PageId) -> Result<(), DeviceError> {
+    let item = arenas.item_mut(Tier::Device, page, 0, 0)?;
+    item[0] ^= 0xff;
+    Ok(())
 }

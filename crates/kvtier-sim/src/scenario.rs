@@ -10,11 +10,13 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use kvtier_device::{DeviceError, KvGeometry};
-use kvtier_fsm::{BatchError, SchedError, Scheduler};
+use kvtier::KvError;
+use kvtier_device::{DeviceError, FailEveryNth, KvGeometry, NewRequest};
+use kvtier_fsm::{BatchError, SchedError};
 use kvtier_types::{RequestId, RequestSpec, SchedulerConfig, Token};
 use serde::Serialize;
 
+use crate::api::{Path, system_on};
 use crate::reference::{IntegrityError, ReferenceEngine, Verify};
 use crate::tokens::{gen_tokens, tag};
 
@@ -92,6 +94,8 @@ pub struct ScenarioOptions {
     pub fail_every_nth_write_back: u64,
     /// The virtual clock's cost model.
     pub cost: CostModel,
+    /// The path the run drives: the actor system by default (actix on this thread).
+    pub path: Path,
 }
 
 impl ScenarioOptions {
@@ -104,6 +108,7 @@ impl ScenarioOptions {
             verify: Verify::Full,
             fail_every_nth_write_back: 0,
             cost: CostModel::default(),
+            path: Path::Actors,
         }
     }
 }
@@ -182,9 +187,23 @@ pub enum ScenarioError {
     /// The arenas refused an operation.
     #[error(transparent)]
     Device(#[from] DeviceError),
+    /// The actor system failed.
+    #[error(transparent)]
+    System(KvError),
     /// The run stopped making progress.
     #[error("scenario stalled after {0} steps")]
     Stalled(u64),
+}
+
+impl From<KvError> for ScenarioError {
+    fn from(e: KvError) -> Self {
+        match e {
+            KvError::Batch(e) => ScenarioError::Refused(e),
+            KvError::Sched(e) => ScenarioError::Config(e),
+            KvError::Device(e) => ScenarioError::Device(e),
+            other => ScenarioError::System(other),
+        }
+    }
 }
 
 /// KV geometry of the scenarios: small, so full verification stays cheap.
@@ -237,10 +256,15 @@ pub fn run_scenario_with_progress(
         publish_prefix_mid_flight: o.publish,
         ..SchedulerConfig::default()
     };
-    let mut s = Scheduler::new(config)?;
-    let mut engine =
-        ReferenceEngine::new(scenario_geometry(PAGE), device_pages, host_pages, o.verify)?;
-    engine.fail_every_nth_write_back = o.fail_every_nth_write_back;
+    let device = ReferenceEngine::new(scenario_geometry(PAGE), device_pages, o.verify)?
+        .into_device(host_pages)?
+        .with_faults(Box::new(FailEveryNth::new(o.fail_every_nth_write_back)));
+    let mut s = system_on(o.path, config, device)?;
+    // Requests submitted since the last plan, announced to the engine with the next one.
+    let mut new_requests: Vec<NewRequest> = Vec::new();
+    // Tokens generated so far per request, and the finished requests' answers.
+    let mut generating: BTreeMap<RequestId, Vec<Token>> = BTreeMap::new();
+    let mut outputs: BTreeMap<RequestId, Vec<Token>> = BTreeMap::new();
     let mut r = ScenarioReport {
         workload: o.scenario.name().into(),
         cache: o.cache,
@@ -325,7 +349,11 @@ pub fn run_scenario_with_progress(
         if !batch_specs.is_empty() {
             let mut specs = Vec::with_capacity(batch_specs.len());
             for (spec, max_new) in batch_specs {
-                engine.register(spec.id.clone(), &spec.tokens, max_new);
+                new_requests.push(NewRequest {
+                    id: spec.id.clone(),
+                    prompt: spec.tokens.clone(),
+                    max_new_tokens: max_new,
+                });
                 submitted_at.insert(spec.id.clone(), now);
                 r.requests += 1;
                 r.prompt_tokens += spec.tokens.len() as u64;
@@ -336,10 +364,10 @@ pub fn run_scenario_with_progress(
             r.scheduler_ns += t.elapsed().as_nanos() as u64;
         }
         let t = Instant::now();
-        let plan = s.next_plan();
+        let plan = s.next_plan()?;
         r.scheduler_ns += t.elapsed().as_nanos() as u64;
         r.steps += 1;
-        if plan.is_empty() && s.is_idle() {
+        if plan.is_empty() && new_requests.is_empty() && s.is_idle()? {
             break;
         }
         if r.steps > 100_000 {
@@ -364,11 +392,12 @@ pub fn run_scenario_with_progress(
         }
         for notice in &plan.aborted {
             r.aborted += 1;
+            generating.remove(&notice.request_id);
             if let Some(turn) = live.remove(&notice.request_id) {
                 history[turn.conversation].extend_from_slice(&turn.user);
             }
         }
-        let events = engine.step(&plan)?;
+        let events = s.execute(&plan, std::mem::take(&mut new_requests))?;
         let prefill_tokens: u64 = plan
             .forward
             .prefill_rows()
@@ -381,11 +410,17 @@ pub fn run_scenario_with_progress(
             .step_cost(prefill_tokens, decode_rows, lb * u64::from(PAGE));
         for event in &events {
             match event {
-                kvtier_types::EngineEvent::ExtendResult { request_id, .. } => {
+                kvtier_types::EngineEvent::ExtendResult { request_id, tokens } => {
                     first_token.entry(request_id.clone()).or_insert(now);
+                    generating
+                        .entry(request_id.clone())
+                        .or_default()
+                        .extend_from_slice(tokens);
                 }
                 kvtier_types::EngineEvent::Finish { request_id } => {
                     finished_at.insert(request_id.clone(), now);
+                    let answer = generating.remove(request_id).unwrap_or_default();
+                    outputs.insert(request_id.clone(), answer);
                 }
                 _ => {}
             }
@@ -397,27 +432,35 @@ pub fn run_scenario_with_progress(
             Scenario::Chat => (CONVERSATIONS * TURNS) as u64,
             Scenario::Rollout => PROMPTS * SAMPLES,
         };
-        progress(engine.outputs.len() as u64 + r.aborted, total);
+        progress(outputs.len() as u64 + r.aborted, total);
         // Finished turns extend their conversation with the engine's own answer.
         let done: Vec<RequestId> = live
             .keys()
-            .filter(|id| engine.outputs.contains_key(*id))
+            .filter(|id| outputs.contains_key(*id))
             .cloned()
             .collect();
         for id in done {
             if let Some(turn) = live.remove(&id) {
                 let h = &mut history[turn.conversation];
                 h.extend_from_slice(&turn.user);
-                h.extend_from_slice(&engine.outputs[&id]);
+                h.extend_from_slice(&outputs[&id]);
             }
         }
     }
-    r.finished = engine.outputs.len() as u64;
-    r.generated_tokens = engine.outputs.values().map(|v| v.len() as u64).sum();
+    // The device actor's counters, and the reference engine's findings.
+    let device = s.take_device()?.ok_or(KvError::NoDevice)?;
+    let engine = device
+        .runner()
+        .and_then(|runner| runner.as_any().downcast_ref::<ReferenceEngine>())
+        .ok_or(KvError::NoDevice)?;
+    debug_assert_eq!(engine.outputs, outputs, "answers as the engine saw them");
+    let stats = device.stats();
+    r.finished = outputs.len() as u64;
+    r.generated_tokens = outputs.values().map(|v| v.len() as u64).sum();
     r.ideal_hit_tokens = engine.ideal_hit_pages * u64::from(PAGE);
-    r.moved_bytes = engine.moved_bytes;
+    r.moved_bytes = stats.moved_bytes;
     r.integrity_errors = engine.errors.len() as u64;
-    r.failed_write_backs = engine.failed_write_backs;
+    r.failed_write_backs = stats.failed_write_backs;
     r.first_errors = engine.errors.iter().take(8).cloned().collect();
     let mut ttft: Vec<f64> = first_token
         .iter()
@@ -431,7 +474,7 @@ pub fn run_scenario_with_progress(
     let tpot: Vec<f64> = finished_at
         .iter()
         .filter_map(|(id, end)| {
-            let n = engine.outputs.get(id)?.len();
+            let n = outputs.get(id)?.len();
             let first = first_token.get(id)?;
             (n > 1).then(|| (end - first) / (n - 1) as f64)
         })
@@ -443,6 +486,6 @@ pub fn run_scenario_with_progress(
     if now > 0.0 {
         r.throughput_tokens_per_s = r.generated_tokens as f64 / r.virtual_s;
     }
-    r.outputs = std::mem::take(&mut engine.outputs);
+    r.outputs = outputs;
     Ok(r)
 }

@@ -1,8 +1,9 @@
 //! The reference engine's integrity oracle on the scenario workloads: cache reuse never
 //! changes an answer, and corrupted KV is caught and changes the answer.
 
+use kvtier_device::NewRequest;
 use kvtier_fsm::Scheduler;
-use kvtier_sim::reference::{Provenance, ReferenceEngine, Verify};
+use kvtier_sim::reference::{self, Provenance, ReferenceEngine, Verify};
 use kvtier_sim::scenario::{Scenario, ScenarioOptions, run_scenario, scenario_geometry};
 use kvtier_types::{RequestId, RequestSpec, SchedulerConfig};
 
@@ -73,10 +74,15 @@ fn corrupted_kv_is_caught_and_changes_the_answer() {
             ..SchedulerConfig::default()
         };
         let mut s = Scheduler::new(config).expect("config");
-        let mut e =
-            ReferenceEngine::new(scenario_geometry(16), 64, 64, Verify::Full).expect("arenas");
+        let mut device = ReferenceEngine::new(scenario_geometry(16), 64, Verify::Full)
+            .and_then(|e| e.into_device(64))
+            .expect("arenas");
         let prompt: Vec<i32> = (1..=40).collect();
-        e.register(RequestId::from("r1"), &prompt, 4);
+        let mut new = vec![NewRequest {
+            id: RequestId::from("r1"),
+            prompt: prompt.clone(),
+            max_new_tokens: 4,
+        }];
         s.submit(vec![RequestSpec::new("r1", prompt)])
             .expect("submit");
         let mut first_page = None;
@@ -86,11 +92,18 @@ fn corrupted_kv_is_caught_and_changes_the_answer() {
                 first_page = Some(plan.forward.page_table_of(row)[0]);
             }
             if corrupt && step == 1 {
-                e.corrupt(first_page.expect("a page")).expect("in range");
+                reference::corrupt(device.arenas_mut(), first_page.expect("a page"))
+                    .expect("in range");
             }
-            let events = e.step(&plan).expect("engine step");
+            let events = device
+                .execute(&plan, &std::mem::take(&mut new))
+                .expect("engine step");
             s.advance(events).expect("advance");
         }
+        let e = device
+            .runner()
+            .and_then(|r| r.as_any().downcast_ref::<ReferenceEngine>())
+            .expect("the reference engine runs the forward");
         (
             e.outputs.get(&RequestId::from("r1")).cloned(),
             e.errors.clone(),
@@ -158,4 +171,39 @@ fn virtual_clock_reports_ttft_tpot_and_throughput() {
     let model = kvtier_sim::scenario::CostModel::default();
     assert!(model.step_cost(10, 0, 0) < model.step_cost(20, 0, 0));
     assert!(model.step_cost(0, 0, 0) < model.step_cost(0, 0, 64));
+}
+
+/// The replay through the actor system (actix on this thread, on its own thread, and the
+/// deterministic runtime) gives the direct path's answers and counters exactly.
+#[test]
+fn scenarios_are_identical_on_every_path() {
+    use kvtier_sim::Path;
+    for scenario in [Scenario::Chat, Scenario::Rollout] {
+        let run = |path| {
+            let options = ScenarioOptions {
+                path,
+                fail_every_nth_write_back: 3,
+                ..ScenarioOptions::new(scenario)
+            };
+            run_scenario(&options).expect("scenario runs")
+        };
+        let core = run(Path::Core);
+        assert_eq!(core.integrity_errors, 0);
+        for path in [Path::Actors, Path::ActorsThreaded, Path::Deterministic] {
+            let other = run(path);
+            assert_eq!(other.outputs, core.outputs, "{scenario:?} on {path:?}");
+            let counters = |r: &kvtier_sim::scenario::ScenarioReport| {
+                (
+                    r.steps,
+                    r.hit_tokens,
+                    r.writeback_pages,
+                    r.loadback_pages,
+                    r.failed_write_backs,
+                    r.moved_bytes,
+                    r.integrity_errors,
+                )
+            };
+            assert_eq!(counters(&other), counters(&core), "{scenario:?} on {path:?}");
+        }
+    }
 }

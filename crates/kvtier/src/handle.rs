@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{self, JoinHandle, Thread};
 
-use kvtier_device::DeviceCore;
+use kvtier_device::{DeviceCore, NewRequest};
 use kvtier_types::{EngineEvent, ExecutionPlan, KvEvent, RequestId, RequestSpec};
 use tokio::sync::oneshot;
 
@@ -26,6 +26,7 @@ enum Command {
     TakeKvEvents(oneshot::Sender<Result<Vec<KvEvent>, KvError>>),
     Execute(
         Box<ExecutionPlan>,
+        Vec<NewRequest>,
         oneshot::Sender<Result<Vec<EngineEvent>, KvError>>,
     ),
     TakeDevice(oneshot::Sender<Option<DeviceCore>>),
@@ -86,7 +87,7 @@ impl Handle {
                         Command::NextPlan(r) => drop(r.send(bus.next_plan())),
                         Command::Stats(r) => drop(r.send(bus.stats())),
                         Command::TakeKvEvents(r) => drop(r.send(bus.take_kv_events())),
-                        Command::Execute(plan, r) => drop(r.send(bus.execute(*plan))),
+                        Command::Execute(plan, new, r) => drop(r.send(bus.execute(*plan, new))),
                         Command::TakeDevice(r) => drop(r.send(bus.take_device())),
                         Command::Shutdown(r) => {
                             drop(r.send(bus.shutdown()));
@@ -125,21 +126,27 @@ impl Handle {
     }
 
     /// Runs a plan's copies on the device actor, then its forward rows through the
-    /// device's model runner; returns the events to `advance` with.
-    pub async fn execute(&self, plan: &ExecutionPlan) -> Result<Vec<EngineEvent>, KvError> {
+    /// device's model runner; returns the events to `advance` with. `new_requests`
+    /// announces the requests submitted since the last plan to the runner.
+    pub async fn execute(
+        &self,
+        plan: &ExecutionPlan,
+        new_requests: Vec<NewRequest>,
+    ) -> Result<Vec<EngineEvent>, KvError> {
         let span = tracing::Span::current();
         match &self.backend {
             Backend::Actix(a) => {
                 let device = a.device.as_ref().ok_or(KvError::NoDevice)?;
                 let msg = Execute {
                     plan: plan.clone(),
+                    new_requests,
                     span,
                 };
                 device.send(msg).await.map_err(|_| KvError::ShutDown)?
             }
             Backend::Bus(tx) => {
                 let plan = Box::new(plan.clone());
-                Self::bus(tx, |r| Command::Execute(plan, r)).await?
+                Self::bus(tx, |r| Command::Execute(plan, new_requests, r)).await?
             }
         }
     }
@@ -272,8 +279,12 @@ impl BlockingHandle {
     }
 
     /// See [`Handle::execute`].
-    pub fn execute(&self, plan: &ExecutionPlan) -> Result<Vec<EngineEvent>, KvError> {
-        block_on(self.handle.execute(plan))
+    pub fn execute(
+        &self,
+        plan: &ExecutionPlan,
+        new_requests: Vec<NewRequest>,
+    ) -> Result<Vec<EngineEvent>, KvError> {
+        block_on(self.handle.execute(plan, new_requests))
     }
 
     /// See [`Handle::take_device`].

@@ -2,7 +2,7 @@
 //! so no message crosses a thread. For an engine loop that owns its scheduling thread.
 
 use actix::{Addr, SystemRunner};
-use kvtier_device::DeviceCore;
+use kvtier_device::{DeviceCore, NewRequest};
 use kvtier_types::{EngineEvent, ExecutionPlan, KvEvent, RequestId, RequestSpec};
 
 use crate::messages::*;
@@ -136,19 +136,24 @@ impl LocalSystem {
     }
 
     /// See [`crate::Handle::execute`].
-    pub fn execute(&mut self, plan: &ExecutionPlan) -> Result<Vec<EngineEvent>, KvError> {
+    pub fn execute(
+        &mut self,
+        plan: &ExecutionPlan,
+        new_requests: Vec<NewRequest>,
+    ) -> Result<Vec<EngineEvent>, KvError> {
         match &mut self.inner {
             Inner::Actix { runner, addrs, .. } => {
                 let device = addrs.device.as_ref().ok_or(KvError::NoDevice)?;
                 let msg = Execute {
                     plan: plan.clone(),
+                    new_requests,
                     span: tracing::Span::current(),
                 };
                 runner
                     .block_on(device.send(msg))
                     .map_err(|_| KvError::ShutDown)?
             }
-            Inner::Bus(bus) => bus.execute(plan.clone()),
+            Inner::Bus(bus) => bus.execute(plan.clone(), new_requests),
         }
     }
 

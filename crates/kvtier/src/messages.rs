@@ -3,7 +3,7 @@
 //! One message per actor per call: a scheduling step sends one [`RunBatch`] to the radix
 //! actor (two when it must retract), an `advance` at most one.
 
-use kvtier_device::{DeviceCore, DeviceStats};
+use kvtier_device::{DeviceCore, DeviceStats, NewRequest};
 use kvtier_fsm::SchedulerStats;
 use kvtier_host::{HostError, HostStats, OwnedPages};
 use kvtier_radix::{CacheBatch, CacheReply, TreeStats};
@@ -114,6 +114,8 @@ pub struct CloseCache;
 pub struct Execute {
     /// The plan.
     pub plan: ExecutionPlan,
+    /// Requests submitted since the last plan, for the model runner.
+    pub new_requests: Vec<NewRequest>,
     /// The caller's span.
     pub span: tracing::Span,
 }

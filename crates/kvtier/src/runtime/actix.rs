@@ -117,7 +117,7 @@ impl Handler<Execute> for DeviceActor {
     fn handle(&mut self, msg: Execute, _: &mut Context<Self>) -> Self::Result {
         let _entered = msg.span.enter();
         let core = self.core.as_mut().ok_or(KvError::NoDevice)?;
-        Ok(core.execute(&msg.plan)?)
+        Ok(core.execute(&msg.plan, &msg.new_requests)?)
     }
 }
 

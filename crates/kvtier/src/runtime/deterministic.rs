@@ -6,7 +6,7 @@
 
 use std::collections::VecDeque;
 
-use kvtier_device::{DeviceCore, DeviceError};
+use kvtier_device::{DeviceCore, DeviceError, NewRequest};
 use kvtier_fsm::{Progress, SchedulerCore};
 use kvtier_host::{HostAllocator, HostStats};
 use kvtier_radix::{CacheBatch, CacheReply, RadixCache, TreeStats};
@@ -94,7 +94,7 @@ enum Payload {
     TreeStats(TreeStats),
     HostStatsQuery,
     HostStats(HostStats),
-    Execute(Box<ExecutionPlan>),
+    Execute(Box<ExecutionPlan>, Vec<NewRequest>),
     Executed(Result<Vec<EngineEvent>, DeviceError>),
 }
 
@@ -107,7 +107,7 @@ impl Payload {
             Payload::TreeStats(_) => "TreeStats",
             Payload::HostStatsQuery => "HostStatsQuery",
             Payload::HostStats(_) => "HostStats",
-            Payload::Execute(_) => "Execute",
+            Payload::Execute(..) => "Execute",
             Payload::Executed(_) => "Executed",
         }
     }
@@ -258,9 +258,9 @@ impl Bus {
                 self.stats_in.1 = Some(stats);
                 Ok(())
             }
-            Payload::Execute(plan) => {
+            Payload::Execute(plan, new) => {
                 let result = match &mut self.device {
-                    Some(device) => device.execute(&plan),
+                    Some(device) => device.execute(&plan, &new),
                     None => Ok(Vec::new()),
                 };
                 self.send(Device, Engine, Payload::Executed(result))
@@ -351,7 +351,11 @@ impl Bus {
     }
 
     /// Runs a plan on the device: its copies, then its forward rows.
-    pub fn execute(&mut self, plan: ExecutionPlan) -> Result<Vec<EngineEvent>, KvError> {
+    pub fn execute(
+        &mut self,
+        plan: ExecutionPlan,
+        new_requests: Vec<NewRequest>,
+    ) -> Result<Vec<EngineEvent>, KvError> {
         if let Some(reason) = &self.failed {
             return Err(KvError::Failed(reason.clone()));
         }
@@ -361,7 +365,7 @@ impl Bus {
         self.send(
             ActorName::Engine,
             ActorName::Device,
-            Payload::Execute(Box::new(plan)),
+            Payload::Execute(Box::new(plan), new_requests),
         )?;
         self.run(Wanted::Done)?;
         match self.executed.take() {
