@@ -479,18 +479,17 @@ impl SchedulerCore {
     /// Applies the admission outcomes in candidate order.
     fn apply_admissions(&mut self, p: &mut PlanInProgress, outcomes: Vec<Outcome>) {
         let mut outcomes = outcomes.into_iter();
-        let candidates = std::mem::take(&mut p.candidates);
-        let mut kept = Vec::with_capacity(candidates.len());
-        for (key, entry) in candidates {
-            if matches!(entry, Entry::None) {
-                kept.push((key, Entry::None));
+        let mut candidates = std::mem::take(&mut p.candidates);
+        for (key, slot) in &mut candidates {
+            let key = *key;
+            if matches!(slot, Entry::None) {
                 continue;
             }
+            let entry = std::mem::replace(slot, Entry::None);
             let outcome = outcomes.next().expect("one outcome per intent");
-            let entry = match (entry, outcome) {
+            match (entry, outcome) {
                 (Entry::NextChunk, Outcome::Grown { tokens, pages }) => {
                     self.next_chunk(key, tokens, pages, &mut p.rows);
-                    Entry::None
                 }
                 (
                     Entry::FirstChunk,
@@ -501,19 +500,15 @@ impl SchedulerCore {
                     },
                 ) => {
                     self.start_prefetch(key, href, pages, start_page, &mut p.plan);
-                    Entry::None
                 }
                 (Entry::FirstChunk, Outcome::Admitted(a)) => {
                     self.first_chunk(key, *a, p);
-                    Entry::None
                 }
                 (Entry::Decode, Outcome::Grown { tokens, pages }) => {
                     self.decode(key, tokens, pages, &mut p.rows);
-                    Entry::None
                 }
                 (Entry::Recovery { lka, .. }, Outcome::Admitted(a)) => {
                     self.recovery(key, lka, *a, p);
-                    Entry::None
                 }
                 (Entry::Recovery { lka, pages }, Outcome::Waits { held }) => {
                     let mut held = held.into_iter();
@@ -527,24 +522,20 @@ impl SchedulerCore {
                     } else {
                         debug_assert!(false, "a recovery's locks did not come back");
                     }
-                    Entry::None
                 }
                 (Entry::Recovery { lka, .. }, Outcome::TooBig) => {
                     // Even an empty device pool could not hold it again: give up, and say so.
                     drop(lka);
                     let id = self.req(key).id.clone();
                     self.abort_notice(id, AbortReason::ExceedsDevicePool, &mut p.plan);
-                    Entry::None
                 }
-                (_, Outcome::Waits { .. }) => Entry::None,
+                (_, Outcome::Waits { .. }) => {}
                 (entry, outcome) => {
                     debug_assert!(false, "outcome {outcome:?} for {entry:?}");
-                    Entry::None
                 }
-            };
-            kept.push((key, entry));
+            }
         }
-        p.candidates = kept;
+        p.candidates = candidates;
     }
 
     /// Entries swapped for the tree's copies since the last row count as new.
@@ -707,24 +698,27 @@ impl SchedulerCore {
     ) {
         let ps = self.config.page_size;
         let d = self.config.decode_input_tokens;
-        let (from_prefill_done, mut run) =
-            match std::mem::replace(&mut self.req_mut(key).state, State::Finished) {
-                State::PrefillDone(run) => (true, run),
-                State::Decoding(run) => (false, run),
-                other => {
-                    debug_assert!(false, "decode of a request not running");
-                    self.req_mut(key).state = other;
-                    return;
-                }
-            };
-        let begin = Self::row_begin(&mut run);
+        // In place: a decoding request's state is large and decodes are the hot path.
+        let state = &mut self.requests[key].state;
+        let from_prefill_done = matches!(state, State::PrefillDone(_));
+        let Some(run) = state.running_mut() else {
+            debug_assert!(false, "decode of a request not running");
+            return;
+        };
+        let begin = Self::row_begin(run);
         run.lka.absorb(pages, reserve, ps);
         run.reserve = d;
-        rows.push_decode_row(self.req(key), &run, RowKind::Decode, begin, d);
-        if from_prefill_done {
-            tracing::debug!(parent: &self.req(key).span, phase = "decoding");
+        let r = &self.requests[key];
+        if let Some(run) = r.state.running() {
+            rows.push_decode_row(r, run, RowKind::Decode, begin, d);
         }
-        self.req_mut(key).state = State::Decoding(run);
+        if from_prefill_done {
+            tracing::debug!(parent: &r.span, phase = "decoding");
+            let state = &mut self.req_mut(key).state;
+            if let State::PrefillDone(run) = std::mem::replace(state, State::Finished) {
+                *state = State::Decoding(run);
+            }
+        }
     }
 
     // ----- retraction and recovery -----------------------------------------------------
