@@ -36,7 +36,8 @@ enum Command {
 #[derive(Debug, Clone)]
 enum Backend {
     Actix(Addrs),
-    Bus(flume::Sender<Command>),
+    /// Commands with the caller's span, entered while the bus handles them.
+    Bus(flume::Sender<(Command, tracing::Span)>),
 }
 
 /// The system's thread, joined at shutdown (not scheduler or cache state).
@@ -73,12 +74,13 @@ impl Handle {
     }
 
     pub(crate) fn start_bus(parts: Parts, hooks: Box<dyn FaultHooks>) -> Result<Self, KvError> {
-        let (tx, rx) = flume::unbounded::<Command>();
+        let (tx, rx) = flume::unbounded::<(Command, tracing::Span)>();
         let mut bus = Bus::new(parts, hooks);
         let thread = thread::Builder::new()
             .name("kvtier-bus".into())
             .spawn(move || {
-                while let Ok(command) = rx.recv() {
+                while let Ok((command, span)) = rx.recv() {
+                    let _entered = span.enter();
                     // A caller that went away drops its answer; the bus goes on.
                     match command {
                         Command::Submit(specs, r) => drop(r.send(bus.submit(specs))),
@@ -104,11 +106,12 @@ impl Handle {
     }
 
     async fn bus<T>(
-        tx: &flume::Sender<Command>,
+        tx: &flume::Sender<(Command, tracing::Span)>,
         command: impl FnOnce(oneshot::Sender<T>) -> Command,
     ) -> Result<T, KvError> {
         let (reply, answer) = oneshot::channel();
-        tx.send(command(reply)).map_err(|_| KvError::ShutDown)?;
+        tx.send((command(reply), tracing::Span::current()))
+            .map_err(|_| KvError::ShutDown)?;
         answer.await.map_err(|_| KvError::ShutDown)
     }
 

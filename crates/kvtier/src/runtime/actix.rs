@@ -178,11 +178,13 @@ impl SchedulerActor {
             span: span.clone(),
         });
         Box::pin(request.into_actor(self).then(move |reply, act, _| {
+            let entered = span.enter();
             let resumed = match (reply, act.core()) {
                 (Ok(reply), Ok(core)) => core.resume(reply).map_err(KvError::from),
                 (Err(_), _) => Err(KvError::ActorGone("radix")),
                 (_, Err(e)) => Err(e),
             };
+            drop(entered);
             let next: ResponseActFuture<Self, _> = match resumed {
                 Ok(Progress::Done) => Box::pin(fut::ready(Ok(None))),
                 Ok(Progress::Plan(plan)) => Box::pin(fut::ready(Ok(Some(plan)))),
@@ -248,7 +250,10 @@ impl Handler<Abort> for SchedulerActor {
 impl Handler<NextPlan> for SchedulerActor {
     type Result = Reply<ExecutionPlan>;
     fn handle(&mut self, msg: NextPlan, _: &mut Context<Self>) -> Self::Result {
-        let batch = match self.core().and_then(|c| c.plan().map_err(KvError::from)) {
+        let entered = msg.span.enter();
+        let planned = self.core().and_then(|c| c.plan().map_err(KvError::from));
+        drop(entered);
+        let batch = match planned {
             Ok(batch) => batch,
             Err(e) => return ready(Err(e)),
         };

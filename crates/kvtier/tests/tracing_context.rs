@@ -1,0 +1,104 @@
+//! Span context travels inside messages: what the actors do for a call is recorded
+//! under the caller's span, on every runtime.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kvtier::{BlockingHandle, Runtime, System};
+use kvtier_types::{EngineEvent, RequestSpec, SchedulerConfig};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
+
+/// Events seen: (message field, names of the spans in scope, innermost first).
+type Seen = Arc<Mutex<Vec<(String, Vec<String>)>>>;
+
+struct Message(String);
+
+impl Visit for Message {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}");
+        }
+    }
+}
+
+struct Capture(Seen);
+
+impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
+    fn on_new_span(&self, _: &Attributes<'_>, _: &Id, _: Context<'_, S>) {}
+
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        let scope = ctx
+            .event_scope(event)
+            .map(|scope| scope.map(|span| span.name().to_owned()).collect())
+            .unwrap_or_default();
+        self.0.lock().expect("lock").push((message.0, scope));
+    }
+}
+
+fn config() -> SchedulerConfig {
+    SchedulerConfig {
+        page_size: 4,
+        device_pages: 64,
+        host_pages: 64,
+        // Every step is "slow": the scheduler records each one.
+        slow_step_threshold: Some(Duration::ZERO),
+        ..SchedulerConfig::default()
+    }
+}
+
+/// The actors run on their own thread here, so the caller's span is in scope there
+/// only if the messages carry it. (One test in this binary: it sets the global
+/// subscriber, which every thread sees.)
+#[test]
+fn the_callers_span_reaches_the_scheduler_actor() {
+    let seen: Seen = Arc::default();
+    let subscriber = tracing_subscriber::registry().with(Capture(Arc::clone(&seen)));
+    tracing::subscriber::set_global_default(subscriber).expect("first subscriber");
+    for runtime in [Runtime::Actix, Runtime::Deterministic] {
+        seen.lock().expect("lock").clear();
+        {
+            let system = BlockingHandle::new(
+                System::builder(config())
+                    .runtime(runtime)
+                    .start()
+                    .expect("system starts"),
+            );
+            let step = tracing::info_span!("engine_step");
+            let _entered = step.enter();
+            system
+                .submit(vec![RequestSpec::new("r1", (1..=10).collect())])
+                .expect("submit");
+            let plan = system.next_plan().expect("plan");
+            assert_eq!(plan.forward.rows.len(), 1);
+            system
+                .advance(vec![EngineEvent::Finish {
+                    request_id: "r1".into(),
+                }])
+                .expect("finish");
+            system.shutdown().expect("shutdown");
+        }
+        let seen = seen.lock().expect("lock");
+        let slow = seen
+            .iter()
+            .find(|(message, _)| message.contains("slow_step"))
+            .unwrap_or_else(|| panic!("{runtime:?}: no slow_step event in {seen:?}"));
+        assert!(
+            slow.1.iter().any(|name| name == "engine_step"),
+            "{runtime:?}: the step was recorded outside the caller's span: {slow:?}"
+        );
+        let queued = seen
+            .iter()
+            .find(|(_, scope)| scope.first().is_some_and(|s| s == "request"))
+            .unwrap_or_else(|| panic!("{runtime:?}: no request lifecycle event"));
+        assert!(
+            queued.1.iter().any(|name| name == "engine_step"),
+            "{runtime:?}: the request span does not descend from the caller's: {queued:?}"
+        );
+    }
+}
