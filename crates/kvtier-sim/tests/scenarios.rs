@@ -203,7 +203,11 @@ fn scenarios_are_identical_on_every_path() {
                     r.integrity_errors,
                 )
             };
-            assert_eq!(counters(&other), counters(&core), "{scenario:?} on {path:?}");
+            assert_eq!(
+                counters(&other),
+                counters(&core),
+                "{scenario:?} on {path:?}"
+            );
         }
     }
 }
