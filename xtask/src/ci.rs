@@ -18,6 +18,9 @@ enum Action {
     Tidy,
     /// Make sure cargo-nextest is installed, then run this command.
     Nextest(Command),
+    /// Install nvcc from PyPI (`cargo xtask cuda-toolchain`), then run these commands
+    /// with its `NVCC` and `CUDA_HOME`.
+    Cuda(Vec<Command>),
 }
 
 struct Step {
@@ -33,6 +36,10 @@ pub fn run(root: &Path) -> Result<()> {
         let description = match &step.action {
             Action::Command(command) | Action::Nextest(command) => display_command(command),
             Action::Tidy => "cargo xtask tidy (in-process)".to_string(),
+            Action::Cuda(commands) => std::iter::once("cargo xtask cuda-toolchain".to_string())
+                .chain(commands.iter().map(display_command))
+                .collect::<Vec<_>>()
+                .join(" && "),
         };
         println!(
             "==> ci [{}/{total}] {}: {description}",
@@ -46,6 +53,7 @@ pub fn run(root: &Path) -> Result<()> {
             Action::Nextest(mut command) => {
                 ensure_nextest(root).and_then(|()| run_with_mooncake(root, &mut command))
             }
+            Action::Cuda(commands) => run_with_cuda_toolchain(root, commands),
         };
         let elapsed = step_started.elapsed().as_secs_f64();
         match &result {
@@ -84,6 +92,37 @@ fn steps(root: &Path) -> Vec<Step> {
     let mut doc = cargo(root);
     doc.args(["test", "--workspace", "--doc"]);
 
+    // The CUDA backend: it builds, lints clean, and its probe test passes (on a machine
+    // without a GPU: the probe's typed error; the GPU tests report themselves skipped).
+    let locked = root.join("Cargo.lock").is_file();
+    let mut cuda_build = cargo(root);
+    cuda_build.args(["build", "-p", "kvtier-device", "--features", "cuda"]);
+    let mut cuda_clippy = cargo(root);
+    cuda_clippy.args([
+        "clippy",
+        "-p",
+        "kvtier-device",
+        "--features",
+        "cuda",
+        "--all-targets",
+    ]);
+    let mut cuda_test = cargo(root);
+    cuda_test.args([
+        "test",
+        "-p",
+        "kvtier-device",
+        "--features",
+        "cuda",
+        "--test",
+        "cuda_probe",
+    ]);
+    for command in [&mut cuda_build, &mut cuda_clippy, &mut cuda_test] {
+        if locked {
+            command.arg("--locked");
+        }
+    }
+    cuda_clippy.args(["--", "-D", "warnings"]);
+
     vec![
         Step {
             name: "fmt",
@@ -104,6 +143,10 @@ fn steps(root: &Path) -> Vec<Step> {
         Step {
             name: "doctest",
             action: Action::Command(doc),
+        },
+        Step {
+            name: "cuda",
+            action: Action::Cuda(vec![cuda_build, cuda_clippy, cuda_test]),
         },
     ]
 }
@@ -145,4 +188,35 @@ fn run_with_mooncake(root: &Path, command: &mut Command) -> Result<()> {
     let result = run_command(command);
     crate::mooncake::down(root)?;
     result
+}
+
+/// Installs nvcc from PyPI into `target/cuda-venv` (cached there), then runs `commands`
+/// with its `NVCC` and `CUDA_HOME`. Without CI a failed install is reported and the CUDA
+/// backend is loudly left unbuilt; under CI (`CI=true`) it fails the step, so a missing
+/// nvcc cannot hide.
+fn run_with_cuda_toolchain(root: &Path, commands: Vec<Command>) -> Result<()> {
+    let toolchain = match crate::cuda::install(root) {
+        Ok(toolchain) => toolchain,
+        Err(err) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            return Err(err.context("installing nvcc for the CUDA backend"));
+        }
+        Err(err) => {
+            eprintln!(
+                "WARNING: SKIPPED: the CUDA backend was not built or tested, nvcc could not be \
+                 installed: {err:#}"
+            );
+            return Ok(());
+        }
+    };
+    println!(
+        "cuda: {} at {}",
+        toolchain.version,
+        toolchain.nvcc.display()
+    );
+    for mut command in commands {
+        command.envs(toolchain.env());
+        println!("--> {}", display_command(&command));
+        run_command(&mut command)?;
+    }
+    Ok(())
 }

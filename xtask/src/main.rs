@@ -4,6 +4,7 @@
 
 mod bench;
 mod ci;
+mod cuda;
 mod mooncake;
 mod tidy;
 
@@ -24,6 +25,7 @@ commands:
                                   kvtier CLI bench workloads, then `cargo bench --workspace`
   bench --callgrind <w> [args..]  instruction counts of one workload under callgrind
   mooncake up|down|env            real Mooncake master on loopback for the L3 tests
+  cuda-toolchain                  nvcc from PyPI into target/cuda-venv; prints NVCC/CUDA_HOME
   help                            this message";
 
 fn main() -> ExitCode {
@@ -59,6 +61,7 @@ fn run_cli() -> Result<()> {
         }
         Some("bench") => bench::run(&root, &rest),
         Some("mooncake") => mooncake::run(&root, &rest),
+        Some("cuda-toolchain") => cuda::run(&root, &rest),
         Some("help" | "-h" | "--help") => {
             println!("{USAGE}");
             Ok(())

@@ -37,4 +37,50 @@ pub enum DeviceError {
     /// A transfer pair of a kind this arena does not hold.
     #[error("{0} transfer pairs are not KV pages")]
     WrongKind(&'static str),
+    /// No usable CUDA device: no driver, no GPU, or none visible to this process
+    /// (feature `cuda`).
+    #[cfg(feature = "cuda")]
+    #[error(
+        "no CUDA device: {call} returned {code} ({name}: {message}); CUDA driver: {}, runtime: {}",
+        cuda_version(*.driver_version),
+        cuda_version(*.runtime_version)
+    )]
+    NoCudaDevice {
+        /// The CUDA runtime call that failed, e.g. `cudaGetDeviceCount`.
+        call: String,
+        /// Its `cudaError_t`.
+        code: i32,
+        /// The error's name, e.g. `cudaErrorInsufficientDriver`.
+        name: String,
+        /// The runtime's description of the error.
+        message: String,
+        /// `cudaDriverGetVersion`: 0 when no driver is loaded.
+        driver_version: u32,
+        /// `cudaRuntimeGetVersion`: the CUDA runtime linked in.
+        runtime_version: u32,
+    },
+    /// A CUDA runtime call failed (feature `cuda`). What the call was part of copied
+    /// nothing, or may have copied part of its batch if the failure came from a kernel.
+    #[cfg(feature = "cuda")]
+    #[error("CUDA error: {call} returned {code} ({name}: {message})")]
+    Cuda {
+        /// The CUDA runtime call (or kernel launch) that failed.
+        call: String,
+        /// Its `cudaError_t`.
+        code: i32,
+        /// The error's name.
+        name: String,
+        /// The runtime's description of the error.
+        message: String,
+    },
+}
+
+/// A CUDA version number (`1000 * major + 10 * minor`) as `major.minor`; 0 is "none".
+#[cfg(feature = "cuda")]
+fn cuda_version(version: u32) -> String {
+    if version == 0 {
+        "none".to_owned()
+    } else {
+        format!("{}.{}", version / 1000, version % 1000 / 10)
+    }
 }

@@ -12,9 +12,17 @@
 //! backend built with the system C++ compiler, multi-threaded for large batches. Every
 //! page id and layer range is checked here before any byte moves, so a bad request is a
 //! typed error, never an out-of-bounds copy.
+//!
+//! With the cargo feature `cuda`, the module `cuda` adds the CUDA backend
+//! (`cpp/kernels_cuda.cu`, compiled by nvcc for sm_80 and sm_90): a device probe and
+//! `cuda::CudaArenas`, the same arenas and operations in GPU and pinned host memory.
 
 mod arenas;
 pub mod bench;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_ffi;
 mod error;
 mod executor;
 mod ffi;
