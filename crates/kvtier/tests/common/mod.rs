@@ -1,0 +1,132 @@
+//! A minimal engine for the facade tests: answers plans with one token per completed
+//! row, finishes requests after a set number of tokens, and acknowledges write-backs.
+
+#![allow(dead_code, reason = "each test binary uses part of it")]
+
+use std::collections::BTreeMap;
+
+use kvtier::{BlockingHandle, Runtime, System};
+use kvtier_types::{
+    EngineEvent, ExecutionPlan, OpId, RequestId, RequestSpec, RowKind, SchedulerConfig, Token,
+};
+
+pub const RUNTIMES: [Runtime; 2] = [Runtime::Actix, Runtime::Deterministic];
+
+/// Small pools, so prefixes are shared, written back, evicted and retracted.
+pub fn config() -> SchedulerConfig {
+    SchedulerConfig {
+        page_size: 4,
+        device_pages: 28,
+        host_pages: 96,
+        max_batch_size: 8,
+        max_scheduled_tokens: 48,
+        ..SchedulerConfig::default()
+    }
+}
+
+pub fn start(runtime: Runtime) -> BlockingHandle {
+    BlockingHandle::new(
+        System::builder(config())
+            .runtime(runtime)
+            .start()
+            .expect("system starts"),
+    )
+}
+
+/// `n` requests `r00..`: a shared 12-token prefix (one of two) and a unique suffix.
+pub fn requests(n: usize) -> Vec<RequestSpec> {
+    (0..n)
+        .map(|i| {
+            let mut tokens: Vec<Token> = (0..12).map(|t| 100 + (i % 2) as Token * 50 + t).collect();
+            tokens.extend((0..6).map(|t| 1000 + 10 * i as Token + t));
+            RequestSpec::new(format!("r{i:02}"), tokens)
+        })
+        .collect()
+}
+
+/// The engine side of the loop.
+#[derive(Debug, Default)]
+pub struct Engine {
+    produced: BTreeMap<RequestId, usize>,
+    /// Tokens each request generates before it finishes.
+    pub target: usize,
+    /// Acknowledge write-backs in the same step (else they are kept in `unacked`).
+    pub hold_write_backs: bool,
+    pub unacked: Vec<OpId>,
+    pub finished: Vec<RequestId>,
+}
+
+impl Engine {
+    pub fn new(target: usize) -> Self {
+        Self {
+            target,
+            ..Self::default()
+        }
+    }
+
+    pub fn answer(&mut self, plan: &ExecutionPlan) -> Vec<EngineEvent> {
+        let mut events = Vec::new();
+        for op in &plan.write_backs {
+            if self.hold_write_backs {
+                self.unacked.push(op.op_id);
+            } else {
+                events.push(EngineEvent::WriteBackDone {
+                    op_id: op.op_id,
+                    success: true,
+                });
+            }
+        }
+        for notice in &plan.aborted {
+            self.produced.remove(&notice.request_id);
+        }
+        for row in &plan.forward.rows {
+            let last_chunk = row.kind != RowKind::Prefill
+                || row.extend_prefix_len + row.input_length == row.prefill_length;
+            if !last_chunk {
+                continue;
+            }
+            let produced = self.produced.entry(row.request_id.clone()).or_default();
+            *produced += 1;
+            events.push(EngineEvent::ExtendResult {
+                request_id: row.request_id.clone(),
+                tokens: vec![7 + *produced as Token],
+            });
+            if *produced >= self.target {
+                events.push(EngineEvent::Finish {
+                    request_id: row.request_id.clone(),
+                });
+                self.produced.remove(&row.request_id);
+                self.finished.push(row.request_id.clone());
+            }
+        }
+        events
+    }
+
+    /// Requests the engine has seen produce a token and not finish.
+    pub fn in_decode(&self) -> Vec<RequestId> {
+        self.produced.keys().cloned().collect()
+    }
+
+    /// Acks for the write-backs held back.
+    pub fn release_acks(&mut self) -> Vec<EngineEvent> {
+        self.unacked
+            .drain(..)
+            .map(|op_id| EngineEvent::WriteBackDone {
+                op_id,
+                success: true,
+            })
+            .collect()
+    }
+}
+
+/// Runs `steps` steps (or until the plan is empty and nothing is live).
+pub fn run(handle: &BlockingHandle, engine: &mut Engine, steps: usize) {
+    for _ in 0..steps {
+        let plan = handle.next_plan().expect("plan");
+        let events = engine.answer(&plan);
+        if plan.is_empty() && events.is_empty() {
+            break;
+        }
+        handle.advance(events).expect("events accepted");
+    }
+}
