@@ -41,6 +41,19 @@ impl Outbox {
         self.targets.push(target);
     }
 
+    /// Queues the rollback of an attached write-back that will never be issued: its
+    /// host pages go back to the pool.
+    pub fn roll_back(&mut self, ticket: kvtier_radix::WriteBackTicket) {
+        let op = CacheOp::WriteBackAck {
+            ticket,
+            success: false,
+            keep_device: None,
+            backup: false,
+            demote: None,
+        };
+        self.push(op, Target::Ignore);
+    }
+
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
     }
@@ -125,16 +138,7 @@ impl SchedulerCore {
                         None => State::Finished,
                     };
                 } else if let Some(attached) = write_back {
-                    self.outbox.push(
-                        CacheOp::WriteBackAck {
-                            ticket: attached.ticket,
-                            success: false,
-                            keep_device: None,
-                            backup: false,
-                            demote: None,
-                        },
-                        Target::Ignore,
-                    );
+                    self.outbox.roll_back(attached.ticket);
                 }
             }
             (

@@ -618,16 +618,7 @@ impl SchedulerCore {
             }
             // Host pages attached for a write-back that was never issued: roll them back.
             State::Draining(None) => {}
-            State::Draining(Some(attached)) => self.outbox.push(
-                CacheOp::WriteBackAck {
-                    ticket: attached.ticket,
-                    success: false,
-                    keep_device: None,
-                    backup: false,
-                    demote: None,
-                },
-                Target::Ignore,
-            ),
+            State::Draining(Some(attached)) => self.outbox.roll_back(attached.ticket),
             // The in-flight copy stays pinned by its ticket in the op table until acknowledged.
             State::WritingBack { op } | State::Retracting { op, .. } => {
                 if let Some(inflight) = self.ops.get_mut(&op) {

@@ -139,6 +139,19 @@ impl SchedulerApi for DirectSystem {
     }
 }
 
+/// A system builder on `runtime`, with a device actor when one is given.
+fn builder(
+    config: &SchedulerConfig,
+    runtime: Runtime,
+    device: Option<DeviceCore>,
+) -> kvtier::SystemBuilder {
+    let builder = System::builder(config.clone()).runtime(runtime);
+    match device {
+        Some(device) => builder.device(device),
+        None => builder,
+    }
+}
+
 /// The actor system on its own thread, as a workload sees it. Shuts the system down
 /// when dropped.
 #[derive(Debug)]
@@ -154,12 +167,8 @@ impl ActorScheduler {
         runtime: Runtime,
         device: Option<DeviceCore>,
     ) -> Result<Self, KvError> {
-        let mut builder = System::builder(config.clone()).runtime(runtime);
-        if let Some(device) = device {
-            builder = builder.device(device);
-        }
         Ok(Self {
-            handle: BlockingHandle::new(builder.start()?),
+            handle: BlockingHandle::new(builder(&config, runtime, device).start()?),
             config,
         })
     }
@@ -229,12 +238,8 @@ impl LocalActors {
         runtime: Runtime,
         device: Option<DeviceCore>,
     ) -> Result<Self, KvError> {
-        let mut builder = System::builder(config.clone()).runtime(runtime);
-        if let Some(device) = device {
-            builder = builder.device(device);
-        }
         Ok(Self {
-            system: Some(builder.start_local()?),
+            system: Some(builder(&config, runtime, device).start_local()?),
             config,
         })
     }
