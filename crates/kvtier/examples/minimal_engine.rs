@@ -17,6 +17,8 @@ pub struct Summary {
     pub steps: usize,
     /// Requests that finished.
     pub finished: usize,
+    /// Requests the scheduler gave up on by itself (see `ExecutionPlan::aborted`).
+    pub aborted: usize,
     /// Prompt tokens served from the prefix cache.
     pub cached_tokens: u64,
     /// Counters at the end.
@@ -79,13 +81,16 @@ async fn main_loop(handle: Handle) -> Result<Summary, KvError> {
     handle.submit(arrivals.next().into_iter().collect()).await?;
 
     let mut produced = Default::default();
-    let (mut steps, mut finished, mut cached_tokens) = (0, 0, 0);
-    while finished < total {
+    let (mut steps, mut finished, mut aborted, mut cached_tokens) = (0, 0, 0, 0);
+    while finished + aborted < total {
         if steps == 1 {
             handle.submit(arrivals.by_ref().collect()).await?;
         }
         let plan = handle.next_plan().await?;
         steps += 1;
+        // The scheduler may give up on a request (e.g. no host page to retract it to):
+        // it is gone, stop waiting for it.
+        aborted += plan.aborted.len();
         cached_tokens += plan
             .forward
             .prefill_rows()
@@ -111,6 +116,7 @@ async fn main_loop(handle: Handle) -> Result<Summary, KvError> {
     Ok(Summary {
         steps,
         finished,
+        aborted,
         cached_tokens,
         stats,
         report,
@@ -136,7 +142,10 @@ pub fn run() -> Result<Summary, KvError> {
 )]
 fn main() -> Result<(), KvError> {
     let s = run()?;
-    println!("{} requests finished in {} steps", s.finished, s.steps);
+    println!(
+        "{} requests finished ({} aborted by the scheduler) in {} steps",
+        s.finished, s.aborted, s.steps
+    );
     println!(
         "prompt tokens served from the prefix cache: {}",
         s.cached_tokens

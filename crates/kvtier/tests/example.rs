@@ -9,6 +9,9 @@ mod minimal_engine;
 fn the_minimal_engine_example_runs() {
     let summary = minimal_engine::run().expect("the example runs");
     assert_eq!(summary.finished, 4);
+    assert_eq!(summary.aborted, 0);
+    assert!(summary.steps >= 2, "the loop ran");
+    assert!(summary.stats.scheduler.idle, "nothing left in flight");
     assert!(
         summary.cached_tokens > 0,
         "the shared system prompt was reused"

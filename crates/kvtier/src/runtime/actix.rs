@@ -299,6 +299,9 @@ impl Handler<Stats> for SchedulerActor {
 impl Handler<TakeKvEvents> for SchedulerActor {
     type Result = Reply<Vec<kvtier_types::KvEvent>>;
     fn handle(&mut self, _: TakeKvEvents, _: &mut Context<Self>) -> Self::Result {
+        if let Err(e) = self.core() {
+            return ready(Err(e));
+        }
         let events = self.radix.send(DrainKvEvents);
         AtomicResponse::new(Box::pin(
             events

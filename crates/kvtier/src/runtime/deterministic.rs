@@ -381,6 +381,9 @@ impl Bus {
 
     /// KV-cache events since the last call.
     pub fn take_kv_events(&mut self) -> Result<Vec<KvEvent>, KvError> {
+        if let Some(reason) = &self.failed {
+            return Err(KvError::Failed(reason.clone()));
+        }
         Ok(self
             .radix
             .as_mut()
