@@ -5,7 +5,9 @@
 //   host:   page-first   — for each page, its (layer, plane) items back to back.
 // An item is one page of one plane of one layer. Copies move items between pages of the
 // two arenas (or within the device arena) over lists of (src page, dst page) pairs.
-// Bounds are checked by the Rust caller; this layer only moves bytes.
+// Bounds are checked by the Rust caller; this layer only moves bytes. The host arena is
+// owned by Rust (kvtier_host::HostArena, shared with the L3 actor); the caller borrows
+// every host page a copy touches for the copy's duration.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +29,6 @@ class KvArenas {
 
   bool ok() const { return device_ != nullptr && host_ != nullptr; }
   rust::Slice<uint8_t> device_item(uint32_t page, uint32_t layer, uint32_t plane);
-  rust::Slice<uint8_t> host_item(uint32_t page, uint32_t layer, uint32_t plane);
   rust::Str backend_name() const;
 
   void copy(Direction dir, rust::Slice<const uint32_t> src, rust::Slice<const uint32_t> dst,
@@ -45,7 +46,7 @@ class KvArenas {
   uint32_t host_pages_;
   uint32_t threads_;
   uint8_t* device_ = nullptr;
-  uint8_t* host_ = nullptr;
+  uint8_t* host_ = nullptr;  // not owned
 };
 
 std::unique_ptr<KvArenas> new_arenas(const ArenaSpec& spec);

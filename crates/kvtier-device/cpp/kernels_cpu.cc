@@ -55,13 +55,10 @@ KvArenas::KvArenas(const ArenaSpec& spec)
       threads_(std::max<uint32_t>(spec.threads, 1)) {
   const uint64_t items = uint64_t{layers_} * planes_;
   device_ = alloc_zeroed(items * device_pages_ * item_bytes_);
-  host_ = alloc_zeroed(items * host_pages_ * item_bytes_);
+  host_ = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(spec.host_base));
 }
 
-KvArenas::~KvArenas() {
-  std::free(device_);
-  std::free(host_);
-}
+KvArenas::~KvArenas() { std::free(device_); }
 
 uint8_t* KvArenas::device_at(uint32_t page, uint32_t layer, uint32_t plane) const {
   const uint64_t row = uint64_t{layer} * planes_ + plane;
@@ -75,10 +72,6 @@ uint8_t* KvArenas::host_at(uint32_t page, uint32_t layer, uint32_t plane) const 
 
 rust::Slice<uint8_t> KvArenas::device_item(uint32_t page, uint32_t layer, uint32_t plane) {
   return {device_at(page, layer, plane), static_cast<size_t>(item_bytes_)};
-}
-
-rust::Slice<uint8_t> KvArenas::host_item(uint32_t page, uint32_t layer, uint32_t plane) {
-  return {host_at(page, layer, plane), static_cast<size_t>(item_bytes_)};
 }
 
 rust::Str KvArenas::backend_name() const { return "cpu"; }

@@ -1,16 +1,24 @@
 //! The device and host KV arenas and the checked copy operations over them.
 
-use std::ops::Range;
+use std::ops::{Deref, DerefMut, Range};
+use std::sync::Arc;
 
 use cxx::UniquePtr;
+use kvtier_host::{HostArena, PagesWrite};
 use kvtier_types::{PageId, Tier, TransferKind, TransferPair};
 
 use crate::ffi::bridge::{self, ArenaSpec, Direction};
 use crate::{DeviceError, KvGeometry};
 
 /// Device arena (layer-first) and host arena (page-first), each with page 0 reserved.
+///
+/// The host arena is a [`HostArena`] shared with the L3 actor ([`Self::host_arena`]):
+/// every copy borrows the host pages it touches, so a copy and an L3 transfer can never
+/// meet on a page (a conflict is [`DeviceError::Host`], and the copy moves nothing).
 pub struct KvArenas {
+    // Declared before `host`: the C++ arenas point into it and must go first.
     inner: UniquePtr<bridge::KvArenas>,
+    host: Arc<HostArena>,
     geometry: KvGeometry,
     device_pages: u32,
     host_pages: u32,
@@ -38,14 +46,16 @@ impl KvArenas {
         geometry.validate()?;
         let page = geometry.page_bytes();
         let bytes = page
-            .checked_mul(u64::from(device_pages) + u64::from(host_pages))
+            .checked_mul(u64::from(device_pages))
             .ok_or(DeviceError::Allocation { bytes: u64::MAX })?;
+        let host = Arc::new(HostArena::new(host_pages.max(1), page)?);
         let spec = ArenaSpec {
             layers: geometry.layers,
             planes: geometry.planes,
             item_bytes: geometry.item_bytes(),
             device_pages,
             host_pages,
+            host_base: host.region().0,
             threads: threads.max(1),
         };
         let inner = bridge::new_arenas(&spec);
@@ -54,6 +64,7 @@ impl KvArenas {
         }
         Ok(Self {
             inner,
+            host,
             geometry,
             device_pages,
             host_pages,
@@ -63,6 +74,12 @@ impl KvArenas {
     /// The KV geometry.
     pub fn geometry(&self) -> &KvGeometry {
         &self.geometry
+    }
+
+    /// The host arena, to share with the L3 actor (it gets into and puts from the same
+    /// pages the kernels copy).
+    pub fn host_arena(&self) -> Arc<HostArena> {
+        Arc::clone(&self.host)
     }
 
     /// The kernel backend in use.
@@ -121,6 +138,8 @@ impl KvArenas {
     /// Copies device pages to host pages, all layers (`src` = device, `dst` = host).
     pub fn write_back(&mut self, pairs: &[TransferPair]) -> Result<(), DeviceError> {
         let (src, dst) = self.lists(pairs, Tier::Device, Tier::Host)?;
+        let host = Arc::clone(&self.host);
+        let _borrowed = host.write(&dst)?;
         self.run(Direction::DeviceToHost, &src, &dst, 0..self.geometry.layers);
         Ok(())
     }
@@ -134,6 +153,8 @@ impl KvArenas {
     ) -> Result<(), DeviceError> {
         self.check_layers(&layers)?;
         let (src, dst) = self.lists(pairs, Tier::Host, Tier::Device)?;
+        let host = Arc::clone(&self.host);
+        let _borrowed = host.read(&src)?;
         self.run(Direction::HostToDevice, &src, &dst, layers);
         Ok(())
     }
@@ -159,14 +180,45 @@ impl KvArenas {
         Ok(())
     }
 
-    /// The bytes of one page of one plane of one layer on `tier`.
+    /// The bytes of one page of one plane of one layer of the device arena.
+    pub fn device_item(
+        &mut self,
+        page: PageId,
+        layer: u32,
+        plane: u32,
+    ) -> Result<&mut [u8], DeviceError> {
+        self.check_item(Tier::Device, page, layer, plane)?;
+        Ok(self.inner.pin_mut().device_item(page, layer, plane))
+    }
+
+    /// The bytes of one page of one plane of one layer on `tier`. A host item holds a
+    /// write borrow of its page until it is dropped.
     pub fn item_mut(
         &mut self,
         tier: Tier,
         page: PageId,
         layer: u32,
         plane: u32,
-    ) -> Result<&mut [u8], DeviceError> {
+    ) -> Result<ItemMut<'_>, DeviceError> {
+        if tier == Tier::Device {
+            return Ok(ItemMut::Device(self.device_item(page, layer, plane)?));
+        }
+        self.check_item(tier, page, layer, plane)?;
+        let item = self.geometry.item_bytes() as usize;
+        let at = (layer * self.geometry.planes + plane) as usize * item;
+        Ok(ItemMut::Host {
+            page: self.host.write(&[page])?,
+            at: at..at + item,
+        })
+    }
+
+    fn check_item(
+        &self,
+        tier: Tier,
+        page: PageId,
+        layer: u32,
+        plane: u32,
+    ) -> Result<(), DeviceError> {
         self.check(tier, page)?;
         self.check_layers(&(layer..layer + 1))?;
         if plane >= self.geometry.planes {
@@ -175,10 +227,39 @@ impl KvArenas {
                 self.geometry.planes
             )));
         }
-        let arenas = self.inner.pin_mut();
-        Ok(match tier {
-            Tier::Device => arenas.device_item(page, layer, plane),
-            Tier::Host => arenas.host_item(page, layer, plane),
-        })
+        Ok(())
+    }
+}
+
+/// One item's bytes (see [`KvArenas::item_mut`]).
+#[derive(Debug)]
+pub enum ItemMut<'a> {
+    /// In the device arena.
+    Device(&'a mut [u8]),
+    /// In the host arena, under a write borrow of its page.
+    Host {
+        /// The borrowed page.
+        page: PagesWrite<'a>,
+        /// The item's bytes within the page.
+        at: Range<usize>,
+    },
+}
+
+impl Deref for ItemMut<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            ItemMut::Device(bytes) => bytes,
+            ItemMut::Host { page, at } => &page.page(0)[at.clone()],
+        }
+    }
+}
+
+impl DerefMut for ItemMut<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            ItemMut::Device(bytes) => bytes,
+            ItemMut::Host { page, at } => &mut page.page_mut(0)[at.clone()],
+        }
     }
 }

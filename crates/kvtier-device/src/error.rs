@@ -34,6 +34,9 @@ pub enum DeviceError {
         /// Layers of the model.
         layers: u32,
     },
+    /// The host arena refused a page: busy with another transfer, or out of range.
+    #[error(transparent)]
+    Host(#[from] kvtier_host::HostError),
     /// A transfer pair of a kind this arena does not hold.
     #[error("{0} transfer pairs are not KV pages")]
     WrongKind(&'static str),

@@ -13,6 +13,9 @@ pub(crate) mod bridge {
         item_bytes: u64,
         device_pages: u32,
         host_pages: u32,
+        /// Address of the host arena (`kvtier_host::HostArena::region`), which outlives
+        /// the C++ arenas.
+        host_base: u64,
         threads: u32,
     }
 
@@ -41,7 +44,6 @@ pub(crate) mod bridge {
         );
         fn zero_device_pages(arenas: Pin<&mut KvArenas>, pages: &[u32]);
         fn device_item(self: Pin<&mut KvArenas>, page: u32, layer: u32, plane: u32) -> &mut [u8];
-        fn host_item(self: Pin<&mut KvArenas>, page: u32, layer: u32, plane: u32) -> &mut [u8];
         fn backend_name(self: &KvArenas) -> &str;
     }
 }

@@ -28,7 +28,7 @@ mod executor;
 mod ffi;
 mod geometry;
 
-pub use arenas::KvArenas;
+pub use arenas::{ItemMut, KvArenas};
 pub use error::DeviceError;
 pub use executor::{
     CopyFaults, DeviceCore, DeviceStats, FailEveryNth, ModelRunner, NewRequest, NoCopyFaults,

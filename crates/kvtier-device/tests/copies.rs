@@ -24,7 +24,7 @@ fn fill(a: &mut KvArenas, tier: Tier, tag: u8, page: u32) {
     let g = *a.geometry();
     for layer in 0..g.layers {
         for plane in 0..g.planes {
-            let item = a.item_mut(tier, page, layer, plane).expect("item in range");
+            let mut item = a.item_mut(tier, page, layer, plane).expect("item in range");
             for (i, b) in item.iter_mut().enumerate() {
                 *b = pattern(tag, page, layer, plane, i);
             }
@@ -219,4 +219,41 @@ fn arenas_move_across_threads() {
     .join()
     .unwrap();
     assert!(holds(&mut a, Tier::Host, 1, 6, 1, 0..1));
+}
+
+#[test]
+fn copies_never_meet_another_transfer_on_a_host_page() {
+    // The L3 actor shares the host arena: while it holds a page, a copy that would
+    // touch that page is refused and moves nothing.
+    let mut a = KvArenas::new(geometry(2), 8, 8, 1).unwrap();
+    let host = a.host_arena();
+    fill(&mut a, Tier::Device, 1, 1);
+    fill(&mut a, Tier::Host, 2, 5);
+    let prefetching = host.write(&[4]).unwrap();
+    assert!(matches!(
+        a.write_back(&[TransferPair::kv(1, 3), TransferPair::kv(1, 4)]),
+        Err(DeviceError::Host(kvtier_host::HostError::PageBusy {
+            page: 4
+        }))
+    ));
+    assert!(
+        is_zero(&mut a, Tier::Host, 3, 0..2),
+        "a refused write-back writes no page"
+    );
+    assert!(matches!(
+        a.load_back(&[TransferPair::kv(4, 2)], 0..2),
+        Err(DeviceError::Host(_))
+    ));
+    drop(prefetching);
+    // Readers share: a backup reading page 5 does not stop a load-back reading it.
+    let backing_up = host.read(&[5]).unwrap();
+    a.load_back(&[TransferPair::kv(5, 2)], 0..2).unwrap();
+    assert!(holds(&mut a, Tier::Device, 2, 2, 5, 0..2));
+    assert!(matches!(
+        a.write_back(&[TransferPair::kv(1, 5)]),
+        Err(DeviceError::Host(_))
+    ));
+    drop(backing_up);
+    a.write_back(&[TransferPair::kv(1, 4)]).unwrap();
+    assert!(holds(&mut a, Tier::Host, 4, 1, 1, 0..2));
 }

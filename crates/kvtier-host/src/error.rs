@@ -24,4 +24,18 @@ pub enum HostError {
         /// Pool size including page 0.
         total: u32,
     },
+    /// The host arena could not be allocated.
+    #[error("cannot allocate a host arena of {pages} pages of {page_bytes} bytes")]
+    ArenaAllocation {
+        /// Pages asked for (page 0 included).
+        pages: u32,
+        /// Bytes per page.
+        page_bytes: u64,
+    },
+    /// A page is borrowed by another transfer (a pin is missing somewhere).
+    #[error("host page {page} is busy with another transfer")]
+    PageBusy {
+        /// The page.
+        page: PageId,
+    },
 }

@@ -8,13 +8,18 @@
 //! Pages held outside the pool travel as [`OwnedPages`]: move-only, and dropping one
 //! sends its ids back to the pool over a channel that the pool drains before it answers
 //! its next call. A page is therefore always either free or held by exactly one owner.
+//!
+//! [`HostArena`] is the memory behind the host page ids, shared by the device actor and
+//! the L3 actor under per-page borrows.
 
 mod allocator;
+mod arena;
 mod error;
 mod pool;
 mod release;
 
 pub use allocator::{HostAllocator, HostStats};
+pub use arena::{HostArena, PagesRead, PagesWrite};
 pub use error::HostError;
 pub use pool::{OwnedPages, PagePool, PoolId};
 pub use release::{ReleaseQueue, Releaser};

@@ -250,7 +250,7 @@ impl ReferenceEngine {
                 pages: table.len() as u32,
             })?;
         let bytes = slot_bytes(&self.geometry);
-        let item = arenas.item_mut(Tier::Device, page, layer, plane)?;
+        let item = arenas.device_item(page, layer, plane)?;
         let at = (pos % ps) as usize * bytes;
         Ok((page, &mut item[at..at + bytes]))
     }
@@ -398,7 +398,7 @@ impl ModelRunner for ReferenceEngine {
 
 /// Overwrites one byte of a device page (fault injection for tests).
 pub fn corrupt(arenas: &mut KvArenas, page: PageId) -> Result<(), DeviceError> {
-    let item = arenas.item_mut(Tier::Device, page, 0, 0)?;
+    let item = arenas.device_item(page, 0, 0)?;
     item[0] ^= 0xff;
     Ok(())
 }
