@@ -9,6 +9,9 @@
 //!   directory, checksummed write-once objects that survive a restart, and
 //!   prefetch-on-exist (an existence query may promote disk-only objects to memory in the
 //!   background).
+//! * [`L3Core`] is the L3 store actor's core: lookups at submit, and each plan's
+//!   prefetches (L3 → host pages) and backups (host pages → L3), straight between the
+//!   backend and the host arena it shares with the device actor.
 //! * [`MooncakeStore`] talks to a real Mooncake cluster through its C ABI, loaded at run
 //!   time (`dlopen`) by a small C++ shim behind `cxx`.
 
@@ -18,9 +21,11 @@ mod error;
 mod key;
 mod local;
 mod mooncake;
+mod tier;
 
 pub use backend::{Capabilities, L3Backend, L3Stats, PutOutcome};
 pub use error::L3Error;
 pub use key::{L3Key, Namespace};
 pub use local::{LocalStore, LocalStoreConfig};
 pub use mooncake::{MooncakeConfig, MooncakeStore};
+pub use tier::{L3Core, L3Faults, L3TierStats, LOOKUP_CHUNK, NoL3Faults};

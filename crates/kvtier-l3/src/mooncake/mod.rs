@@ -124,6 +124,17 @@ impl MooncakeStore {
         Ok(())
     }
 
+    /// Registers the host arena for zero-copy prefetches and backups. The arena must
+    /// outlive this store (`L3Core` holds both and drops the store first).
+    pub fn register_arena(&mut self, arena: &kvtier_host::HostArena) -> Result<(), L3Error> {
+        let (addr, len) = arena.region();
+        let code = self.client.register_buffer(addr, len);
+        if code != 0 {
+            return Err(failed("register_buffer", code));
+        }
+        Ok(())
+    }
+
     /// Unregisters a region registered before.
     pub fn unregister(&mut self, region: &mut [u8]) -> Result<(), L3Error> {
         let code = self.client.unregister_buffer(region.as_mut_ptr() as u64);

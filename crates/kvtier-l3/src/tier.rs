@@ -1,0 +1,304 @@
+//! `L3Core`: the L3 store actor's functional core.
+//!
+//! It owns the backend and the key namespace and reaches the host arena, which it
+//! shares with the device actor. Three calls, each one batch:
+//!
+//! * [`L3Core::lookup`] at submit: how many of each prompt's pages, from the first, the
+//!   store holds (the scheduler's `storage_hit_pages`). Keys are derived here from the
+//!   tokens, 128 pages at a time, and the query stops at the first chunk that misses.
+//! * [`L3Core::transfer`] each step: a plan's prefetches (gets straight into the host
+//!   pages the scheduler allocated) and backups (puts straight from the pinned host
+//!   pages), answered with `PrefetchDone` / `BackupDone` events.
+//! * [`L3Core::stats`].
+//!
+//! Every failure is a miss: a backend error, a page the arena refuses, an object lost
+//! between the lookup and the get, or a corrupt one. A prefetch reports only its leading
+//! pages that arrived whole and verified, so the scheduler never inserts KV it did not get.
+
+use std::sync::Arc;
+
+use kvtier_host::HostArena;
+use kvtier_types::hash::PageHash;
+use kvtier_types::{BackupOp, EngineEvent, PrefetchOp, RequestSpec};
+
+use crate::backend::{L3Backend, L3Stats, PutOutcome};
+use crate::{L3Error, L3Key, Namespace};
+
+/// Pages per existence query: a lookup stops at the first chunk that is not all hits,
+/// so a long prompt that misses early costs one small query (and, on Mooncake, leases
+/// no objects it will not read).
+pub const LOOKUP_CHUNK: usize = 128;
+
+/// Fault injection at the L3 actor, for tests of the failure paths. The hooks act on the
+/// real backend (they may remove objects from it) or fail the call outright.
+pub trait L3Faults: Send + std::fmt::Debug {
+    /// Before a prefetch's get of `keys`. `Err` fails the whole get.
+    fn before_get(&mut self, _keys: &[L3Key], _backend: &mut dyn L3Backend) -> Result<(), L3Error> {
+        Ok(())
+    }
+
+    /// Before a lookup's existence query. `Err` fails the query (no hits).
+    fn before_exists(&mut self, _keys: &[L3Key]) -> Result<(), L3Error> {
+        Ok(())
+    }
+}
+
+/// No faults.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoL3Faults;
+
+impl L3Faults for NoL3Faults {}
+
+/// Counters of the L3 actor (the backend's own counters inside).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct L3TierStats {
+    /// Prompts looked up at submit.
+    pub lookups: u64,
+    /// Pages found by lookups (consecutive from each prompt's first page).
+    pub lookup_hit_pages: u64,
+    /// Existence queries that failed (counted as no hits).
+    pub lookup_errors: u64,
+    /// Prefetch ops executed.
+    pub prefetch_ops: u64,
+    /// Pages they asked for.
+    pub prefetch_pages: u64,
+    /// Pages that arrived whole (the leading ones reported as completed).
+    pub prefetched_pages: u64,
+    /// Bytes of those pages.
+    pub prefetched_bytes: u64,
+    /// Prefetch ops that failed outright (backend error, arena refusal, bad op).
+    pub failed_prefetches: u64,
+    /// Backup ops executed.
+    pub backup_ops: u64,
+    /// Pages stored by backups.
+    pub backed_up_pages: u64,
+    /// Bytes of those pages.
+    pub backed_up_bytes: u64,
+    /// Pages a backup found already stored (objects are write-once).
+    pub already_present_pages: u64,
+    /// Backup ops with a page not stored.
+    pub failed_backups: u64,
+    /// The backend's counters.
+    pub backend: L3Stats,
+}
+
+/// The L3 store actor's core.
+pub struct L3Core {
+    // Declared before `arena`: a backend with the arena registered goes first.
+    backend: Box<dyn L3Backend>,
+    arena: Arc<HostArena>,
+    namespace: Namespace,
+    page_size: usize,
+    faults: Box<dyn L3Faults>,
+    stats: L3TierStats,
+}
+
+impl std::fmt::Debug for L3Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("L3Core")
+            .field("namespace", &self.namespace)
+            .field("page_size", &self.page_size)
+            .field("arena", &self.arena)
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl L3Core {
+    /// A core over `backend`, naming objects in `namespace`, moving whole host pages of
+    /// `arena` (one object per page, all layers), for pages of `page_size` tokens.
+    pub fn new(
+        backend: Box<dyn L3Backend>,
+        namespace: Namespace,
+        page_size: u32,
+        arena: Arc<HostArena>,
+    ) -> Result<Self, L3Error> {
+        if page_size == 0 {
+            return Err(L3Error::Config("page size must be positive".into()));
+        }
+        Ok(Self {
+            backend,
+            arena,
+            namespace,
+            page_size: page_size as usize,
+            faults: Box::new(NoL3Faults),
+            stats: L3TierStats::default(),
+        })
+    }
+
+    /// Injects faults.
+    pub fn with_faults(mut self, faults: Box<dyn L3Faults>) -> Self {
+        self.faults = faults;
+        self
+    }
+
+    /// Tokens per page.
+    pub fn page_size(&self) -> u32 {
+        self.page_size as u32
+    }
+
+    /// The host arena it moves pages of.
+    pub fn arena(&self) -> &Arc<HostArena> {
+        &self.arena
+    }
+
+    /// The backend (tests reach the store through it).
+    pub fn backend_mut(&mut self) -> &mut dyn L3Backend {
+        self.backend.as_mut()
+    }
+
+    /// Sets each spec's `storage_hit_pages`: the consecutive pages, from the first, of its
+    /// full pages before the last token that the store holds. Prompts with no more than
+    /// `threshold` such pages could never be prefetched and are not looked up.
+    pub fn lookup(&mut self, specs: &mut [RequestSpec], threshold: u32) {
+        let hint = self.backend.capabilities().prefetch_on_exist;
+        for spec in specs {
+            let full = spec.tokens.len().saturating_sub(1) / self.page_size;
+            spec.storage_hit_pages = 0;
+            if full <= threshold as usize {
+                continue;
+            }
+            self.stats.lookups += 1;
+            let mut prior: Option<PageHash> = None;
+            let mut hits = 0usize;
+            for chunk in spec.tokens[..full * self.page_size].chunks(LOOKUP_CHUNK * self.page_size)
+            {
+                let hashes =
+                    kvtier_types::hash::rolling_page_hashes(prior.as_ref(), chunk, self.page_size);
+                prior = hashes.last().copied();
+                let keys = self.namespace.keys(&hashes);
+                let found = self
+                    .faults
+                    .before_exists(&keys)
+                    .and_then(|()| self.backend.exists(&keys, hint));
+                match found {
+                    Ok(n) => {
+                        hits += n.min(keys.len());
+                        if n < keys.len() {
+                            break;
+                        }
+                    }
+                    Err(_) => {
+                        self.stats.lookup_errors += 1;
+                        break;
+                    }
+                }
+            }
+            spec.storage_hit_pages = hits as u32;
+            self.stats.lookup_hit_pages += hits as u64;
+        }
+    }
+
+    /// Runs a plan's prefetches and backups; returns one `PrefetchDone` per prefetch and
+    /// one `BackupDone` per backup, in that order.
+    pub fn transfer(
+        &mut self,
+        prefetches: &[PrefetchOp],
+        backups: &[BackupOp],
+    ) -> Vec<EngineEvent> {
+        let mut events = Vec::with_capacity(prefetches.len() + backups.len());
+        for op in prefetches {
+            let completed = self.prefetch(op);
+            events.push(EngineEvent::PrefetchDone {
+                op_id: op.op_id,
+                request_id: op.request_id.clone(),
+                success: completed.is_some(),
+                completed_pages: completed.unwrap_or(0),
+            });
+        }
+        for op in backups {
+            events.push(EngineEvent::BackupDone {
+                op_id: op.op_id,
+                success: self.backup(op),
+            });
+        }
+        events
+    }
+
+    /// Gets the op's objects into its host pages; the leading pages that arrived whole,
+    /// or `None` when the fetch failed outright.
+    fn prefetch(&mut self, op: &PrefetchOp) -> Option<u32> {
+        self.stats.prefetch_ops += 1;
+        self.stats.prefetch_pages += op.dst_pages.len() as u64;
+        let got = (|| {
+            if op.dst_pages.len() != op.page_hashes.len() {
+                return Err(L3Error::BatchMismatch {
+                    keys: op.page_hashes.len(),
+                    buffers: op.dst_pages.len(),
+                });
+            }
+            let keys = self.namespace.keys(&op.page_hashes);
+            let mut pages = self.arena.write(&op.dst_pages).map_err(arena_refused)?;
+            self.faults.before_get(&keys, self.backend.as_mut())?;
+            let mut buffers = pages.slices_mut();
+            self.backend.get(&keys, &mut buffers)
+        })();
+        match got {
+            Ok(hits) => {
+                let completed = hits.iter().take_while(|&&hit| hit).count() as u64;
+                self.stats.prefetched_pages += completed;
+                self.stats.prefetched_bytes += completed * self.arena.page_bytes() as u64;
+                Some(completed as u32)
+            }
+            Err(_) => {
+                self.stats.failed_prefetches += 1;
+                None
+            }
+        }
+    }
+
+    /// Puts the op's pinned host pages; whether every page is stored.
+    fn backup(&mut self, op: &BackupOp) -> bool {
+        self.stats.backup_ops += 1;
+        let put = (|| {
+            if op.src_pages.len() != op.page_hashes.len() {
+                return Err(L3Error::BatchMismatch {
+                    keys: op.page_hashes.len(),
+                    buffers: op.src_pages.len(),
+                });
+            }
+            let keys = self.namespace.keys(&op.page_hashes);
+            let pages = self.arena.read(&op.src_pages).map_err(arena_refused)?;
+            self.backend.put(&keys, &pages.slices())
+        })();
+        let page_bytes = self.arena.page_bytes() as u64;
+        match put {
+            Ok(outcomes) => {
+                let mut ok = true;
+                for outcome in outcomes {
+                    match outcome {
+                        PutOutcome::Stored => {
+                            self.stats.backed_up_pages += 1;
+                            self.stats.backed_up_bytes += page_bytes;
+                        }
+                        PutOutcome::AlreadyPresent => self.stats.already_present_pages += 1,
+                        PutOutcome::Failed => ok = false,
+                    }
+                }
+                if !ok {
+                    self.stats.failed_backups += 1;
+                }
+                ok
+            }
+            Err(_) => {
+                self.stats.failed_backups += 1;
+                false
+            }
+        }
+    }
+
+    /// Counters, the backend's included.
+    pub fn stats(&self) -> L3TierStats {
+        L3TierStats {
+            backend: self.backend.stats(),
+            ..self.stats
+        }
+    }
+}
+
+fn arena_refused(e: kvtier_host::HostError) -> L3Error {
+    L3Error::Io {
+        path: "host arena".into(),
+        source: std::io::Error::other(e.to_string()),
+    }
+}
