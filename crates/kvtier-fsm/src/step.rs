@@ -401,7 +401,7 @@ impl SchedulerCore {
     fn admit_program(&mut self) -> (AdmitProgram, Vec<(usize, Entry)>) {
         let c = &self.config;
         let ps = c.page_size;
-        let prefetch_on = c.enable_l3_storage && !c.disable_prefix_cache && c.l2_enabled();
+        let prefetch_on = c.l3_prefetch_enabled();
         let threshold = c.prefetch_threshold;
         let keys = self.candidates();
         let mut intents = Vec::with_capacity(keys.len());

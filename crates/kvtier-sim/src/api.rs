@@ -3,6 +3,7 @@
 use kvtier::{BlockingHandle, KvError, LocalSystem, Runtime, System};
 use kvtier_device::{DeviceCore, NewRequest};
 use kvtier_fsm::Scheduler;
+use kvtier_l3::L3Core;
 use kvtier_types::{EngineEvent, ExecutionPlan, KvEvent, RequestSpec, SchedulerConfig};
 
 /// Which path a workload drives.
@@ -64,6 +65,10 @@ pub trait SchedulerApi: std::fmt::Debug {
     fn take_device(&mut self) -> Result<Option<DeviceCore>, KvError> {
         Ok(None)
     }
+    /// The L3 actor's counters, when there is one.
+    fn l3_stats(&mut self) -> Result<Option<kvtier_l3::L3TierStats>, KvError> {
+        Ok(None)
+    }
 }
 
 impl SchedulerApi for Scheduler {
@@ -92,12 +97,13 @@ impl SchedulerApi for Scheduler {
     }
 }
 
-/// The direct path with a device: the scheduler core over its cache, and the device
-/// core, both called in place.
+/// The direct path with a device: the scheduler core over its cache, the device core and
+/// the L3 core, all called in place.
 #[derive(Debug)]
 pub struct DirectSystem {
     scheduler: Scheduler,
     device: Option<DeviceCore>,
+    l3: Option<L3Core>,
 }
 
 impl SchedulerApi for DirectSystem {
@@ -105,7 +111,11 @@ impl SchedulerApi for DirectSystem {
         self.scheduler.config()
     }
 
-    fn submit(&mut self, specs: Vec<RequestSpec>) -> Result<(), KvError> {
+    fn submit(&mut self, mut specs: Vec<RequestSpec>) -> Result<(), KvError> {
+        let config = self.scheduler.config();
+        if let Some(l3) = self.l3.as_mut().filter(|_| config.l3_prefetch_enabled()) {
+            l3.lookup(&mut specs, config.prefetch_threshold);
+        }
         Ok(self.scheduler.submit(specs)?)
     }
 
@@ -131,25 +141,37 @@ impl SchedulerApi for DirectSystem {
         new_requests: Vec<NewRequest>,
     ) -> Result<Vec<EngineEvent>, KvError> {
         let device = self.device.as_mut().ok_or(KvError::NoDevice)?;
-        Ok(device.execute(plan, &new_requests)?)
+        let mut events = device.execute(plan, &new_requests)?;
+        if let Some(l3) = &mut self.l3 {
+            events.extend(l3.transfer(&plan.prefetches, &plan.backups));
+        }
+        Ok(events)
     }
 
     fn take_device(&mut self) -> Result<Option<DeviceCore>, KvError> {
         Ok(self.device.take())
     }
+
+    fn l3_stats(&mut self) -> Result<Option<kvtier_l3::L3TierStats>, KvError> {
+        Ok(self.l3.as_ref().map(L3Core::stats))
+    }
 }
 
-/// A system builder on `runtime`, with a device actor when one is given.
+/// A system builder on `runtime`, with a device and an L3 actor when they are given.
 fn builder(
     config: &SchedulerConfig,
     runtime: Runtime,
     device: Option<DeviceCore>,
+    l3: Option<L3Core>,
 ) -> kvtier::SystemBuilder {
-    let builder = System::builder(config.clone()).runtime(runtime);
-    match device {
-        Some(device) => builder.device(device),
-        None => builder,
+    let mut builder = System::builder(config.clone()).runtime(runtime);
+    if let Some(device) = device {
+        builder = builder.device(device);
     }
+    if let Some(l3) = l3 {
+        builder = builder.l3(l3);
+    }
+    builder
 }
 
 /// The actor system on its own thread, as a workload sees it. Shuts the system down
@@ -161,14 +183,15 @@ pub struct ActorScheduler {
 }
 
 impl ActorScheduler {
-    /// Starts a system on `runtime`, with a device actor when one is given.
+    /// Starts a system on `runtime`, with a device and an L3 actor when they are given.
     pub fn start(
         config: SchedulerConfig,
         runtime: Runtime,
         device: Option<DeviceCore>,
+        l3: Option<L3Core>,
     ) -> Result<Self, KvError> {
         Ok(Self {
-            handle: BlockingHandle::new(builder(&config, runtime, device).start()?),
+            handle: BlockingHandle::new(builder(&config, runtime, device, l3).start()?),
             config,
         })
     }
@@ -221,6 +244,10 @@ impl SchedulerApi for ActorScheduler {
     fn take_device(&mut self) -> Result<Option<DeviceCore>, KvError> {
         self.handle.take_device()
     }
+
+    fn l3_stats(&mut self) -> Result<Option<kvtier_l3::L3TierStats>, KvError> {
+        Ok(self.handle.stats()?.l3)
+    }
 }
 
 /// The actor system on the caller's thread, as a workload sees it.
@@ -231,15 +258,16 @@ pub struct LocalActors {
 }
 
 impl LocalActors {
-    /// Starts a system on `runtime`, on this thread, with a device actor when one is
-    /// given.
+    /// Starts a system on `runtime`, on this thread, with a device and an L3 actor when
+    /// they are given.
     pub fn start(
         config: SchedulerConfig,
         runtime: Runtime,
         device: Option<DeviceCore>,
+        l3: Option<L3Core>,
     ) -> Result<Self, KvError> {
         Ok(Self {
-            system: Some(builder(&config, runtime, device).start_local()?),
+            system: Some(builder(&config, runtime, device, l3).start_local()?),
             config,
         })
     }
@@ -295,34 +323,45 @@ impl SchedulerApi for LocalActors {
     fn take_device(&mut self) -> Result<Option<DeviceCore>, KvError> {
         self.system()?.take_device()
     }
+
+    fn l3_stats(&mut self) -> Result<Option<kvtier_l3::L3TierStats>, KvError> {
+        Ok(self.system()?.stats()?.l3)
+    }
 }
 
 /// A scheduler on `path` (no device: the workload plays the engine itself).
 pub fn scheduler_on(path: Path, config: SchedulerConfig) -> Result<Box<dyn SchedulerApi>, KvError> {
     Ok(match path {
         Path::Core => Box::new(Scheduler::new(config)?),
-        Path::ActorsThreaded => Box::new(ActorScheduler::start(config, Runtime::Actix, None)?),
+        Path::ActorsThreaded => {
+            Box::new(ActorScheduler::start(config, Runtime::Actix, None, None)?)
+        }
         Path::Actors | Path::Deterministic => {
-            Box::new(LocalActors::start(config, path.runtime(), None)?)
+            Box::new(LocalActors::start(config, path.runtime(), None, None)?)
         }
     })
 }
 
-/// A whole system on `path`: the scheduler, and the device actor over `device`.
+/// A whole system on `path`: the scheduler, the device actor over `device`, and the L3
+/// actor over `l3` when one is given.
 pub fn system_on(
     path: Path,
     config: SchedulerConfig,
     device: DeviceCore,
+    l3: Option<L3Core>,
 ) -> Result<Box<dyn SchedulerApi>, KvError> {
     let device = Some(device);
     Ok(match path {
         Path::Core => Box::new(DirectSystem {
             scheduler: Scheduler::new(config)?,
             device,
+            l3,
         }),
-        Path::ActorsThreaded => Box::new(ActorScheduler::start(config, Runtime::Actix, device)?),
+        Path::ActorsThreaded => {
+            Box::new(ActorScheduler::start(config, Runtime::Actix, device, l3)?)
+        }
         Path::Actors | Path::Deterministic => {
-            Box::new(LocalActors::start(config, path.runtime(), device)?)
+            Box::new(LocalActors::start(config, path.runtime(), device, l3)?)
         }
     })
 }

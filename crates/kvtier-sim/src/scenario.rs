@@ -259,7 +259,7 @@ pub fn run_scenario_with_progress(
     let device = ReferenceEngine::new(scenario_geometry(PAGE), device_pages, o.verify)?
         .into_device(host_pages)?
         .with_faults(Box::new(FailEveryNth::new(o.fail_every_nth_write_back)));
-    let mut s = system_on(o.path, config, device)?;
+    let mut s = system_on(o.path, config, device, None)?;
     // Requests submitted since the last plan, announced to the engine with the next one.
     let mut new_requests: Vec<NewRequest> = Vec::new();
     // Tokens generated so far per request, and the finished requests' answers.

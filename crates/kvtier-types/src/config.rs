@@ -106,6 +106,12 @@ impl SchedulerConfig {
         !self.disable_l2_cache
     }
 
+    /// Whether L3 prefetches can happen: the L3 tier, the prefix cache and the host tier
+    /// are all on (prefetched pages land in host pages of the tree).
+    pub fn l3_prefetch_enabled(&self) -> bool {
+        self.enable_l3_storage && !self.disable_prefix_cache && self.l2_enabled()
+    }
+
     /// Checks every field and every combination the scheduler relies on.
     pub fn validate(&self) -> Result<(), TypesError> {
         if self.page_size == 0 {

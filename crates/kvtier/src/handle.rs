@@ -129,8 +129,10 @@ impl Handle {
     }
 
     /// Runs a plan's copies on the device actor, then its forward rows through the
-    /// device's model runner; returns the events to `advance` with. `new_requests`
-    /// announces the requests submitted since the last plan to the runner.
+    /// device's model runner, and its L3 prefetches and backups on the L3 actor at the
+    /// same time; returns the events to `advance` with (the device's, then the L3
+    /// actor's). `new_requests` announces the requests submitted since the last plan to
+    /// the runner.
     pub async fn execute(
         &self,
         plan: &ExecutionPlan,
@@ -139,13 +141,7 @@ impl Handle {
         let span = tracing::Span::current();
         match &self.backend {
             Backend::Actix(a) => {
-                let device = a.device.as_ref().ok_or(KvError::NoDevice)?;
-                let msg = Execute {
-                    plan: plan.clone(),
-                    new_requests,
-                    span,
-                };
-                device.send(msg).await.map_err(|_| KvError::ShutDown)?
+                crate::runtime::actix::execute(a, plan.clone(), new_requests, span).await
             }
             Backend::Bus(tx) => {
                 let plan = Box::new(plan.clone());

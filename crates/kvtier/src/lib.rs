@@ -1,7 +1,8 @@
 //! kvtier's embedding API: the actor system over the scheduler, radix and host cores.
 //!
 //! [`System::builder`] wires one actor per core — the Scheduler (request FSM), the Radix
-//! cache and the Host allocator — under one of two runtimes, and returns a [`Handle`]
+//! cache and the Host allocator, and optionally the Device and the L3 store — under one
+//! of two runtimes, and returns a [`Handle`]
 //! (`Clone + Send + Sync`) with async `submit`, `next_plan`, `advance`, `abort`, `stats`
 //! and `shutdown`. [`BlockingHandle`] wraps it for callers outside async code, and
 //! [`SystemBuilder::start_local`] runs the same actors on the caller's own thread.
@@ -39,6 +40,7 @@ pub mod runtime;
 use kvtier_device::DeviceCore;
 use kvtier_fsm::{SchedulerCore, cache_config};
 use kvtier_host::HostAllocator;
+use kvtier_l3::L3Core;
 use kvtier_radix::RadixCache;
 use kvtier_types::SchedulerConfig;
 
@@ -70,6 +72,7 @@ impl System {
             runtime: Runtime::default(),
             hooks: None,
             device: None,
+            l3: None,
         }
     }
 }
@@ -81,9 +84,20 @@ pub struct SystemBuilder {
     runtime: Runtime,
     hooks: Option<Box<dyn FaultHooks>>,
     device: Option<DeviceCore>,
+    l3: Option<L3Core>,
 }
 
 impl SystemBuilder {
+    /// Adds the L3 store actor over this core (backend, key namespace, the host arena it
+    /// shares with the device). Needs `enable_l3_storage` and the core's page size.
+    /// Submits then look their prompts up in the store, and `execute` runs each plan's
+    /// prefetches and backups on it. Its backend's calls never run on the scheduler's
+    /// thread under actix.
+    pub fn l3(mut self, l3: L3Core) -> Self {
+        self.l3 = Some(l3);
+        self
+    }
+
     /// Adds the device actor over this core (arenas, kernel backend, model runner).
     pub fn device(mut self, device: DeviceCore) -> Self {
         self.device = Some(device);
@@ -106,7 +120,7 @@ impl SystemBuilder {
     /// Builds the cores and starts the actors on the calling thread: they run while a
     /// call of the returned [`LocalSystem`] waits. Fails on an invalid config.
     pub fn start_local(self) -> Result<LocalSystem, KvError> {
-        let parts = Parts::build(self.config, self.device)?;
+        let parts = Parts::build(self.config, self.device, self.l3)?;
         Ok(match self.runtime {
             Runtime::Actix => LocalSystem::actix(parts),
             Runtime::Deterministic => LocalSystem::bus(runtime::deterministic::Bus::new(
@@ -118,7 +132,7 @@ impl SystemBuilder {
 
     /// Builds the cores and starts the actors. Fails on an invalid config.
     pub fn start(self) -> Result<Handle, KvError> {
-        let parts = Parts::build(self.config, self.device)?;
+        let parts = Parts::build(self.config, self.device, self.l3)?;
         match self.runtime {
             Runtime::Actix => Handle::start_actix(parts),
             Runtime::Deterministic => {
@@ -136,11 +150,34 @@ pub(crate) struct Parts {
     pub cache: RadixCache,
     pub host: HostAllocator,
     pub device: Option<DeviceCore>,
+    pub l3: Option<L3Core>,
 }
 
 impl Parts {
-    fn build(config: SchedulerConfig, device: Option<DeviceCore>) -> Result<Self, KvError> {
+    fn build(
+        config: SchedulerConfig,
+        device: Option<DeviceCore>,
+        l3: Option<L3Core>,
+    ) -> Result<Self, KvError> {
         let core = SchedulerCore::new(config)?;
+        if let Some(l3) = &l3 {
+            let c = core.config();
+            if !c.enable_l3_storage {
+                return Err(KvError::Setup(
+                    "an L3 actor needs enable_l3_storage in the scheduler config".into(),
+                ));
+            }
+            if l3.page_size() != c.page_size || l3.arena().pages() < c.host_pages {
+                return Err(KvError::Setup(format!(
+                    "the L3 actor moves pages of {} tokens in a host arena of {} pages; \
+                     the scheduler has pages of {} tokens and {} host pages",
+                    l3.page_size(),
+                    l3.arena().pages(),
+                    c.page_size,
+                    c.host_pages
+                )));
+            }
+        }
         let cache_config = cache_config(core.config());
         let mut host = HostAllocator::new(cache_config.host_pages);
         let usable = cache_config.host_pages.saturating_sub(1);
@@ -154,6 +191,7 @@ impl Parts {
             cache,
             host,
             device,
+            l3,
         })
     }
 }

@@ -142,17 +142,12 @@ impl LocalSystem {
         new_requests: Vec<NewRequest>,
     ) -> Result<Vec<EngineEvent>, KvError> {
         match &mut self.inner {
-            Inner::Actix { runner, addrs, .. } => {
-                let device = addrs.device.as_ref().ok_or(KvError::NoDevice)?;
-                let msg = Execute {
-                    plan: plan.clone(),
-                    new_requests,
-                    span: tracing::Span::current(),
-                };
-                runner
-                    .block_on(device.send(msg))
-                    .map_err(|_| KvError::ShutDown)?
-            }
+            Inner::Actix { runner, addrs, .. } => runner.block_on(crate::runtime::actix::execute(
+                addrs,
+                plan.clone(),
+                new_requests,
+                tracing::Span::current(),
+            )),
             Inner::Bus(bus) => bus.execute(plan.clone(), new_requests),
         }
     }

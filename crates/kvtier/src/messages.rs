@@ -6,8 +6,11 @@
 use kvtier_device::{DeviceCore, DeviceStats, NewRequest};
 use kvtier_fsm::SchedulerStats;
 use kvtier_host::{HostError, HostStats, OwnedPages};
+use kvtier_l3::L3TierStats;
 use kvtier_radix::{CacheBatch, CacheReply, TreeStats};
-use kvtier_types::{EngineEvent, ExecutionPlan, KvEvent, PageId, RequestId, RequestSpec};
+use kvtier_types::{
+    BackupOp, EngineEvent, ExecutionPlan, KvEvent, PageId, PrefetchOp, RequestId, RequestSpec,
+};
 
 use crate::KvError;
 
@@ -128,6 +131,36 @@ pub struct TakeDevice;
 #[derive(Debug)]
 pub struct DeviceStatsQuery;
 
+// ----- to the L3 store actor -------------------------------------------------------
+
+/// Look each prompt up in the store: the reply is the same specs with
+/// `storage_hit_pages` set (consecutive stored pages from the first).
+#[derive(Debug)]
+pub struct L3Lookup {
+    /// The requests being submitted.
+    pub specs: Vec<RequestSpec>,
+    /// Prompts with no more than this many full pages are not looked up.
+    pub threshold: u32,
+    /// The caller's span.
+    pub span: tracing::Span,
+}
+
+/// Run a plan's prefetches and backups; the reply is their `PrefetchDone` and
+/// `BackupDone` events.
+#[derive(Debug)]
+pub struct L3Transfer {
+    /// L3 → host fills.
+    pub prefetches: Vec<PrefetchOp>,
+    /// Host → L3 copies.
+    pub backups: Vec<BackupOp>,
+    /// The caller's span.
+    pub span: tracing::Span,
+}
+
+/// The L3 actor's counters.
+#[derive(Debug)]
+pub struct L3StatsQuery;
+
 // ----- to the Host allocator actor -------------------------------------------------
 
 /// Lease host pages.
@@ -159,6 +192,9 @@ request! {
     TakeDevice => Option<DeviceCore>;
     DeviceStatsQuery => Option<DeviceStats>;
     HostStatsQuery => HostStats;
+    L3Lookup => Vec<RequestSpec>;
+    L3Transfer => Vec<EngineEvent>;
+    L3StatsQuery => L3TierStats;
 }
 
 /// Counters and gauges of the whole system.
@@ -170,6 +206,8 @@ pub struct SystemStats {
     pub host: HostStats,
     /// The device's counters, when the system has a device.
     pub device: Option<DeviceStats>,
+    /// The L3 actor's counters, when the system has one.
+    pub l3: Option<L3TierStats>,
 }
 
 /// What shutdown found.

@@ -5,8 +5,9 @@ use actix::prelude::*;
 use kvtier_device::DeviceCore;
 use kvtier_fsm::{Progress, SchedulerCore};
 use kvtier_host::HostAllocator;
+use kvtier_l3::L3Core;
 use kvtier_radix::{CacheBatch, RadixCache};
-use kvtier_types::ExecutionPlan;
+use kvtier_types::{EngineEvent, ExecutionPlan};
 
 use crate::messages::*;
 use crate::{KvError, Parts};
@@ -135,6 +136,43 @@ impl Handler<DeviceStatsQuery> for DeviceActor {
     }
 }
 
+// ----- L3 store --------------------------------------------------------------------
+
+/// The L3 store actor: backend, key namespace, the host arena it shares with the
+/// device. Always on an arbiter (thread) of its own: its backend calls block.
+#[derive(Debug)]
+pub struct L3Actor {
+    core: L3Core,
+}
+
+impl Actor for L3Actor {
+    type Context = Context<Self>;
+}
+
+impl Handler<L3Lookup> for L3Actor {
+    type Result = MessageResult<L3Lookup>;
+    fn handle(&mut self, mut msg: L3Lookup, _: &mut Context<Self>) -> Self::Result {
+        let _entered = msg.span.enter();
+        self.core.lookup(&mut msg.specs, msg.threshold);
+        MessageResult(msg.specs)
+    }
+}
+
+impl Handler<L3Transfer> for L3Actor {
+    type Result = MessageResult<L3Transfer>;
+    fn handle(&mut self, msg: L3Transfer, _: &mut Context<Self>) -> Self::Result {
+        let _entered = msg.span.enter();
+        MessageResult(self.core.transfer(&msg.prefetches, &msg.backups))
+    }
+}
+
+impl Handler<L3StatsQuery> for L3Actor {
+    type Result = MessageResult<L3StatsQuery>;
+    fn handle(&mut self, _: L3StatsQuery, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.core.stats())
+    }
+}
+
 // ----- Scheduler -------------------------------------------------------------------
 
 /// The Scheduler actor: the request FSM. Calls that need the cache converse with the
@@ -145,6 +183,7 @@ pub struct SchedulerActor {
     radix: Addr<RadixActor>,
     host: Addr<HostActor>,
     device: Option<Addr<DeviceActor>>,
+    l3: Option<Addr<L3Actor>>,
     /// Set when a conversation broke off: only shutdown is served then.
     failed: Option<String>,
 }
@@ -215,10 +254,34 @@ impl SchedulerActor {
 }
 
 impl Handler<Submit> for SchedulerActor {
-    type Result = Result<(), KvError>;
+    type Result = Reply<()>;
     fn handle(&mut self, msg: Submit, _: &mut Context<Self>) -> Self::Result {
-        let _entered = msg.span.enter();
-        Ok(self.core()?.submit(msg.specs)?)
+        let (lookup, threshold) = match self.core() {
+            Ok(core) => (
+                core.config().l3_prefetch_enabled(),
+                core.config().prefetch_threshold,
+            ),
+            Err(e) => return ready(Err(e)),
+        };
+        let l3 = self.l3.as_ref().filter(|_| lookup);
+        let Some(l3) = l3 else {
+            let _entered = msg.span.enter();
+            return ready(self.core().and_then(|c| Ok(c.submit(msg.specs)?)));
+        };
+        // The prompts are looked up in L3 first (off this thread), then queued.
+        let span = msg.span;
+        let lookup = l3.send(L3Lookup {
+            specs: msg.specs,
+            threshold,
+            span: span.clone(),
+        });
+        AtomicResponse::new(Box::pin(lookup.into_actor(self).map(
+            move |specs, act, _| {
+                let specs = specs.map_err(|_| KvError::ActorGone("l3"))?;
+                let _entered = span.enter();
+                Ok(act.core()?.submit(specs)?)
+            },
+        )))
     }
 }
 
@@ -275,21 +338,27 @@ impl Handler<Stats> for SchedulerActor {
         let tree = self.radix.send(CacheStats);
         let host = self.host.send(HostStatsQuery);
         let device = self.device.as_ref().map(|d| d.send(DeviceStatsQuery));
+        let l3 = self.l3.as_ref().map(|l3| l3.send(L3StatsQuery));
         let all = async move {
             let device = match device {
                 Some(d) => d.await.ok().flatten(),
                 None => None,
             };
-            (tree.await, host.await, device)
+            let l3 = match l3 {
+                Some(l3) => l3.await.ok(),
+                None => None,
+            };
+            (tree.await, host.await, device, l3)
         };
         AtomicResponse::new(Box::pin(all.into_actor(self).map(
-            move |(tree, host, device), _, _| {
+            move |(tree, host, device, l3), _, _| {
                 let tree = tree.map_err(|_| KvError::ActorGone("radix"))?;
                 let host = host.map_err(|_| KvError::ActorGone("host"))?;
                 Ok(SystemStats {
                     scheduler: core.with_tree(tree),
                     host,
                     device,
+                    l3,
                 })
             },
         )))
@@ -347,16 +416,58 @@ impl Handler<Shutdown> for SchedulerActor {
 pub(crate) struct Addrs {
     pub scheduler: Addr<SchedulerActor>,
     pub device: Option<Addr<DeviceActor>>,
+    pub l3: Option<Addr<L3Actor>>,
+}
+
+/// Runs a plan on the device and L3 actors at once (their host pages are disjoint: the
+/// scheduler pins them): the device's events first (write-back acks, then the runner's),
+/// then the L3 actor's (`PrefetchDone`, then `BackupDone`).
+pub(crate) async fn execute(
+    addrs: &Addrs,
+    plan: ExecutionPlan,
+    new_requests: Vec<kvtier_device::NewRequest>,
+    span: tracing::Span,
+) -> Result<Vec<EngineEvent>, KvError> {
+    if addrs.device.is_none() && addrs.l3.is_none() {
+        return Err(KvError::NoDevice);
+    }
+    let l3 = addrs
+        .l3
+        .as_ref()
+        .filter(|_| !plan.prefetches.is_empty() || !plan.backups.is_empty())
+        .map(|l3| {
+            l3.send(L3Transfer {
+                prefetches: plan.prefetches.clone(),
+                backups: plan.backups.clone(),
+                span: span.clone(),
+            })
+        });
+    let device = addrs.device.as_ref().map(|device| {
+        device.send(Execute {
+            plan,
+            new_requests,
+            span,
+        })
+    });
+    let mut events = match device {
+        Some(device) => device.await.map_err(|_| KvError::ShutDown)??,
+        None => Vec::new(),
+    };
+    if let Some(l3) = l3 {
+        events.extend(l3.await.map_err(|_| KvError::ActorGone("l3"))?);
+    }
+    Ok(events)
 }
 
 /// Starts the actors on the current actix system. The device actor gets its own arbiter
-/// (thread) when `device_thread` is set.
+/// (thread) when `device_thread` is set; the L3 actor always gets one.
 pub(crate) fn start(parts: Parts, device_thread: bool) -> Addrs {
     let Parts {
         core,
         cache,
         host,
         device,
+        l3,
     } = parts;
     let host = HostActor { core: host }.start();
     let radix = RadixActor { cache: Some(cache) }.start();
@@ -368,13 +479,20 @@ pub(crate) fn start(parts: Parts, device_thread: bool) -> Addrs {
             actor.start()
         }
     });
+    let l3 = l3
+        .map(|core| L3Actor::start_in_arbiter(&Arbiter::new().handle(), move |_| L3Actor { core }));
     let scheduler = SchedulerActor {
         core: Some(core),
         radix,
         host,
         device: device.clone(),
+        l3: l3.clone(),
         failed: None,
     }
     .start();
-    Addrs { scheduler, device }
+    Addrs {
+        scheduler,
+        device,
+        l3,
+    }
 }

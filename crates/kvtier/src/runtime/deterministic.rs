@@ -9,8 +9,11 @@ use std::collections::VecDeque;
 use kvtier_device::{DeviceCore, DeviceError, NewRequest};
 use kvtier_fsm::{Progress, SchedulerCore};
 use kvtier_host::{HostAllocator, HostStats};
+use kvtier_l3::L3Core;
 use kvtier_radix::{CacheBatch, CacheReply, RadixCache, TreeStats};
-use kvtier_types::{EngineEvent, ExecutionPlan, KvEvent, RequestId, RequestSpec};
+use kvtier_types::{
+    BackupOp, EngineEvent, ExecutionPlan, KvEvent, PrefetchOp, RequestId, RequestSpec,
+};
 
 use crate::messages::{ShutdownReport, SystemStats, core_report};
 use crate::{KvError, Parts};
@@ -26,6 +29,8 @@ pub enum ActorName {
     Host,
     /// The device (arenas, kernels, model runner).
     Device,
+    /// The L3 store.
+    L3,
     /// The embedder's engine loop (sender of `Execute`).
     Engine,
 }
@@ -37,6 +42,7 @@ impl ActorName {
             ActorName::Radix => "radix",
             ActorName::Host => "host",
             ActorName::Device => "device",
+            ActorName::L3 => "l3",
             ActorName::Engine => "engine",
         }
     }
@@ -96,6 +102,10 @@ enum Payload {
     HostStats(HostStats),
     Execute(Box<ExecutionPlan>, Vec<NewRequest>),
     Executed(Result<Vec<EngineEvent>, DeviceError>),
+    Lookup(Vec<RequestSpec>, u32),
+    LookedUp(Vec<RequestSpec>),
+    Transfer(Vec<PrefetchOp>, Vec<BackupOp>),
+    Transferred(Vec<EngineEvent>),
 }
 
 impl Payload {
@@ -109,6 +119,10 @@ impl Payload {
             Payload::HostStats(_) => "HostStats",
             Payload::Execute(..) => "Execute",
             Payload::Executed(_) => "Executed",
+            Payload::Lookup(..) => "L3Lookup",
+            Payload::LookedUp(_) => "L3LookedUp",
+            Payload::Transfer(..) => "L3Transfer",
+            Payload::Transferred(_) => "L3Transferred",
         }
     }
 }
@@ -133,6 +147,7 @@ pub struct Bus {
     radix: Option<RadixCache>,
     host: HostAllocator,
     device: Option<DeviceCore>,
+    l3: Option<L3Core>,
     hooks: Box<dyn FaultHooks>,
     queue: VecDeque<Envelope>,
     clock: u64,
@@ -142,6 +157,9 @@ pub struct Bus {
     stats_in: (Option<TreeStats>, Option<HostStats>),
     /// The device's answer to the engine's `Execute`.
     executed: Option<Result<Vec<EngineEvent>, DeviceError>>,
+    /// The L3 actor's answers: looked-up specs, transfer events.
+    looked_up: Option<Vec<RequestSpec>>,
+    transferred: Option<Vec<EngineEvent>>,
 }
 
 impl Bus {
@@ -151,6 +169,7 @@ impl Bus {
             radix: Some(parts.cache),
             host: parts.host,
             device: parts.device,
+            l3: parts.l3,
             hooks,
             queue: VecDeque::new(),
             clock: 0,
@@ -158,6 +177,8 @@ impl Bus {
             failed: None,
             stats_in: (None, None),
             executed: None,
+            looked_up: None,
+            transferred: None,
         }
     }
 
@@ -269,6 +290,27 @@ impl Bus {
                 self.executed = Some(result);
                 Ok(())
             }
+            Payload::Lookup(mut specs, threshold) => {
+                if let Some(l3) = &mut self.l3 {
+                    l3.lookup(&mut specs, threshold);
+                }
+                self.send(L3, Scheduler, Payload::LookedUp(specs))
+            }
+            Payload::LookedUp(specs) => {
+                self.looked_up = Some(specs);
+                Ok(())
+            }
+            Payload::Transfer(prefetches, backups) => {
+                let events = match &mut self.l3 {
+                    Some(l3) => l3.transfer(&prefetches, &backups),
+                    None => Vec::new(),
+                };
+                self.send(L3, Engine, Payload::Transferred(events))
+            }
+            Payload::Transferred(events) => {
+                self.transferred = Some(events);
+                Ok(())
+            }
         }
     }
 
@@ -296,9 +338,25 @@ impl Bus {
         Ok(())
     }
 
-    /// Queues requests.
+    /// Queues requests, after looking their prompts up in L3 when the system has an L3
+    /// actor and prefetching is on.
     pub fn submit(&mut self, specs: Vec<RequestSpec>) -> Result<(), KvError> {
-        Ok(self.core()?.submit(specs)?)
+        let config = self.core()?.config();
+        let (lookup, threshold) = (config.l3_prefetch_enabled(), config.prefetch_threshold);
+        if !lookup || self.l3.is_none() {
+            return Ok(self.core()?.submit(specs)?);
+        }
+        self.send(
+            ActorName::Scheduler,
+            ActorName::L3,
+            Payload::Lookup(specs, threshold),
+        )?;
+        let run = self.run(Wanted::Done);
+        self.guard(run)?;
+        match self.looked_up.take() {
+            Some(specs) => Ok(self.core()?.submit(specs)?),
+            None => Err(KvError::Sched(kvtier_fsm::SchedError::UnexpectedReply)),
+        }
     }
 
     /// Applies engine events, then their cache work.
@@ -345,12 +403,14 @@ impl Bus {
                 scheduler: core.with_tree(tree),
                 host,
                 device: self.device.as_ref().map(DeviceCore::stats),
+                l3: self.l3.as_ref().map(L3Core::stats),
             }),
             _ => Err(KvError::Sched(kvtier_fsm::SchedError::UnexpectedReply)),
         }
     }
 
-    /// Runs a plan on the device: its copies, then its forward rows.
+    /// Runs a plan on the device (its copies, then its forward rows) and on the L3
+    /// actor (its prefetches and backups): the device's events, then the L3 actor's.
     pub fn execute(
         &mut self,
         plan: ExecutionPlan,
@@ -359,19 +419,37 @@ impl Bus {
         if let Some(reason) = &self.failed {
             return Err(KvError::Failed(reason.clone()));
         }
-        if self.device.is_none() {
+        if self.device.is_none() && self.l3.is_none() {
             return Err(KvError::NoDevice);
         }
-        self.send(
-            ActorName::Engine,
-            ActorName::Device,
-            Payload::Execute(Box::new(plan), new_requests),
-        )?;
-        self.run(Wanted::Done)?;
-        match self.executed.take() {
-            Some(result) => Ok(result?),
-            None => Err(KvError::Sched(kvtier_fsm::SchedError::UnexpectedReply)),
+        let l3_work = self.l3.is_some() && !(plan.prefetches.is_empty() && plan.backups.is_empty());
+        if l3_work {
+            self.send(
+                ActorName::Engine,
+                ActorName::L3,
+                Payload::Transfer(plan.prefetches.clone(), plan.backups.clone()),
+            )?;
         }
+        if self.device.is_some() {
+            self.send(
+                ActorName::Engine,
+                ActorName::Device,
+                Payload::Execute(Box::new(plan), new_requests),
+            )?;
+        }
+        self.run(Wanted::Done)?;
+        let mut events = match (self.device.is_some(), self.executed.take()) {
+            (true, Some(result)) => result?,
+            (false, _) => Vec::new(),
+            (true, None) => return Err(KvError::Sched(kvtier_fsm::SchedError::UnexpectedReply)),
+        };
+        if l3_work {
+            match self.transferred.take() {
+                Some(l3_events) => events.extend(l3_events),
+                None => return Err(KvError::Sched(kvtier_fsm::SchedError::UnexpectedReply)),
+            }
+        }
+        Ok(events)
     }
 
     /// Takes the device core out.
@@ -402,6 +480,7 @@ impl Bus {
             None => Err("the cache is closed".into()),
         };
         self.radix = None;
+        self.l3 = None;
         report.host = self.host.stats();
         report
     }
