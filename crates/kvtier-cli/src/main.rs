@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use kvtier_sim::reference::Verify;
 use kvtier_sim::scenario::{
-    CostModel, Scenario, ScenarioOptions, ScenarioReport, run_scenario_with_progress,
+    CostModel, L3Store, Scenario, ScenarioOptions, ScenarioReport, run_scenario_with_progress,
 };
 use kvtier_sim::{Path, Report, WorkloadKind, WorkloadOptions, run_workload};
 
@@ -109,6 +109,34 @@ struct ReplayArgs {
     /// Which path runs the replay (default: the actix actor system).
     #[arg(long, value_enum)]
     runtime: Option<BenchRuntime>,
+    /// The L3 store (default: `local` for longdoc, `off` otherwise). `mooncake` needs a
+    /// cluster in the environment (`cargo xtask mooncake up`, then
+    /// `eval "$(cargo xtask mooncake env)"`).
+    #[arg(long, value_enum)]
+    l3: Option<L3Choice>,
+    /// `--l3 local`: keep the store in this directory (default: a fresh temporary one,
+    /// removed after the run). A second run over the same directory finds the documents
+    /// of the first.
+    #[arg(long)]
+    l3_dir: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum L3Choice {
+    Off,
+    Local,
+    Mooncake,
+}
+
+impl L3Choice {
+    fn store(self) -> L3Store {
+        match self {
+            L3Choice::Off => L3Store::Off,
+            L3Choice::Local => L3Store::Local,
+            L3Choice::Mooncake => L3Store::Mooncake,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
@@ -116,6 +144,7 @@ struct ReplayArgs {
 enum ReplayWorkload {
     Chat,
     Rollout,
+    Longdoc,
     W1,
     W2,
     W3,
@@ -209,6 +238,8 @@ struct ReplayFile {
     publish: Option<bool>,
     verify: Option<VerifyMode>,
     fail_every_nth_write_back: Option<u64>,
+    l3: Option<L3Choice>,
+    l3_dir: Option<std::path::PathBuf>,
     cost: Option<CostFile>,
 }
 
@@ -221,6 +252,7 @@ struct CostFile {
     decode_us_per_row: Option<f64>,
     kv_bytes_per_token: Option<f64>,
     h2d_gbps: Option<f64>,
+    l3_gbps: Option<f64>,
 }
 
 impl CostFile {
@@ -251,11 +283,17 @@ impl CostFile {
                 *slot = v;
             }
         }
-        if let Some(v) = self.h2d_gbps {
-            if !(v.is_finite() && v > 0.0) {
-                bail!("cost.h2d_gbps must be a finite number > 0, got {v}");
+        let bandwidths = [
+            ("h2d_gbps", self.h2d_gbps, &mut cost.h2d_gbps),
+            ("l3_gbps", self.l3_gbps, &mut cost.l3_gbps),
+        ];
+        for (name, value, slot) in bandwidths {
+            if let Some(v) = value {
+                if !(v.is_finite() && v > 0.0) {
+                    bail!("cost.{name} must be a finite number > 0, got {v}");
+                }
+                *slot = v;
             }
-            cost.h2d_gbps = v;
         }
         Ok(cost)
     }
@@ -289,9 +327,12 @@ fn replay(args: ReplayArgs) -> Result<()> {
     let scenario = match workload {
         ReplayWorkload::Chat => Scenario::Chat,
         ReplayWorkload::Rollout => Scenario::Rollout,
+        ReplayWorkload::Longdoc => Scenario::Longdoc,
         other => {
-            if args.no_cache {
-                bail!("--no-cache applies to the chat and rollout scenarios");
+            if args.no_cache || args.l3.is_some() || args.l3_dir.is_some() {
+                bail!(
+                    "--no-cache, --l3 and --l3-dir apply to the chat, rollout and longdoc scenarios"
+                );
             }
             let kind = match other {
                 ReplayWorkload::W1 => WorkloadKind::W1,
@@ -324,6 +365,16 @@ fn replay(args: ReplayArgs) -> Result<()> {
         cost,
         path: replay_path(&args),
         ..ScenarioOptions::new(scenario)
+    };
+    let l3 = args.l3.or(file.l3).map_or(options.l3, L3Choice::store);
+    let l3_dir = args.l3_dir.clone().or(file.l3_dir);
+    if l3_dir.is_some() && l3 != L3Store::Local {
+        bail!("--l3-dir applies to the local L3 store (--l3 local)");
+    }
+    let options = ScenarioOptions {
+        l3,
+        l3_dir,
+        ..options
     };
     let bar = indicatif::ProgressBar::new(0).with_style(
         indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} requests")
@@ -409,6 +460,39 @@ fn print_scenario(r: &ScenarioReport) {
             format!("{} ops, {} pages", r.loadback_ops, r.loadback_pages),
         ),
         ("bytes moved", format!("{:.1} MiB", mib(r.moved_bytes))),
+        ("L3 store", r.l3.clone()),
+    ];
+    let l3_rows: Vec<(&str, String)> = vec![
+        (
+            "  from L3",
+            format!(
+                "{:.1} % (part of the host hits)",
+                pct(r.hit_tokens_l3, r.prompt_tokens)
+            ),
+        ),
+        (
+            "  prefetched",
+            format!(
+                "{} ops, {} pages, {:.1} MiB ({} failed, {} pages found at submit)",
+                r.l3_prefetch_ops,
+                r.l3_prefetched_pages,
+                mib(r.l3_prefetched_bytes),
+                r.l3_failed_prefetches,
+                r.l3_lookup_hit_pages
+            ),
+        ),
+        (
+            "  backed up",
+            format!(
+                "{} ops, {} pages, {:.1} MiB",
+                r.l3_backup_ops,
+                r.l3_backed_up_pages,
+                mib(r.l3_backed_up_bytes)
+            ),
+        ),
+        ("  corrupt objects", r.l3_corrupt_objects.to_string()),
+    ];
+    let tail_rows: Vec<(&str, String)> = vec![
         ("retractions", r.retractions.to_string()),
         ("integrity errors", r.integrity_errors.to_string()),
         (
@@ -436,6 +520,11 @@ fn print_scenario(r: &ScenarioReport) {
             ),
         ),
     ];
+    let l3_on = r.l3 != "off";
+    let rows = rows
+        .into_iter()
+        .chain(l3_rows.into_iter().filter(|_| l3_on))
+        .chain(tail_rows);
     for (name, value) in rows {
         println!("  {name:<20} {value}");
     }

@@ -6,14 +6,23 @@
 //!   smaller than the working set, so the host tier is exercised.
 //! * `rollout` (w = 5): RL rollouts; each prompt is sampled G times, all G submitted in the
 //!   same step. Mid-flight publication lets siblings reuse the first samples' prefix.
+//! * `longdoc` (w = 6): long documents, each asked several questions one after another,
+//!   round-robin over the documents, with device and host pools too small to keep more
+//!   than about two documents: documents are written back, backed up to L3, evicted, and
+//!   prefetched from L3 when their next question comes.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use kvtier::KvError;
 use kvtier_device::{DeviceError, FailEveryNth, KvGeometry, NewRequest};
 use kvtier_fsm::{BatchError, SchedError};
-use kvtier_types::{RequestId, RequestSpec, SchedulerConfig, Token};
+use kvtier_l3::{
+    L3Backend, L3Core, L3Error, L3Faults, L3Key, LocalStore, LocalStoreConfig, MooncakeConfig,
+    MooncakeStore, Namespace,
+};
+use kvtier_types::{EngineEvent, RequestId, RequestSpec, SchedulerConfig, Token};
 use serde::Serialize;
 
 use crate::api::{Path, system_on};
@@ -27,6 +36,8 @@ pub enum Scenario {
     Chat,
     /// Sibling samples of shared prompts.
     Rollout,
+    /// Questions about long documents that leave device and host between questions.
+    Longdoc,
 }
 
 impl Scenario {
@@ -35,6 +46,68 @@ impl Scenario {
         match self {
             Scenario::Chat => "chat",
             Scenario::Rollout => "rollout",
+            Scenario::Longdoc => "longdoc",
+        }
+    }
+}
+
+/// The L3 store a scenario runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum L3Store {
+    /// No L3 tier.
+    Off,
+    /// The embedded `LocalStore`, in a fresh directory (or `ScenarioOptions::l3_dir`).
+    Local,
+    /// A Mooncake cluster described by the environment (`cargo xtask mooncake env`).
+    Mooncake,
+}
+
+impl L3Store {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            L3Store::Off => "off",
+            L3Store::Local => "local",
+            L3Store::Mooncake => "mooncake",
+        }
+    }
+}
+
+/// Faults injected at the L3 actor (on top of whatever the real store does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum L3Fault {
+    /// None.
+    None,
+    /// Every `n`-th prefetch finds the store down: the get fails outright.
+    FailEveryNthGet(u64),
+    /// Every `n`-th prefetch finds the second half of its objects gone (evicted between
+    /// the lookup and the get, as Mooncake does silently): they are removed from the
+    /// store just before the get.
+    LoseHalfOfEveryNthGet(u64),
+}
+
+/// The L3 fault hooks of a scenario run.
+#[derive(Debug)]
+struct ScenarioFaults {
+    fault: L3Fault,
+    gets: u64,
+}
+
+impl L3Faults for ScenarioFaults {
+    fn before_get(&mut self, keys: &[L3Key], backend: &mut dyn L3Backend) -> Result<(), L3Error> {
+        self.gets += 1;
+        match self.fault {
+            L3Fault::FailEveryNthGet(n) if n > 0 && self.gets.is_multiple_of(n) => {
+                Err(L3Error::Io {
+                    path: "injected".into(),
+                    source: std::io::Error::other("the L3 store is down"),
+                })
+            }
+            L3Fault::LoseHalfOfEveryNthGet(n) if n > 0 && self.gets.is_multiple_of(n) => {
+                backend.remove(&keys[keys.len() / 2..])?;
+                Ok(())
+            }
+            _ => Ok(()),
         }
     }
 }
@@ -54,6 +127,9 @@ pub struct CostModel {
     /// Host→device bandwidth, GB/s. Load-backs are on the critical path: the forward
     /// waits for them. Write-backs overlap with compute and cost nothing here.
     pub h2d_gbps: f64,
+    /// L3→host bandwidth, GB/s. A prefetch holds its request back for its transfer
+    /// time; backups overlap with compute and cost nothing here.
+    pub l3_gbps: f64,
 }
 
 impl Default for CostModel {
@@ -64,18 +140,34 @@ impl Default for CostModel {
             decode_us_per_row: 60.0,
             kv_bytes_per_token: 131_072.0,
             h2d_gbps: 25.0,
+            l3_gbps: 10.0,
         }
     }
 }
 
+/// The work of one step that the cost model prices.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepWork {
+    /// Prompt tokens computed.
+    pub prefill_tokens: u64,
+    /// Decode rows.
+    pub decode_rows: u64,
+    /// Tokens whose KV is loaded back from host to device.
+    pub loaded_tokens: u64,
+    /// Tokens whose KV is prefetched from L3 into host.
+    pub prefetched_tokens: u64,
+}
+
 impl CostModel {
     /// Virtual µs of one step.
-    pub fn step_cost(&self, prefill_tokens: u64, decode_rows: u64, loaded_tokens: u64) -> f64 {
-        let load_us = loaded_tokens as f64 * self.kv_bytes_per_token / (self.h2d_gbps * 1e3);
+    pub fn step_cost(&self, work: StepWork) -> f64 {
+        let transfer_us =
+            |tokens: u64, gbps: f64| tokens as f64 * self.kv_bytes_per_token / (gbps * 1e3);
         self.step_us
-            + prefill_tokens as f64 * self.prefill_us_per_token
-            + decode_rows as f64 * self.decode_us_per_row
-            + load_us
+            + work.prefill_tokens as f64 * self.prefill_us_per_token
+            + work.decode_rows as f64 * self.decode_us_per_row
+            + transfer_us(work.loaded_tokens, self.h2d_gbps)
+            + transfer_us(work.prefetched_tokens, self.l3_gbps)
     }
 }
 
@@ -96,10 +188,28 @@ pub struct ScenarioOptions {
     pub cost: CostModel,
     /// The path the run drives: the actor system by default (actix on this thread).
     pub path: Path,
+    /// The L3 store (used only with the cache on): `Local` for `longdoc`, else `Off`.
+    pub l3: L3Store,
+    /// `Local`: the store's directory, kept after the run (default: a fresh directory,
+    /// removed after the run).
+    pub l3_dir: Option<PathBuf>,
+    /// `Local`: bytes of the store's memory tier (the rest is read from disk).
+    pub l3_memory_bytes: u64,
+    /// Faults injected at the L3 actor.
+    pub l3_fault: L3Fault,
+    /// The model id in the L3 key namespace. The reference engine's KV is a pure
+    /// function of the tokens, so runs under one id share their objects (a second run
+    /// over a kept store finds the first run's documents); tests against a long-lived
+    /// Mooncake master give each run its own.
+    pub l3_model: String,
+    /// `Mooncake`: the cluster (default: the one the environment describes,
+    /// `cargo xtask mooncake env`).
+    pub mooncake: Option<MooncakeConfig>,
 }
 
 impl ScenarioOptions {
-    /// The default run of a scenario: cache on, publication on, full verification.
+    /// The default run of a scenario: cache on, publication on, full verification, and
+    /// the embedded L3 store for `longdoc`.
     pub fn new(scenario: Scenario) -> Self {
         Self {
             scenario,
@@ -109,7 +219,22 @@ impl ScenarioOptions {
             fail_every_nth_write_back: 0,
             cost: CostModel::default(),
             path: Path::Actors,
+            l3: if scenario == Scenario::Longdoc {
+                L3Store::Local
+            } else {
+                L3Store::Off
+            },
+            l3_dir: None,
+            l3_memory_bytes: 2 << 20,
+            l3_fault: L3Fault::None,
+            l3_model: "kvtier-reference".into(),
+            mooncake: None,
         }
+    }
+
+    /// Whether this run has an L3 tier.
+    pub fn l3_on(&self) -> bool {
+        self.cache && self.l3 != L3Store::Off
     }
 }
 
@@ -153,6 +278,29 @@ pub struct ScenarioReport {
     pub retractions: u64,
     /// Write-back copies that failed (fault injection).
     pub failed_write_backs: u64,
+    /// The L3 store: `off`, `local` or `mooncake`.
+    pub l3: String,
+    /// Prompt tokens served from pages prefetched from L3 (part of `hit_tokens_host`:
+    /// they reach the device by load-back).
+    pub hit_tokens_l3: u64,
+    /// Pages the submit-time L3 lookups found.
+    pub l3_lookup_hit_pages: u64,
+    /// Prefetch ops (L3 → host).
+    pub l3_prefetch_ops: u64,
+    /// Pages prefetched whole.
+    pub l3_prefetched_pages: u64,
+    /// Bytes prefetched.
+    pub l3_prefetched_bytes: u64,
+    /// Prefetches that failed outright (a miss: the request computed its pages).
+    pub l3_failed_prefetches: u64,
+    /// Backup ops (host → L3).
+    pub l3_backup_ops: u64,
+    /// Pages stored by backups.
+    pub l3_backed_up_pages: u64,
+    /// Bytes stored by backups.
+    pub l3_backed_up_bytes: u64,
+    /// Objects the store found corrupt and dropped (read as misses).
+    pub l3_corrupt_objects: u64,
     /// Integrity errors found by the oracle.
     pub integrity_errors: u64,
     /// Scheduler time (submit, plan, advance), ns.
@@ -193,6 +341,15 @@ pub enum ScenarioError {
     /// The run stopped making progress.
     #[error("scenario stalled after {0} steps")]
     Stalled(u64),
+    /// The L3 store could not be set up.
+    #[error("L3 store: {0}")]
+    L3(String),
+}
+
+impl From<L3Error> for ScenarioError {
+    fn from(e: L3Error) -> Self {
+        ScenarioError::L3(e.to_string())
+    }
 }
 
 impl From<KvError> for ScenarioError {
@@ -221,6 +378,84 @@ pub fn scenario_geometry(page_size: u32) -> KvGeometry {
 /// Rollout: prompts, and samples of each.
 const PROMPTS: u64 = 2;
 const SAMPLES: u64 = 8;
+/// Longdoc: documents, their length, questions per document, question length, answer
+/// length.
+const DOCS: usize = 4;
+const DOC_TOKENS: usize = 32_768;
+const QUESTIONS: usize = 3;
+const QUESTION_TOKENS: usize = 64;
+const ANSWER_TOKENS: usize = 16;
+
+/// A directory removed when dropped (the default home of a scenario's `LocalStore`).
+#[derive(Debug)]
+struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    fn new(scenario: Scenario) -> Self {
+        static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self(std::env::temp_dir().join(format!(
+            "kvtier-{}-l3-{}-{run}",
+            scenario.name(),
+            std::process::id()
+        )))
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The L3 actor's core for a run: the store the options name, over the device's host
+/// arena. The scratch directory, if one was made, must outlive the core.
+fn l3_core(
+    o: &ScenarioOptions,
+    page_size: u32,
+    arena: std::sync::Arc<kvtier_host::HostArena>,
+    scratch: &mut Option<ScratchDir>,
+) -> Result<Option<L3Core>, ScenarioError> {
+    if !o.l3_on() {
+        return Ok(None);
+    }
+    let backend: Box<dyn L3Backend> = match o.l3 {
+        L3Store::Off => return Ok(None),
+        L3Store::Local => {
+            let dir = match &o.l3_dir {
+                Some(dir) => dir.clone(),
+                None => scratch.insert(ScratchDir::new(o.scenario)).0.clone(),
+            };
+            Box::new(LocalStore::open(LocalStoreConfig::new(
+                dir,
+                o.l3_memory_bytes,
+                1 << 30,
+            ))?)
+        }
+        L3Store::Mooncake => {
+            let config = o
+                .mooncake
+                .clone()
+                .or_else(MooncakeConfig::from_env)
+                .ok_or_else(|| {
+                    ScenarioError::L3(
+                        "no Mooncake cluster in the environment: run `cargo xtask mooncake up` \
+                     and `eval \"$(cargo xtask mooncake env)\"` first"
+                            .into(),
+                    )
+                })?;
+            let mut store = MooncakeStore::connect(&config)?;
+            store.register_arena(&arena)?;
+            Box::new(store)
+        }
+    };
+    let namespace = Namespace::new(&o.l3_model, "u16", "page-first", page_size, 1, 0)?;
+    let core = L3Core::new(backend, namespace, page_size, arena)?;
+    Ok(Some(core.with_faults(Box::new(ScenarioFaults {
+        fault: o.l3_fault,
+        gets: 0,
+    }))))
+}
 
 struct Turn {
     conversation: usize,
@@ -236,7 +471,18 @@ pub fn run_scenario(o: &ScenarioOptions) -> Result<ScenarioReport, ScenarioError
 /// every step.
 pub fn run_scenario_with_progress(
     o: &ScenarioOptions,
+    progress: impl FnMut(u64, u64),
+) -> Result<ScenarioReport, ScenarioError> {
+    run_scenario_with(o, progress, |_| {})
+}
+
+/// Runs a scenario to completion, reporting progress after every step and calling
+/// `between_steps(step)` once a step's events are applied (tests inject faults there,
+/// such as corrupting the L3 store's files).
+pub fn run_scenario_with(
+    o: &ScenarioOptions,
     mut progress: impl FnMut(u64, u64),
+    mut between_steps: impl FnMut(u64),
 ) -> Result<ScenarioReport, ScenarioError> {
     const PAGE: u32 = 16;
     let (device_pages, host_pages, batch, budget) = match o.scenario {
@@ -244,6 +490,9 @@ pub fn run_scenario_with_progress(
         Scenario::Chat => (161, 641, 16, 2048),
         // 2 prompts × 8 samples × (2048 + 256) tokens.
         Scenario::Rollout => (2400, 2400, 16, 8192),
+        // A document is 2,048 pages: the device holds one and a quarter, the host two
+        // and a bit, so a document is gone from both by its next question.
+        Scenario::Longdoc => (2601, 4401, 16, 8192),
     };
     let config = SchedulerConfig {
         page_size: PAGE,
@@ -254,12 +503,16 @@ pub fn run_scenario_with_progress(
         disable_prefix_cache: !o.cache,
         disable_l2_cache: !o.cache,
         publish_prefix_mid_flight: o.publish,
+        enable_l3_storage: o.l3_on(),
         ..SchedulerConfig::default()
     };
-    let device = ReferenceEngine::new(scenario_geometry(PAGE), device_pages, o.verify)?
+    let mut device = ReferenceEngine::new(scenario_geometry(PAGE), device_pages, o.verify)?
         .into_device(host_pages)?
         .with_faults(Box::new(FailEveryNth::new(o.fail_every_nth_write_back)));
-    let mut s = system_on(o.path, config, device, None)?;
+    // Declared before the system: the store's scratch directory outlives it.
+    let mut scratch = None;
+    let l3 = l3_core(o, PAGE, device.arenas_mut().host_arena(), &mut scratch)?;
+    let mut s = system_on(o.path, config, device, l3)?;
     // Requests submitted since the last plan, announced to the engine with the next one.
     let mut new_requests: Vec<NewRequest> = Vec::new();
     // Tokens generated so far per request, and the finished requests' answers.
@@ -284,6 +537,17 @@ pub fn run_scenario_with_progress(
         moved_bytes: 0,
         retractions: 0,
         failed_write_backs: 0,
+        l3: if o.l3_on() { o.l3.name() } else { "off" }.into(),
+        hit_tokens_l3: 0,
+        l3_lookup_hit_pages: 0,
+        l3_prefetch_ops: 0,
+        l3_prefetched_pages: 0,
+        l3_prefetched_bytes: 0,
+        l3_failed_prefetches: 0,
+        l3_backup_ops: 0,
+        l3_backed_up_pages: 0,
+        l3_backed_up_bytes: 0,
+        l3_corrupt_objects: 0,
         integrity_errors: 0,
         scheduler_ns: 0,
         virtual_s: 0.0,
@@ -301,6 +565,14 @@ pub fn run_scenario_with_progress(
     let mut next_turn = [0usize; CONVERSATIONS];
     let mut live: BTreeMap<RequestId, Turn> = BTreeMap::new();
     let mut pending_rollout = true;
+    // Longdoc: the next question in round-robin order (document, then question).
+    let mut next_question = 0usize;
+    let documents: Vec<Vec<Token>> = match o.scenario {
+        Scenario::Longdoc => (0..DOCS)
+            .map(|d| gen_tokens(tag(6, 1, d as u64), DOC_TOKENS))
+            .collect(),
+        _ => Vec::new(),
+    };
     let mut started = std::collections::HashSet::new();
     // Virtual clock (µs): submit, first-token and finish times per request.
     let mut now = 0.0f64;
@@ -331,6 +603,26 @@ pub fn run_scenario_with_progress(
                     );
                     batch_specs.push((RequestSpec::new(id, prompt), 32));
                     next_turn[c] += 1;
+                }
+            }
+            Scenario::Longdoc => {
+                // One question at a time: the next comes once the last one is answered.
+                if live.is_empty() && next_question < DOCS * QUESTIONS {
+                    let (d, q) = (next_question % DOCS, next_question / DOCS);
+                    let question =
+                        gen_tokens(tag(6, 2, (d * QUESTIONS + q) as u64), QUESTION_TOKENS);
+                    let mut prompt = documents[d].clone();
+                    prompt.extend_from_slice(&question);
+                    let id = RequestId::from(format!("d{d}q{q}"));
+                    live.insert(
+                        id.clone(),
+                        Turn {
+                            conversation: d,
+                            user: Vec::new(),
+                        },
+                    );
+                    batch_specs.push((RequestSpec::new(id, prompt), ANSWER_TOKENS));
+                    next_question += 1;
                 }
             }
             Scenario::Rollout => {
@@ -405,9 +697,22 @@ pub fn run_scenario_with_progress(
             .map(|row| u64::from(row.input_length))
             .sum();
         let decode_rows = plan.forward.decode_rows().len() as u64;
-        now += o
-            .cost
-            .step_cost(prefill_tokens, decode_rows, lb * u64::from(PAGE));
+        let prefetched: u64 = events
+            .iter()
+            .map(|event| match event {
+                EngineEvent::PrefetchDone {
+                    completed_pages, ..
+                } => u64::from(*completed_pages),
+                _ => 0,
+            })
+            .sum();
+        r.hit_tokens_l3 += prefetched * u64::from(PAGE);
+        now += o.cost.step_cost(StepWork {
+            prefill_tokens,
+            decode_rows,
+            loaded_tokens: lb * u64::from(PAGE),
+            prefetched_tokens: prefetched * u64::from(PAGE),
+        });
         for event in &events {
             match event {
                 kvtier_types::EngineEvent::ExtendResult { request_id, tokens } => {
@@ -428,9 +733,11 @@ pub fn run_scenario_with_progress(
         let t = Instant::now();
         s.advance(events)?;
         r.scheduler_ns += t.elapsed().as_nanos() as u64;
+        between_steps(r.steps);
         let total = match o.scenario {
             Scenario::Chat => (CONVERSATIONS * TURNS) as u64,
             Scenario::Rollout => PROMPTS * SAMPLES,
+            Scenario::Longdoc => (DOCS * QUESTIONS) as u64,
         };
         progress(outputs.len() as u64 + r.aborted, total);
         // Finished turns extend their conversation with the engine's own answer.
@@ -440,12 +747,25 @@ pub fn run_scenario_with_progress(
             .cloned()
             .collect();
         for id in done {
-            if let Some(turn) = live.remove(&id) {
+            if let Some(turn) = live.remove(&id)
+                && o.scenario == Scenario::Chat
+            {
                 let h = &mut history[turn.conversation];
                 h.extend_from_slice(&turn.user);
                 h.extend_from_slice(&outputs[&id]);
             }
         }
+    }
+    if let Some(l3) = s.l3_stats()? {
+        r.l3_lookup_hit_pages = l3.lookup_hit_pages;
+        r.l3_prefetch_ops = l3.prefetch_ops;
+        r.l3_prefetched_pages = l3.prefetched_pages;
+        r.l3_prefetched_bytes = l3.prefetched_bytes;
+        r.l3_failed_prefetches = l3.failed_prefetches;
+        r.l3_backup_ops = l3.backup_ops;
+        r.l3_backed_up_pages = l3.backed_up_pages;
+        r.l3_backed_up_bytes = l3.backed_up_bytes;
+        r.l3_corrupt_objects = l3.backend.corrupt_objects;
     }
     // The device actor's counters, and the reference engine's findings.
     let device = s.take_device()?.ok_or(KvError::NoDevice)?;

@@ -168,9 +168,21 @@ fn virtual_clock_reports_ttft_tpot_and_throughput() {
         on.ttft_mean_ms,
         off.ttft_mean_ms
     );
-    let model = kvtier_sim::scenario::CostModel::default();
-    assert!(model.step_cost(10, 0, 0) < model.step_cost(20, 0, 0));
-    assert!(model.step_cost(0, 0, 0) < model.step_cost(0, 0, 64));
+    use kvtier_sim::scenario::{CostModel, StepWork};
+    let model = CostModel::default();
+    let cost = |prefill_tokens, loaded_tokens, prefetched_tokens| {
+        model.step_cost(StepWork {
+            prefill_tokens,
+            decode_rows: 0,
+            loaded_tokens,
+            prefetched_tokens,
+        })
+    };
+    assert!(cost(10, 0, 0) < cost(20, 0, 0));
+    assert!(cost(0, 0, 0) < cost(0, 64, 0));
+    assert!(cost(0, 0, 0) < cost(0, 0, 64));
+    // L3 is slower than the host link: the same tokens cost more from L3.
+    assert!(cost(0, 64, 0) < cost(0, 0, 64));
 }
 
 /// The replay through the actor system (actix on this thread, on its own thread, and the

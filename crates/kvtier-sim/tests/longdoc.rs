@@ -1,0 +1,166 @@
+//! The `longdoc` scenario through the whole actor system with the embedded L3 store:
+//! documents leave device and host, come back from L3, and every answer equals a run
+//! with caching off. Failures of the store (down, objects lost between lookup and get,
+//! corrupt files on disk) are misses: the request computes its pages, answers stay right.
+
+use kvtier_sim::Path;
+use kvtier_sim::scenario::{
+    L3Fault, L3Store, Scenario, ScenarioOptions, ScenarioReport, run_scenario, run_scenario_with,
+};
+
+fn options() -> ScenarioOptions {
+    ScenarioOptions::new(Scenario::Longdoc)
+}
+
+fn run(options: &ScenarioOptions) -> ScenarioReport {
+    let r = run_scenario(options).expect("longdoc runs");
+    assert_eq!(r.integrity_errors, 0, "{:?}", r.first_errors);
+    assert_eq!(r.finished, r.requests, "every question is answered");
+    r
+}
+
+fn cache_off() -> ScenarioReport {
+    run(&ScenarioOptions {
+        cache: false,
+        ..options()
+    })
+}
+
+#[test]
+fn documents_come_back_from_l3_with_the_answers_of_a_run_without_cache() {
+    let off = cache_off();
+    assert_eq!((off.l3.as_str(), off.hit_tokens), ("off", 0));
+    let on = run(&options());
+    assert_eq!(on.l3, "local");
+    assert_eq!(
+        on.outputs, off.outputs,
+        "answers differ from the cache-off run"
+    );
+    // 4 documents × 3 questions, round-robin: every question after the first of its
+    // document finds the document in L3 only (gone from device and host by then).
+    assert_eq!(on.l3_prefetch_ops, 8, "{on:#?}");
+    assert_eq!(on.l3_prefetched_pages, 8 * 2048);
+    assert_eq!(on.l3_prefetched_bytes, on.l3_prefetched_pages * 512);
+    assert_eq!(on.hit_tokens_l3, 8 * 32_768);
+    assert_eq!(
+        on.hit_tokens, on.hit_tokens_l3,
+        "no hit came from device or host"
+    );
+    assert!(on.l3_lookup_hit_pages >= on.l3_prefetched_pages);
+    assert!(on.l3_backup_ops > 0 && on.l3_backed_up_pages >= 4 * 2048);
+    assert_eq!(on.l3_backed_up_bytes, on.l3_backed_up_pages * 512);
+    assert_eq!(on.l3_failed_prefetches, 0);
+    assert!(on.prompt_tokens - on.hit_tokens < off.prompt_tokens / 2);
+    assert!(
+        on.virtual_s < off.virtual_s,
+        "reuse from L3 is faster than recomputing"
+    );
+}
+
+#[test]
+fn longdoc_is_identical_on_every_path() {
+    let base = run(&options());
+    for path in [Path::Core, Path::Deterministic, Path::ActorsThreaded] {
+        let r = run(&ScenarioOptions { path, ..options() });
+        assert_eq!(r.outputs, base.outputs, "{}", path.name());
+        assert_eq!(
+            (
+                r.steps,
+                r.hit_tokens_l3,
+                r.l3_backed_up_pages,
+                r.loadback_pages
+            ),
+            (
+                base.steps,
+                base.hit_tokens_l3,
+                base.l3_backed_up_pages,
+                base.loadback_pages
+            ),
+            "{}",
+            path.name()
+        );
+    }
+}
+
+#[test]
+fn a_store_that_is_down_or_loses_objects_gives_misses_never_wrong_kv() {
+    let off = cache_off();
+    let down = run(&ScenarioOptions {
+        l3_fault: L3Fault::FailEveryNthGet(2),
+        ..options()
+    });
+    assert_eq!(down.outputs, off.outputs);
+    assert_eq!(down.l3_failed_prefetches, 4, "every second prefetch failed");
+    assert_eq!(down.l3_prefetched_pages, 4 * 2048);
+    let lossy = run(&ScenarioOptions {
+        l3_fault: L3Fault::LoseHalfOfEveryNthGet(1),
+        ..options()
+    });
+    assert_eq!(lossy.outputs, off.outputs);
+    assert_eq!(lossy.l3_failed_prefetches, 0);
+    assert!(
+        lossy.l3_prefetched_pages > 0 && lossy.l3_prefetched_pages < 8 * 2048,
+        "partial hits: {}",
+        lossy.l3_prefetched_pages
+    );
+}
+
+/// Objects corrupted on disk between their backup and their prefetch read as misses.
+#[test]
+fn corrupt_store_files_are_misses_never_wrong_kv() {
+    let off = cache_off();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let options = ScenarioOptions {
+        l3_dir: Some(dir.path().to_path_buf()),
+        // No memory tier to hide behind: every get reads the disk.
+        l3_memory_bytes: 0,
+        ..options()
+    };
+    // After each step, flip a byte in the middle of every object that is not already
+    // the one this test corrupted (a page recomputed after its corrupt object was dropped
+    // is put again, under the same file name).
+    let mut corrupted: std::collections::BTreeMap<std::path::PathBuf, Vec<u8>> =
+        std::collections::BTreeMap::new();
+    let r = run_scenario_with(
+        &options,
+        |_, _| {},
+        |_| {
+            for entry in std::fs::read_dir(dir.path()).expect("store dir").flatten() {
+                let path = entry.path();
+                if path.extension().is_none_or(|e| e != "obj") {
+                    continue;
+                }
+                let Ok(mut bytes) = std::fs::read(&path) else {
+                    continue;
+                };
+                if corrupted.get(&path) == Some(&bytes) {
+                    continue;
+                }
+                let mid = bytes.len() / 2;
+                bytes[mid] ^= 0x5a;
+                std::fs::write(&path, &bytes).expect("rewrite object");
+                corrupted.insert(path, bytes);
+            }
+        },
+    )
+    .expect("longdoc runs");
+    assert!(!corrupted.is_empty(), "the test corrupted objects");
+    assert_eq!(r.integrity_errors, 0, "{:?}", r.first_errors);
+    assert_eq!(r.outputs, off.outputs);
+    assert_eq!(r.hit_tokens_l3, 0, "no corrupt object was served as KV");
+    assert!(r.l3_corrupt_objects > 0, "{r:#?}");
+}
+
+#[test]
+fn without_l3_the_documents_are_recomputed() {
+    let off = cache_off();
+    let r = run(&ScenarioOptions {
+        l3: L3Store::Off,
+        ..options()
+    });
+    assert_eq!(r.outputs, off.outputs);
+    assert_eq!(
+        (r.l3.as_str(), r.hit_tokens_l3, r.l3_prefetch_ops),
+        ("off", 0, 0)
+    );
+}
