@@ -41,6 +41,7 @@ const FULL: &[&[&str]] = &[
     &["w2", "--requests", "256", "--runtime", "actors"],
     &["w3", "--runtime", "actors"],
     &["copy"],
+    &["l3"],
 ];
 
 /// Workloads for `--quick`.

@@ -8,6 +8,7 @@
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
+use kvtier_sim::l3_bench::{L3BenchOptions, run_l3_bench};
 use kvtier_sim::reference::Verify;
 use kvtier_sim::scenario::{
     CostModel, L3Store, Scenario, ScenarioOptions, ScenarioReport, run_scenario_with_progress,
@@ -54,6 +55,10 @@ enum Command {
         /// or the deterministic runtime).
         #[arg(long, value_enum, default_value_t = BenchRuntime::Core)]
         runtime: BenchRuntime,
+        /// `bench l3` only: the store (`local` by default, or `mooncake`: the cluster the
+        /// environment describes).
+        #[arg(long, value_enum)]
+        l3: Option<L3Choice>,
         /// Print one JSON object as the last line of stdout.
         #[arg(long)]
         json: bool,
@@ -165,16 +170,19 @@ enum Workload {
     W3,
     /// Page-copy bandwidth of the kernel library against memcpy (bench only).
     Copy,
+    /// Prefetch and backup throughput through the L3 actor against the raw store
+    /// (bench only).
+    L3,
 }
 
 impl Workload {
-    /// The scheduler workload, or `None` for the copy benchmark.
+    /// The scheduler workload, or `None` for the copy and L3 benchmarks.
     fn kind(self) -> Option<WorkloadKind> {
         match self {
             Workload::W1 => Some(WorkloadKind::W1),
             Workload::W2 => Some(WorkloadKind::W2),
             Workload::W3 => Some(WorkloadKind::W3),
-            Workload::Copy => None,
+            Workload::Copy | Workload::L3 => None,
         }
     }
 }
@@ -194,10 +202,17 @@ fn main() -> Result<()> {
             measure_pass,
             kv_events,
             runtime,
+            l3,
             json,
         } => {
+            if l3.is_some() && workload != Workload::L3 {
+                bail!("--l3 applies to `bench l3`");
+            }
             let Some(kind) = workload.kind() else {
-                return bench_copy(json);
+                return match workload {
+                    Workload::L3 => bench_l3(l3.unwrap_or(L3Choice::Local), json),
+                    _ => bench_copy(json),
+                };
             };
             if l2 && kind != WorkloadKind::W1 {
                 bail!("--l2 applies to w1 only (w3 always has a host tier, w2 never)");
@@ -557,6 +572,60 @@ fn bench_copy(json: bool) -> Result<()> {
         out.insert(format!("p{kib}k_ratio"), r.ratio().into());
     }
     if json {
+        println!("{}", serde_json::Value::Object(out));
+    }
+    Ok(())
+}
+
+/// `kvtier bench l3`: prefetch and backup through the L3 actor against the raw store's
+/// get and put of the same pages.
+fn bench_l3(store: L3Choice, json: bool) -> Result<()> {
+    if store == L3Choice::Off {
+        bail!("bench l3 needs a store: --l3 local or --l3 mooncake");
+    }
+    let options = L3BenchOptions::new(store.store());
+    println!(
+        "L3 transfers, {} store, {} MiB batches (median of {} rounds)",
+        store.store().name(),
+        options.batch_bytes >> 20,
+        options.rounds
+    );
+    let r = run_l3_bench(&options).context("bench l3 failed")?;
+    println!(
+        "  {:>8} {:>6} {:>9} {:>11} {:>6} {:>9} {:>13} {:>6}",
+        "page", "pages", "put GB/s", "backup GB/s", "ratio", "get GB/s", "prefetch GB/s", "ratio"
+    );
+    for row in &r.rows {
+        println!(
+            "  {:>4} KiB {:>6} {:>9.2} {:>11.2} {:>5.0}% {:>9.2} {:>13.2} {:>5.0}%",
+            row.page_kib,
+            row.pages,
+            row.raw_put_gbps,
+            row.actor_backup_gbps,
+            100.0 * row.backup_ratio,
+            row.raw_get_gbps,
+            row.actor_prefetch_gbps,
+            100.0 * row.prefetch_ratio
+        );
+    }
+    if json {
+        // Flat, like every bench line (`cargo xtask bench` tabulates them).
+        let mut out = serde_json::Map::new();
+        out.insert("workload".into(), "l3".into());
+        out.insert("store".into(), r.store.clone().into());
+        out.insert("rounds".into(), r.rounds.into());
+        for row in &r.rows {
+            let k = row.page_kib;
+            out.insert(format!("p{k}k_put_gbps"), row.raw_put_gbps.into());
+            out.insert(format!("p{k}k_backup_gbps"), row.actor_backup_gbps.into());
+            out.insert(format!("p{k}k_backup_ratio"), row.backup_ratio.into());
+            out.insert(format!("p{k}k_get_gbps"), row.raw_get_gbps.into());
+            out.insert(
+                format!("p{k}k_prefetch_gbps"),
+                row.actor_prefetch_gbps.into(),
+            );
+            out.insert(format!("p{k}k_prefetch_ratio"), row.prefetch_ratio.into());
+        }
         println!("{}", serde_json::Value::Object(out));
     }
     Ok(())

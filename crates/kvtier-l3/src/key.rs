@@ -68,7 +68,11 @@ impl Namespace {
 
     /// The key of a page, from its rolling hash.
     pub fn key(&self, page: &PageHash) -> L3Key {
-        L3Key(format!("{}/{page}", self.prefix))
+        let mut key = String::with_capacity(self.prefix.len() + 65);
+        key.push_str(&self.prefix);
+        key.push('/');
+        page.push_hex(&mut key);
+        L3Key(key)
     }
 
     /// Keys of consecutive pages.

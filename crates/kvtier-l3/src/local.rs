@@ -541,7 +541,7 @@ mod tests {
             Duration::from_millis(10),
         );
         s.exists(&keys(2), true).unwrap();
-        let mut a = vec![9u8; 64];
+        let mut a = [9u8; 64];
         let mut b = [9u8; 64];
         let got = s.get(&keys(2), &mut [&mut a[..], &mut b[..]]).unwrap();
         assert_eq!(

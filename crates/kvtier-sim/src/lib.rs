@@ -9,6 +9,7 @@
 
 pub mod api;
 pub mod engine;
+pub mod l3_bench;
 pub mod reference;
 pub mod scenario;
 pub mod tokens;

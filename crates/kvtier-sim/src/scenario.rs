@@ -386,19 +386,20 @@ const QUESTIONS: usize = 3;
 const QUESTION_TOKENS: usize = 64;
 const ANSWER_TOKENS: usize = 16;
 
-/// A directory removed when dropped (the default home of a scenario's `LocalStore`).
+/// A directory removed when dropped (the default home of a run's `LocalStore`).
 #[derive(Debug)]
-struct ScratchDir(PathBuf);
+pub(crate) struct ScratchDir(PathBuf);
 
 impl ScratchDir {
-    fn new(scenario: Scenario) -> Self {
+    /// A fresh path under the temporary directory, unique in this process.
+    pub(crate) fn new(what: &str) -> Self {
         static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Self(std::env::temp_dir().join(format!(
-            "kvtier-{}-l3-{}-{run}",
-            scenario.name(),
-            std::process::id()
-        )))
+        Self(std::env::temp_dir().join(format!("kvtier-{what}-{}-{run}", std::process::id())))
+    }
+
+    pub(crate) fn path(&self) -> &std::path::Path {
+        &self.0
     }
 }
 
@@ -424,7 +425,10 @@ fn l3_core(
         L3Store::Local => {
             let dir = match &o.l3_dir {
                 Some(dir) => dir.clone(),
-                None => scratch.insert(ScratchDir::new(o.scenario)).0.clone(),
+                None => scratch
+                    .insert(ScratchDir::new(&format!("{}-l3", o.scenario.name())))
+                    .path()
+                    .to_path_buf(),
             };
             Box::new(LocalStore::open(LocalStoreConfig::new(
                 dir,

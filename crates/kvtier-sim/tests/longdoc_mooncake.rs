@@ -60,7 +60,10 @@ fn documents_come_back_from_mooncake_with_the_answers_of_a_run_without_cache() {
     let off = cache_off();
     let on = checked(run_scenario(&mooncake_options("roundtrip", cluster)).expect("longdoc runs"));
     assert_eq!(on.l3, "mooncake");
-    assert_eq!(on.outputs, off.outputs, "answers differ from the cache-off run");
+    assert_eq!(
+        on.outputs, off.outputs,
+        "answers differ from the cache-off run"
+    );
     // As with the local store: every question after the first of its document finds the
     // whole document in L3 only.
     assert_eq!(on.l3_prefetch_ops, 8, "{on:#?}");
@@ -138,7 +141,10 @@ fn killing_the_master_mid_run_turns_the_rest_into_misses() {
     .expect("a dead L3 store never stops the run");
     assert!(master.is_none(), "the master was killed mid-run");
     let r = checked(r);
-    assert_eq!(r.outputs, off.outputs, "answers differ from the cache-off run");
+    assert_eq!(
+        r.outputs, off.outputs,
+        "answers differ from the cache-off run"
+    );
     assert_eq!(
         r.hit_tokens_l3,
         2 * 32_768,

@@ -17,6 +17,17 @@ use crate::{Token, TypesError};
 pub struct PageHash(pub [u8; 32]);
 
 impl PageHash {
+    /// Appends the lowercase hex form to `out` (L3 keys are formatted on the transfer
+    /// path, thousands per op: a table beats `write!` per byte).
+    pub fn push_hex(&self, out: &mut String) {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        out.reserve(64);
+        for b in self.0 {
+            out.push(HEX[usize::from(b >> 4)] as char);
+            out.push(HEX[usize::from(b & 0xf)] as char);
+        }
+    }
+
     /// Hash of `tokens` (one page) chained after `prior` (`None` for the first page).
     pub fn chain(prior: Option<&PageHash>, tokens: &[Token]) -> PageHash {
         let mut hasher = Sha256::new();
@@ -60,10 +71,9 @@ impl PageHash {
 
 impl fmt::Display for PageHash {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for b in self.0 {
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
+        let mut hex = String::with_capacity(64);
+        self.push_hex(&mut hex);
+        f.write_str(&hex)
     }
 }
 

@@ -149,6 +149,15 @@ impl Actor for L3Actor {
     type Context = Context<Self>;
 }
 
+impl L3Actor {
+    /// Starts an L3 actor over `core` on an arbiter (thread) of its own, in the current
+    /// actix system. The system builder does this; so does `kvtier bench l3`, which
+    /// talks to the actor alone.
+    pub fn start_on_own_arbiter(core: L3Core) -> Addr<L3Actor> {
+        L3Actor::start_in_arbiter(&Arbiter::new().handle(), move |_| L3Actor { core })
+    }
+}
+
 impl Handler<L3Lookup> for L3Actor {
     type Result = MessageResult<L3Lookup>;
     fn handle(&mut self, mut msg: L3Lookup, _: &mut Context<Self>) -> Self::Result {
@@ -479,8 +488,7 @@ pub(crate) fn start(parts: Parts, device_thread: bool) -> Addrs {
             actor.start()
         }
     });
-    let l3 = l3
-        .map(|core| L3Actor::start_in_arbiter(&Arbiter::new().handle(), move |_| L3Actor { core }));
+    let l3 = l3.map(L3Actor::start_on_own_arbiter);
     let scheduler = SchedulerActor {
         core: Some(core),
         radix,
