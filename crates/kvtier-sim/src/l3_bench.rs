@@ -26,7 +26,7 @@ use kvtier_types::hash::PageHash;
 use kvtier_types::{BackupOp, EngineEvent, PageId, PrefetchOp, RequestId};
 use serde::Serialize;
 
-use crate::scenario::{L3Store, ScenarioError, ScratchDir};
+use crate::scenario::{L3Store, ScenarioError, ScratchDir, mooncake_cluster};
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -110,17 +110,7 @@ fn open_store(
             Ok(Box::new(store))
         }
         L3Store::Mooncake => {
-            let config = o
-                .mooncake
-                .clone()
-                .or_else(MooncakeConfig::from_env)
-                .ok_or_else(|| {
-                    ScenarioError::L3(
-                        "no Mooncake cluster in the environment: run `cargo xtask mooncake up` \
-                         and `eval \"$(cargo xtask mooncake env)\"` first"
-                            .into(),
-                    )
-                })?;
+            let config = mooncake_cluster(o.mooncake.as_ref())?;
             // Objects stay until the cluster evicts them (silently): each client
             // contributes room for everything the bench writes, so none is evicted.
             let written = o.batch_bytes * o.rounds as u64 * o.page_kib.len() as u64 * 2;

@@ -409,6 +409,23 @@ impl Drop for ScratchDir {
     }
 }
 
+/// The Mooncake cluster to use: the one given, else the one the environment describes
+/// (`cargo xtask mooncake env`).
+pub(crate) fn mooncake_cluster(
+    given: Option<&MooncakeConfig>,
+) -> Result<MooncakeConfig, ScenarioError> {
+    given
+        .cloned()
+        .or_else(MooncakeConfig::from_env)
+        .ok_or_else(|| {
+            ScenarioError::L3(
+                "no Mooncake cluster in the environment: run `cargo xtask mooncake up` and \
+             `eval \"$(cargo xtask mooncake env)\"` first"
+                    .into(),
+            )
+        })
+}
+
 /// The L3 actor's core for a run: the store the options name, over the device's host
 /// arena. The scratch directory, if one was made, must outlive the core.
 fn l3_core(
@@ -437,17 +454,7 @@ fn l3_core(
             ))?)
         }
         L3Store::Mooncake => {
-            let config = o
-                .mooncake
-                .clone()
-                .or_else(MooncakeConfig::from_env)
-                .ok_or_else(|| {
-                    ScenarioError::L3(
-                        "no Mooncake cluster in the environment: run `cargo xtask mooncake up` \
-                     and `eval \"$(cargo xtask mooncake env)\"` first"
-                            .into(),
-                    )
-                })?;
+            let config = mooncake_cluster(o.mooncake.as_ref())?;
             let mut store = MooncakeStore::connect(&config)?;
             store.register_arena(&arena)?;
             Box::new(store)
