@@ -6,8 +6,9 @@
 //! * **raw**: `put(keys, pages)` and `get(keys, pages)` called on the backend directly,
 //!   with the keys formatted beforehand;
 //! * **actor**: one `BackupOp` and one `PrefetchOp` of the same page count sent as
-//!   `L3Transfer` messages to an `L3Actor` on its own thread, timed from the send to the
-//!   reply, so the message hop, key formatting, arena borrows and event building count.
+//!   `L3Transfer` messages to an L3 actor on its own thread (`kvtier::L3Service`), timed
+//!   from the send to the reply, so the thread hop, key formatting, arena borrows and
+//!   event building count.
 //!
 //! Objects are write-once, so every round uses fresh page hashes on both sides. Rounds
 //! alternate raw and actor; the figures are medians over rounds.
@@ -15,8 +16,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use kvtier::messages::L3Transfer;
-use kvtier::runtime::actix::L3Actor;
+use kvtier::L3Service;
 use kvtier_host::HostArena;
 use kvtier_l3::{
     L3Backend, L3Core, L3Key, LocalStore, LocalStoreConfig, MooncakeConfig, MooncakeStore,
@@ -178,16 +178,11 @@ pub fn run_l3_bench(o: &L3BenchOptions) -> Result<L3BenchReport, ScenarioError> 
     let run = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    let system = actix::System::new();
-    let rows = system.block_on(async {
-        let mut rows = Vec::new();
-        for &kib in &o.page_kib {
-            rows.push(measure_page_size(o, kib, run).await?);
-        }
-        // Stops the L3 actors' arbiters.
-        actix::System::current().stop();
-        Ok::<_, ScenarioError>(rows)
-    });
+    let rows = o
+        .page_kib
+        .iter()
+        .map(|&kib| measure_page_size(o, kib, run))
+        .collect::<Result<Vec<_>, _>>();
     Ok(L3BenchReport {
         store: o.store.name().to_string(),
         rounds: o.rounds,
@@ -219,11 +214,7 @@ fn intact(arena: &HostArena, pages: &[PageId]) -> Result<bool, ScenarioError> {
     Ok(got.slices() == want.slices())
 }
 
-async fn measure_page_size(
-    o: &L3BenchOptions,
-    kib: u32,
-    run: u64,
-) -> Result<L3BenchRow, ScenarioError> {
+fn measure_page_size(o: &L3BenchOptions, kib: u32, run: u64) -> Result<L3BenchRow, ScenarioError> {
     let page_bytes = u64::from(kib) << 10;
     let pages = u32::try_from((o.batch_bytes / page_bytes).max(1))
         .map_err(|_| ScenarioError::L3("batch too large".into()))?;
@@ -244,13 +235,7 @@ async fn measure_page_size(
         1,
         actor_arena.clone(),
     )?;
-    let actor = L3Actor::start_on_own_arbiter(core);
-    let transfer = |prefetches, backups| L3Transfer {
-        prefetches,
-        backups,
-        span: tracing::Span::none(),
-    };
-    let gone = |_| ScenarioError::L3("the L3 actor is gone".into());
+    let actor = L3Service::start(core)?;
     let mut samples = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
     for round in 0..o.rounds as u64 {
         // Fresh keys each round (objects are write-once); the raw side's are formatted
@@ -282,10 +267,7 @@ async fn measure_page_size(
                         src_pages: ids.clone(),
                         page_hashes: hashes.clone(),
                     };
-                    let events = actor
-                        .send(transfer(Vec::new(), vec![backup]))
-                        .await
-                        .map_err(gone)?;
+                    let events = actor.transfer(Vec::new(), vec![backup])?;
                     samples[1].push(gbps(batch, t.elapsed().as_secs_f64()));
                     if !matches!(
                         events.as_slice(),
@@ -327,10 +309,7 @@ async fn measure_page_size(
                         dst_pages: ids.clone(),
                         page_hashes: hashes.clone(),
                     };
-                    let events = actor
-                        .send(transfer(vec![prefetch], Vec::new()))
-                        .await
-                        .map_err(gone)?;
+                    let events = actor.transfer(vec![prefetch], Vec::new())?;
                     samples[3].push(gbps(batch, t.elapsed().as_secs_f64()));
                     let complete = matches!(
                         events.as_slice(),

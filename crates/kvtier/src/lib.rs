@@ -33,6 +33,7 @@
 
 mod error;
 mod handle;
+mod l3;
 mod local;
 pub mod messages;
 pub mod runtime;
@@ -46,6 +47,7 @@ use kvtier_types::SchedulerConfig;
 
 pub use error::KvError;
 pub use handle::{BlockingHandle, Handle, block_on};
+pub use l3::L3Service;
 pub use local::LocalSystem;
 pub use messages::{ShutdownReport, SystemStats};
 pub use runtime::deterministic::{ActorName, Delivery, Fault, FaultHooks, NoFaults};

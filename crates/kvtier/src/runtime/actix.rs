@@ -150,11 +150,9 @@ impl Actor for L3Actor {
 }
 
 impl L3Actor {
-    /// Starts an L3 actor over `core` on an arbiter (thread) of its own, in the current
-    /// actix system. The system builder does this; so does `kvtier bench l3`, which
-    /// talks to the actor alone.
-    pub fn start_on_own_arbiter(core: L3Core) -> Addr<L3Actor> {
-        L3Actor::start_in_arbiter(&Arbiter::new().handle(), move |_| L3Actor { core })
+    /// The actor over `core`, not started.
+    pub(crate) fn new(core: L3Core) -> Self {
+        Self { core }
     }
 }
 
@@ -488,7 +486,8 @@ pub(crate) fn start(parts: Parts, device_thread: bool) -> Addrs {
             actor.start()
         }
     });
-    let l3 = l3.map(L3Actor::start_on_own_arbiter);
+    let l3 = l3
+        .map(|core| L3Actor::start_in_arbiter(&Arbiter::new().handle(), move |_| L3Actor { core }));
     let scheduler = SchedulerActor {
         core: Some(core),
         radix,
