@@ -27,7 +27,7 @@ use kvtier_types::hash::PageHash;
 use kvtier_types::{BackupOp, EngineEvent, PageId, PrefetchOp, RequestId};
 use serde::Serialize;
 
-use crate::scenario::{L3Store, ScenarioError, ScratchDir, mooncake_cluster};
+use crate::scenario::{L3Store, ScenarioError, mooncake_cluster, scratch_dir};
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -96,11 +96,11 @@ pub struct L3BenchReport {
 fn open_store(
     o: &L3BenchOptions,
     arena: &HostArena,
-    scratch: &mut Vec<ScratchDir>,
+    scratch: &mut Vec<tempfile::TempDir>,
 ) -> Result<Box<dyn L3Backend>, ScenarioError> {
     match o.store {
         L3Store::Local => {
-            let dir = ScratchDir::new("bench-l3");
+            let dir = scratch_dir("bench-l3")?;
             // Memory holds a few batches; the rest is on disk. Both sides alike.
             let store = LocalStore::open(LocalStoreConfig::new(
                 dir.path(),

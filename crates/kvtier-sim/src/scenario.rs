@@ -386,27 +386,13 @@ const QUESTIONS: usize = 3;
 const QUESTION_TOKENS: usize = 64;
 const ANSWER_TOKENS: usize = 16;
 
-/// A directory removed when dropped (the default home of a run's `LocalStore`).
-#[derive(Debug)]
-pub(crate) struct ScratchDir(PathBuf);
-
-impl ScratchDir {
-    /// A fresh path under the temporary directory, unique in this process.
-    pub(crate) fn new(what: &str) -> Self {
-        static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Self(std::env::temp_dir().join(format!("kvtier-{what}-{}-{run}", std::process::id())))
-    }
-
-    pub(crate) fn path(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A fresh directory under the temporary directory, removed when dropped (the default
+/// home of a run's `LocalStore`).
+pub(crate) fn scratch_dir(what: &str) -> Result<tempfile::TempDir, ScenarioError> {
+    tempfile::Builder::new()
+        .prefix(&format!("kvtier-{what}-"))
+        .tempdir()
+        .map_err(|e| ScenarioError::L3(format!("cannot make a temporary directory: {e}")))
 }
 
 /// The Mooncake cluster to use: the one given, else the one the environment describes
@@ -432,7 +418,7 @@ fn l3_core(
     o: &ScenarioOptions,
     page_size: u32,
     arena: std::sync::Arc<kvtier_host::HostArena>,
-    scratch: &mut Option<ScratchDir>,
+    scratch: &mut Option<tempfile::TempDir>,
 ) -> Result<Option<L3Core>, ScenarioError> {
     if !o.l3_on() {
         return Ok(None);
@@ -443,7 +429,7 @@ fn l3_core(
             let dir = match &o.l3_dir {
                 Some(dir) => dir.clone(),
                 None => scratch
-                    .insert(ScratchDir::new(&format!("{}-l3", o.scenario.name())))
+                    .insert(scratch_dir(&format!("{}-l3", o.scenario.name()))?)
                     .path()
                     .to_path_buf(),
             };
