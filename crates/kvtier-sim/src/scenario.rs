@@ -603,21 +603,16 @@ pub fn run_scenario_with(
                 }
             }
             Scenario::Longdoc => {
-                // One question at a time: the next comes once the last one is answered.
-                if live.is_empty() && next_question < DOCS * QUESTIONS {
+                // One question at a time: the next comes once every earlier one is
+                // answered (or aborted).
+                let settled = outputs.len() as u64 + r.aborted == r.requests;
+                if settled && next_question < DOCS * QUESTIONS {
                     let (d, q) = (next_question % DOCS, next_question / DOCS);
                     let question =
                         gen_tokens(tag(6, 2, (d * QUESTIONS + q) as u64), QUESTION_TOKENS);
                     let mut prompt = documents[d].clone();
                     prompt.extend_from_slice(&question);
                     let id = RequestId::from(format!("d{d}q{q}"));
-                    live.insert(
-                        id.clone(),
-                        Turn {
-                            conversation: d,
-                            user: Vec::new(),
-                        },
-                    );
                     batch_specs.push((RequestSpec::new(id, prompt), ANSWER_TOKENS));
                     next_question += 1;
                 }
@@ -744,9 +739,7 @@ pub fn run_scenario_with(
             .cloned()
             .collect();
         for id in done {
-            if let Some(turn) = live.remove(&id)
-                && o.scenario == Scenario::Chat
-            {
+            if let Some(turn) = live.remove(&id) {
                 let h = &mut history[turn.conversation];
                 h.extend_from_slice(&turn.user);
                 h.extend_from_slice(&outputs[&id]);
