@@ -13,7 +13,8 @@
 //!   prefetches (L3 → host pages) and backups (host pages → L3), straight between the
 //!   backend and the host arena it shares with the device actor.
 //! * [`MooncakeStore`] talks to a real Mooncake cluster through its C ABI, loaded at run
-//!   time (`dlopen`) by a small C++ shim behind `cxx`.
+//!   time (`dlopen`) by a small C++ shim behind `cxx`; [`testing`] finds or starts a
+//!   real cluster for tests.
 
 mod backend;
 mod codec;
@@ -27,5 +28,5 @@ pub use backend::{Capabilities, L3Backend, L3Stats, PutOutcome};
 pub use error::L3Error;
 pub use key::{L3Key, Namespace};
 pub use local::{LocalStore, LocalStoreConfig};
-pub use mooncake::{MooncakeConfig, MooncakeStore};
+pub use mooncake::{MooncakeConfig, MooncakeStore, testing};
 pub use tier::{L3Core, L3Faults, L3TierStats, LOOKUP_CHUNK, NoL3Faults};

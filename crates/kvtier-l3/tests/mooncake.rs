@@ -2,19 +2,18 @@
 //! `cargo xtask ci` starts one). Without one these tests say so loudly and skip; under
 //! CI (`CI=true`) they fail instead, so a missing install step cannot hide.
 
-use kvtier_l3::{L3Backend, L3Key, MooncakeConfig, MooncakeStore, Namespace, PutOutcome};
+use kvtier_l3::{L3Backend, L3Key, MooncakeConfig, MooncakeStore, Namespace, PutOutcome, testing};
 use kvtier_types::hash::PageHash;
 
 const PAGE: usize = 64 << 10;
 
+/// The cluster of `cargo xtask mooncake up`, or a loud skip (an error under CI).
+fn cluster() -> Option<MooncakeConfig> {
+    testing::cluster_from_env().expect("a Mooncake cluster under CI")
+}
+
 fn connect() -> Option<MooncakeStore> {
-    let Some(cfg) = MooncakeConfig::from_env() else {
-        let msg = "Mooncake is not set up (MOONCAKE_STORE_LIBRARY unset): run `cargo xtask mooncake up` \
-                   and `eval $(cargo xtask mooncake env)`";
-        assert!(std::env::var("CI").map_or(true, |v| v != "true"), "{msg}");
-        eprintln!("SKIPPED: {msg}");
-        return None;
-    };
+    let cfg = cluster()?;
     Some(MooncakeStore::connect(&cfg).expect("connect to the Mooncake master on loopback"))
 }
 
@@ -138,57 +137,14 @@ fn missing_and_vanished_objects_are_misses() {
     assert_eq!(store.stats().get_misses, 3);
 }
 
-/// A master of this test's own, on ports of its own, killed on drop.
-struct OwnMaster(std::process::Child);
-
-impl Drop for OwnMaster {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_own_master(library: &std::path::Path) -> OwnMaster {
-    let binary = library.with_file_name("mooncake_master");
-    let child = std::process::Command::new(binary)
-        .args([
-            "--rpc_address=127.0.0.1",
-            "--rpc_port=50071",
-            "--enable_http_metadata_server=true",
-            "--http_metadata_server_host=127.0.0.1",
-            "--http_metadata_server_port=8091",
-            "--metrics_host=127.0.0.1",
-            "--metrics_port=9013",
-        ])
-        .env("MC_TCP_BIND_ADDRESS", "127.0.0.1")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("start a second mooncake_master");
-    let master = OwnMaster(child);
-    let ready = (0..100).any(|_| {
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        std::net::TcpStream::connect(("127.0.0.1", 50071)).is_ok()
-            && std::net::TcpStream::connect(("127.0.0.1", 8091)).is_ok()
-    });
-    assert!(ready, "the test's own master did not start");
-    master
-}
-
 /// The master dies mid-run: every exists and get becomes a miss (quickly), never an
 /// error that stops the caller and never stale bytes.
 #[test]
 fn killing_the_master_turns_everything_into_misses() {
-    let Some(cfg) = MooncakeConfig::from_env() else {
-        assert!(connect().is_none());
-        return;
-    };
-    let mut master = start_own_master(&cfg.library);
-    let cfg = MooncakeConfig {
-        master: "127.0.0.1:50071".into(),
-        metadata: "http://127.0.0.1:8091/metadata".into(),
-        ..cfg
-    };
+    let Some(cluster) = cluster() else { return };
+    let master = testing::LoopbackMaster::start(&cluster, 50071, 8091, 9013)
+        .expect("start the test's own master");
+    let cfg = master.config(&cluster);
     let mut store = MooncakeStore::connect(&cfg).expect("connect to the test's master");
     let keys = keys("killed", 2);
     let mut arena = Arena::new(&mut store, 3);
@@ -199,8 +155,7 @@ fn killing_the_master_turns_everything_into_misses() {
     };
     assert_eq!(put, [PutOutcome::Stored; 2]);
     assert_eq!(store.exists(&keys, false).expect("exists"), 2);
-    master.0.kill().expect("kill the master");
-    let _ = master.0.wait();
+    master.kill().expect("kill the master");
     assert_eq!(
         store.exists(&keys, false).unwrap_or(0),
         0,
