@@ -97,6 +97,10 @@ struct Rig {
     log: Log,
     /// Every token each request generated.
     generated: BTreeMap<RequestId, Vec<Token>>,
+    /// Each request's cached prefix at its first prefill row, and that row's step.
+    admitted: BTreeMap<RequestId, (u32, usize)>,
+    /// The step each request finished in.
+    finished: BTreeMap<RequestId, usize>,
 }
 
 impl Rig {
@@ -131,6 +135,8 @@ impl Rig {
             system: system_on(path, config, device, Some(l3)).expect("system starts"),
             log,
             generated: BTreeMap::new(),
+            admitted: BTreeMap::new(),
+            finished: BTreeMap::new(),
         }
     }
 
@@ -162,13 +168,24 @@ impl Rig {
             {
                 break;
             }
+            for row in plan.forward.prefill_rows() {
+                self.admitted
+                    .entry(row.request_id.clone())
+                    .or_insert((row.extend_prefix_len, step));
+            }
             let events = self.system.execute(&plan, announced).expect("execute");
             for event in &events {
-                if let EngineEvent::ExtendResult { request_id, tokens } = event {
-                    self.generated
-                        .entry(request_id.clone())
-                        .or_default()
-                        .extend(tokens);
+                match event {
+                    EngineEvent::ExtendResult { request_id, tokens } => {
+                        self.generated
+                            .entry(request_id.clone())
+                            .or_default()
+                            .extend(tokens);
+                    }
+                    EngineEvent::Finish { request_id, .. } => {
+                        self.finished.insert(request_id.clone(), step);
+                    }
+                    _ => {}
                 }
             }
             self.system.advance(events).expect("advance");
@@ -285,6 +302,10 @@ fn pages_of_published_and_split_nodes_are_keyed_by_their_full_chain() {
         (0, RequestSpec::new("a", a.clone()), 40),
         (3, RequestSpec::new("b", b.clone()), 4),
     ]);
+    // `b` reused `a`'s first 7 pages while `a` was still decoding: published mid-flight.
+    let (b_prefix, b_step) = rig.admitted["b"];
+    assert_eq!(b_prefix, 7 * PAGE, "b hit a's published prefix");
+    assert!(b_step < rig.finished["a"], "a was still running when b was admitted");
     let put: Vec<L3Key> = rig.keys(Verb::Put).into_iter().flatten().collect();
     let put_set: BTreeSet<&L3Key> = put.iter().collect();
     assert_eq!(put.len(), put_set.len(), "no page is put twice");
