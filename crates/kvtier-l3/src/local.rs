@@ -191,8 +191,10 @@ impl LocalStore {
 
     fn path_of(&self, key: &L3Key) -> PathBuf {
         let digest = Sha256::digest(key.as_str().as_bytes());
-        let name: String = digest.iter().take(20).map(|b| format!("{b:02x}")).collect();
-        self.cfg.dir.join(format!("{name}.obj"))
+        let mut name = String::with_capacity(44);
+        kvtier_types::hash::push_hex(&digest[..20], &mut name);
+        name.push_str(".obj");
+        self.cfg.dir.join(name)
     }
 
     /// Applies finished promotions and sweeps expired throttle entries (never in-flight

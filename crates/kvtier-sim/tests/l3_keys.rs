@@ -305,7 +305,10 @@ fn pages_of_published_and_split_nodes_are_keyed_by_their_full_chain() {
     // `b` reused `a`'s first 7 pages while `a` was still decoding: published mid-flight.
     let (b_prefix, b_step) = rig.admitted["b"];
     assert_eq!(b_prefix, 7 * PAGE, "b hit a's published prefix");
-    assert!(b_step < rig.finished["a"], "a was still running when b was admitted");
+    assert!(
+        b_step < rig.finished["a"],
+        "a was still running when b was admitted"
+    );
     let put: Vec<L3Key> = rig.keys(Verb::Put).into_iter().flatten().collect();
     let put_set: BTreeSet<&L3Key> = put.iter().collect();
     assert_eq!(put.len(), put_set.len(), "no page is put twice");

@@ -16,16 +16,21 @@ use crate::{Token, TypesError};
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PageHash(pub [u8; 32]);
 
+/// Appends `bytes` in lowercase hex to `out`. L3 keys and object file names are
+/// formatted on the transfer path, thousands per op: a table beats `write!` per byte.
+pub fn push_hex(bytes: &[u8], out: &mut String) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.reserve(2 * bytes.len());
+    for &b in bytes {
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 0xf)]));
+    }
+}
+
 impl PageHash {
-    /// Appends the lowercase hex form to `out` (L3 keys are formatted on the transfer
-    /// path, thousands per op: a table beats `write!` per byte).
+    /// Appends the lowercase hex form to `out`.
     pub fn push_hex(&self, out: &mut String) {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        out.reserve(64);
-        for b in self.0 {
-            out.push(HEX[usize::from(b >> 4)] as char);
-            out.push(HEX[usize::from(b & 0xf)] as char);
-        }
+        push_hex(&self.0, out);
     }
 
     /// Hash of `tokens` (one page) chained after `prior` (`None` for the first page).
@@ -42,7 +47,9 @@ impl PageHash {
 
     /// Lowercase hex form.
     pub fn to_hex(&self) -> String {
-        self.to_string()
+        let mut hex = String::with_capacity(64);
+        self.push_hex(&mut hex);
+        hex
     }
 
     /// Parses the 64-character lowercase hex form.
@@ -71,9 +78,7 @@ impl PageHash {
 
 impl fmt::Display for PageHash {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut hex = String::with_capacity(64);
-        self.push_hex(&mut hex);
-        f.write_str(&hex)
+        f.write_str(&self.to_hex())
     }
 }
 
