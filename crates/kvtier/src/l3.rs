@@ -5,12 +5,12 @@
 use std::thread::JoinHandle;
 
 use actix::{Actor, Addr};
-use kvtier_l3::{L3Core, L3TierStats};
+use kvtier_l3::L3Core;
 use kvtier_types::{BackupOp, EngineEvent, PrefetchOp};
 
 use crate::KvError;
 use crate::handle::block_on;
-use crate::messages::{L3StatsQuery, L3Transfer};
+use crate::messages::L3Transfer;
 use crate::runtime::actix::L3Actor;
 
 /// An L3 store actor on a thread of its own. Dropping it stops the actor and joins the
@@ -62,11 +62,6 @@ impl L3Service {
             span: tracing::Span::current(),
         }))
         .map_err(|_| KvError::ActorGone("l3"))
-    }
-
-    /// The actor's counters.
-    pub fn stats(&self) -> Result<L3TierStats, KvError> {
-        block_on(self.addr.send(L3StatsQuery)).map_err(|_| KvError::ActorGone("l3"))
     }
 }
 
