@@ -27,6 +27,7 @@ mod error;
 mod executor;
 mod ffi;
 mod geometry;
+pub mod protocol;
 
 pub use arenas::{ItemMut, KvArenas};
 pub use error::DeviceError;
@@ -34,3 +35,4 @@ pub use executor::{
     CopyFaults, DeviceCore, DeviceStats, FailEveryNth, ModelRunner, NewRequest, NoCopyFaults,
 };
 pub use geometry::KvGeometry;
+pub use protocol::{DeviceMsg, DeviceReply};

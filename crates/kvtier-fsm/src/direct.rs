@@ -7,7 +7,8 @@ use kvtier_types::{
 };
 
 use crate::{
-    BatchError, Progress, SchedError, SchedulerCore, SchedulerStats, StateKind, cache_config,
+    BatchError, FamilyMail, FamilyReply, Progress, SchedError, SchedulerCore, SchedulerStats,
+    StateKind, cache_config,
 };
 
 /// The request state machine and scheduling policy over a radix cache, in one value.
@@ -51,10 +52,17 @@ impl Scheduler {
         &self.core
     }
 
+    /// Executes family mail on the cache in place: its answer.
+    fn deliver(&mut self, mail: FamilyMail) -> FamilyReply {
+        match mail {
+            FamilyMail::Radix(batch) => FamilyReply::Radix(self.cache.execute(batch)),
+        }
+    }
+
     /// Runs the core's queued cache work.
     fn flush(&mut self) {
-        if let Some(batch) = self.core.take_batch() {
-            let reply = self.cache.execute(batch);
+        for mail in self.core.take_mail() {
+            let reply = self.deliver(mail);
             let resumed = self.core.resume(reply);
             debug_assert!(matches!(resumed, Ok(Progress::Done)), "{resumed:?}");
         }
@@ -82,12 +90,16 @@ impl Scheduler {
     /// Builds the next execution plan.
     pub fn next_plan(&mut self) -> ExecutionPlan {
         self.flush();
-        let plan = self.core.plan().and_then(|batch| {
-            let mut reply = self.cache.execute(batch);
+        let plan = self.core.plan().and_then(|mut mail| {
             loop {
-                match self.core.resume(reply)? {
+                let mut progress = Progress::Done;
+                for one in mail {
+                    let reply = self.deliver(one);
+                    progress = self.core.resume(reply)?;
+                }
+                match progress {
                     Progress::Plan(plan) => return Ok(plan),
-                    Progress::Cache(batch) => reply = self.cache.execute(batch),
+                    Progress::Send(more) => mail = more,
                     Progress::Done => return Err(SchedError::UnexpectedReply),
                 }
             }

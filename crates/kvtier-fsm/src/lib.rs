@@ -53,6 +53,6 @@ mod step;
 
 pub use direct::Scheduler;
 pub use error::{BatchError, Rejected, SchedError};
-pub use outbox::Progress;
+pub use outbox::{FamilyMail, FamilyReply, Progress};
 pub use request::StateKind;
 pub use scheduler::{SchedulerCore, SchedulerStats, cache_config};

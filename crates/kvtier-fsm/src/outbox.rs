@@ -2,7 +2,7 @@
 //! each result goes, and how a reply is applied.
 
 use kvtier_radix::{CacheBatch, CacheOp, CacheReply, OpResult};
-use kvtier_types::{ExecutionPlan, PageId, RequestId};
+use kvtier_types::{ActorName, ExecutionPlan, PageId, RequestId};
 
 use crate::request::State;
 use crate::scheduler::Awaiting;
@@ -64,13 +64,38 @@ impl Outbox {
     }
 }
 
+/// Work for one cache-family actor. A call sends at most one per family: a step's whole
+/// work for that actor is one batch.
+#[derive(Debug)]
+pub enum FamilyMail {
+    /// A batch of cache ops for the Radix actor.
+    Radix(CacheBatch),
+}
+
+impl FamilyMail {
+    /// The actor it is addressed to.
+    pub fn to(&self) -> ActorName {
+        match self {
+            FamilyMail::Radix(_) => ActorName::RADIX,
+        }
+    }
+}
+
+/// A family actor's answer to its [`FamilyMail`], tagged by its sender.
+#[derive(Debug)]
+pub enum FamilyReply {
+    /// The Radix actor's results, one per op.
+    Radix(CacheReply),
+}
+
 /// What a core call needs next.
 #[derive(Debug)]
 pub enum Progress {
     /// The call is complete.
     Done,
-    /// Send this batch to the cache and hand its reply to [`SchedulerCore::resume`].
-    Cache(CacheBatch),
+    /// Send this mail (at most one per family actor) and hand each answer to
+    /// [`SchedulerCore::resume`].
+    Send(Vec<FamilyMail>),
     /// The plan is ready.
     Plan(ExecutionPlan),
 }
@@ -81,20 +106,21 @@ impl SchedulerCore {
         !matches!(self.awaiting, Awaiting::Nothing)
     }
 
-    /// The cache work queued by `advance` and `abort`, as one batch; `None` when there
-    /// is none. Its reply goes to [`Self::resume`] before the next call.
-    pub fn take_batch(&mut self) -> Option<CacheBatch> {
+    /// The family work queued by `advance` and `abort`; empty when there is none. The
+    /// answers go to [`Self::resume`] before the next call.
+    pub fn take_mail(&mut self) -> Vec<FamilyMail> {
         if self.outbox.is_empty() || self.is_awaiting() {
-            return None;
+            return Vec::new();
         }
         let (batch, targets) = self.outbox.take();
         self.stats.cache_batches += 1;
         self.awaiting = Awaiting::Ops(targets);
-        Some(batch)
+        vec![FamilyMail::Radix(batch)]
     }
 
-    /// Applies the reply to the batch last handed out.
-    pub fn resume(&mut self, reply: CacheReply) -> Result<Progress, SchedError> {
+    /// Applies a family's answer to the mail last handed out.
+    pub fn resume(&mut self, reply: FamilyReply) -> Result<Progress, SchedError> {
+        let FamilyReply::Radix(reply) = reply;
         match std::mem::take(&mut self.awaiting) {
             Awaiting::Nothing => Err(SchedError::UnexpectedReply),
             Awaiting::Ops(targets) => {

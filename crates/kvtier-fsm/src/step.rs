@@ -29,7 +29,7 @@ use kvtier_types::{
     RequestId, RowKind, Token, TransferPair, WriteBackOp,
 };
 
-use crate::outbox::{Progress, Target};
+use crate::outbox::{FamilyMail, Progress, Target};
 use crate::request::{LocalKv, Prefetch, Request, Retracted, Running, State, StateKind};
 use crate::scheduler::{Awaiting, Inflight};
 use crate::{SchedError, SchedulerCore};
@@ -151,9 +151,9 @@ pub(crate) struct PlanInProgress {
 }
 
 impl SchedulerCore {
-    /// Starts the next execution plan: the batch to send to the cache. Its reply goes to
-    /// [`Self::resume`], which answers with the plan or, rarely, one more batch.
-    pub fn plan(&mut self) -> Result<CacheBatch, SchedError> {
+    /// Starts the next execution plan: the mail to send to the cache families. Their
+    /// answers go to [`Self::resume`], which answers with the plan or, rarely, more mail.
+    pub fn plan(&mut self) -> Result<Vec<FamilyMail>, SchedError> {
         if self.is_awaiting() {
             return Err(SchedError::Busy);
         }
@@ -183,7 +183,7 @@ impl SchedulerCore {
             retract: None,
             started,
         }));
-        Ok(batch)
+        Ok(vec![FamilyMail::Radix(batch)])
     }
 
     pub(crate) fn resume_plan(
@@ -215,7 +215,7 @@ impl SchedulerCore {
                 {
                     self.stats.cache_batches += 1;
                     self.awaiting = Awaiting::Plan(Box::new(p));
-                    return Ok(Progress::Cache(batch));
+                    return Ok(Progress::Send(vec![FamilyMail::Radix(batch)]));
                 }
             }
             (Some((key, lka, pages)), OpResult::Retracted(outcome)) => {

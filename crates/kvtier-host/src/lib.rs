@@ -16,10 +16,12 @@ mod allocator;
 mod arena;
 mod error;
 mod pool;
+pub mod protocol;
 mod release;
 
 pub use allocator::{HostAllocator, HostStats};
 pub use arena::{HostArena, PagesRead, PagesWrite};
 pub use error::HostError;
 pub use pool::{OwnedPages, PagePool, PoolId};
+pub use protocol::{HostMsg, HostReply};
 pub use release::{ReleaseQueue, Releaser};

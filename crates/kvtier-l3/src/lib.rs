@@ -22,6 +22,7 @@ mod error;
 mod key;
 mod local;
 mod mooncake;
+pub mod protocol;
 mod tier;
 
 pub use backend::{Capabilities, L3Backend, L3Stats, PutOutcome};
@@ -29,4 +30,5 @@ pub use error::L3Error;
 pub use key::{L3Key, Namespace};
 pub use local::{LocalStore, LocalStoreConfig};
 pub use mooncake::{MooncakeConfig, MooncakeStore, testing};
+pub use protocol::{L3Msg, L3Reply};
 pub use tier::{L3Core, L3Faults, L3TierStats, LOOKUP_CHUNK, NoL3Faults};

@@ -27,6 +27,7 @@ mod error;
 mod events;
 mod lock;
 mod node;
+pub mod protocol;
 
 pub use batch::{
     Admission, AdmitProgram, Attached, BackupSource, CacheBatch, CacheOp, CacheReply, Intent,
@@ -38,3 +39,4 @@ pub use cache::{
 pub use error::RadixError;
 pub use lock::NodeLock;
 pub use node::NodeId;
+pub use protocol::{RadixMsg, RadixReply};

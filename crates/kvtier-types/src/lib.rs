@@ -6,6 +6,7 @@
 //! (SHA-256 rolling page hashes for L3 keys, FNV-1a block hashes for KV events).
 //! This crate imports no other crate of ours.
 
+pub mod actor;
 mod config;
 mod error;
 mod event;
@@ -14,6 +15,7 @@ mod ids;
 mod plan;
 mod request;
 
+pub use actor::{ActorCore, ActorName, Placement};
 pub use config::{Role, SchedulerConfig};
 pub use error::TypesError;
 pub use event::{EngineEvent, KvEvent};
