@@ -5,7 +5,7 @@
 //! after a few tokens, every write-back copy reported done), and feed the results back.
 //! A real engine would run the plan's copies and its forward rows on the GPU instead.
 //!
-//! Run it with `cargo run -p kvtier --example minimal_engine`.
+//! Run it with `cargo run -p kvtier-examples --example minimal_engine`.
 
 use kvtier::{Handle, KvError, ShutdownReport, SystemStats, block_on};
 use kvtier_types::{EngineEvent, ExecutionPlan, RequestSpec, RowKind, SchedulerConfig};

@@ -5,9 +5,7 @@
 //! ([`Lockstep::shadow`]) gets only the valid items. Both must keep making the same
 //! plans and reporting the same stats: a refused item leaves no trace.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use kvtier::{KvError, Runtime, System};
 use kvtier_fsm::{SchedError, StateKind};
 use kvtier_types::{EngineEvent, RequestId, RequestSpec, Role, SchedulerConfig, TypesError};

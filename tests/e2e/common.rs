@@ -1,8 +1,6 @@
 //! A minimal engine for the facade tests: answers plans with one token per completed
 //! row, finishes requests after a set number of tokens, and acknowledges write-backs.
 
-#![allow(dead_code, reason = "each test binary uses part of it")]
-
 use std::collections::BTreeMap;
 
 use kvtier::{BlockingHandle, KvError, Runtime, System};
@@ -11,7 +9,7 @@ use kvtier_types::{
     EngineEvent, ExecutionPlan, OpId, RequestId, RequestSpec, RowKind, SchedulerConfig, Token,
 };
 
-pub const RUNTIMES: [Runtime; 2] = [Runtime::Actix, Runtime::Deterministic];
+pub const RUNTIMES: [Runtime; 3] = [Runtime::Actix, Runtime::Deterministic, Runtime::Direct];
 
 /// Small pools, so prefixes are shared, written back, evicted and retracted.
 pub fn config() -> SchedulerConfig {

@@ -2,7 +2,7 @@
 //! prompt is served from the cache, and shutdown finds nothing held.
 
 #[allow(dead_code, reason = "the example's main is not called here")]
-#[path = "../examples/minimal_engine.rs"]
+#[path = "../../examples/minimal_engine.rs"]
 mod minimal_engine;
 
 #[test]

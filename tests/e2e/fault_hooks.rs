@@ -2,15 +2,14 @@
 //! a failed delivery fails the call with a typed error, fails the system, and leaks
 //! nothing.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use common::*;
+use crate::common::*;
 use kvtier::{
-    BlockingHandle, Delivery, Fault, FaultHooks, KvError, NoFaults, Runtime, System, SystemStats,
+    ActorName, BlockingHandle, Delivery, Fault, FaultHooks, KvError, NoFaults, Runtime, System,
+    SystemStats,
 };
 use kvtier_types::{EngineEvent, ExecutionPlan};
 
@@ -100,6 +99,7 @@ impl FaultHooks for FailNth {
 fn start_hooked(hooks: impl FaultHooks + 'static) -> BlockingHandle {
     BlockingHandle::new(
         System::builder(config())
+            .runtime(Runtime::Deterministic)
             .fault_hooks(hooks)
             .start()
             .expect("system starts"),
@@ -224,11 +224,19 @@ fn assert_failed(handle: &BlockingHandle, what: &str) {
 #[test]
 fn a_failed_delivery_fails_the_system_and_leaks_nothing() {
     let cases = [
-        ("RunBatch", "radix", [1, 2, 3, 5, 9, 14, 20, 31].as_slice()),
-        ("CacheReply", "scheduler", [1, 2, 4, 7, 12, 25].as_slice()),
-        ("CacheStats", "radix", [1, 3].as_slice()),
-        ("HostStatsQuery", "host", [2].as_slice()),
-        ("TreeStats", "scheduler", [4].as_slice()),
+        (
+            "RunBatch",
+            ActorName::RADIX,
+            [1, 2, 3, 5, 9, 14, 20, 31].as_slice(),
+        ),
+        (
+            "CacheReply",
+            ActorName::SCHEDULER,
+            [1, 2, 4, 7, 12, 25].as_slice(),
+        ),
+        ("CacheStats", ActorName::RADIX, [1, 3].as_slice()),
+        ("HostStatsQuery", ActorName::HOST, [2].as_slice()),
+        ("TreeStats", ActorName::SCHEDULER, [4].as_slice()),
     ];
     let mut failing_calls = BTreeSet::new();
     for (message, to, ns) in cases {

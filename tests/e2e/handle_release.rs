@@ -11,11 +11,9 @@
 //! ([`Lockstep`]): every answer must match, and the direct path names each request's
 //! state, so the tests can end requests in exactly the state they mean to.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 
-use common::*;
+use crate::common::*;
 use kvtier::{KvError, Runtime, ShutdownReport};
 use kvtier_fsm::{SchedulerStats, StateKind};
 use kvtier_types::{EngineEvent, ExecutionPlan, RequestId};

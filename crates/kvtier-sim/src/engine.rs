@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use kvtier::KvError;
 
-use crate::api::SchedulerApi;
+use kvtier::LocalSystem;
 use kvtier_types::{EngineEvent, ExecutionPlan, RequestId, RequestSpec, RowKind, Token};
 use serde::Serialize;
 
@@ -92,7 +92,7 @@ pub struct StepOutcome {
 #[derive(Debug)]
 pub struct StepDriver {
     /// The scheduler under test.
-    pub scheduler: Box<dyn SchedulerApi>,
+    pub scheduler: LocalSystem,
     /// When set, a digest of every plan, in order (for comparing paths step by step).
     pub plan_digests: Option<Vec<u64>>,
     /// Counters so far.
@@ -111,19 +111,19 @@ pub struct StepDriver {
 
 /// Submits, timed. Never inlined so callgrind can toggle on it.
 #[inline(never)]
-pub fn measured_submit(s: &mut dyn SchedulerApi, specs: Vec<RequestSpec>) -> Result<(), KvError> {
+pub fn measured_submit(s: &mut LocalSystem, specs: Vec<RequestSpec>) -> Result<(), KvError> {
     s.submit(specs)
 }
 
 /// Builds the next plan, timed. Never inlined so callgrind can toggle on it.
 #[inline(never)]
-pub fn measured_next_plan(s: &mut dyn SchedulerApi) -> Result<ExecutionPlan, KvError> {
+pub fn measured_next_plan(s: &mut LocalSystem) -> Result<ExecutionPlan, KvError> {
     s.next_plan()
 }
 
 /// Applies events, timed. Never inlined so callgrind can toggle on it.
 #[inline(never)]
-pub fn measured_advance(s: &mut dyn SchedulerApi, events: Vec<EngineEvent>) -> Result<(), KvError> {
+pub fn measured_advance(s: &mut LocalSystem, events: Vec<EngineEvent>) -> Result<(), KvError> {
     s.advance(events)
 }
 
@@ -134,9 +134,9 @@ fn discard(plan: ExecutionPlan) {
 }
 
 impl StepDriver {
-    /// Wraps a scheduler (either path).
-    pub fn new(scheduler: Box<dyn SchedulerApi>) -> Self {
-        let page_size = u64::from(scheduler.config().page_size);
+    /// Wraps a scheduler (any path) configured with pages of `page_size` tokens.
+    pub fn new(scheduler: LocalSystem, page_size: u32) -> Self {
+        let page_size = u64::from(page_size);
         Self {
             scheduler,
             plan_digests: None,
@@ -166,7 +166,7 @@ impl StepDriver {
         }
         let t0 = Instant::now();
         let result = if self.measure {
-            measured_submit(self.scheduler.as_mut(), specs)
+            measured_submit(&mut self.scheduler, specs)
         } else {
             self.scheduler.submit(specs)
         };
@@ -184,7 +184,7 @@ impl StepDriver {
     pub fn step(&mut self) -> Result<StepOutcome, KvError> {
         let t0 = Instant::now();
         let plan = if self.measure {
-            measured_next_plan(self.scheduler.as_mut())
+            measured_next_plan(&mut self.scheduler)
         } else {
             self.scheduler.next_plan()
         }?;
@@ -196,7 +196,7 @@ impl StepDriver {
             digests.push(hasher.finish());
         }
         self.counters.steps += 1;
-        self.count_kv_events();
+        self.count_kv_events()?;
         let mut out = StepOutcome {
             empty: plan.is_empty(),
             ..StepOutcome::default()
@@ -206,13 +206,13 @@ impl StepDriver {
         if !(self.skip_empty_advance && out.empty) {
             let t1 = Instant::now();
             let result = if self.measure {
-                measured_advance(self.scheduler.as_mut(), events)
+                measured_advance(&mut self.scheduler, events)
             } else {
                 self.scheduler.advance(events)
             };
             ns += t1.elapsed().as_nanos() as u64;
             result?;
-            self.count_kv_events();
+            self.count_kv_events()?;
         }
         self.measured_ns += ns;
         out.ns = ns;
@@ -220,13 +220,14 @@ impl StepDriver {
     }
 
     /// Drains the scheduler's KV events (outside the timed calls) and counts them.
-    fn count_kv_events(&mut self) {
-        for event in self.scheduler.drain_kv_events() {
+    fn count_kv_events(&mut self) -> Result<(), KvError> {
+        for event in self.scheduler.take_kv_events()? {
             match event {
                 kvtier_types::KvEvent::BlockStored { .. } => self.counters.kv_blocks_stored += 1,
                 kvtier_types::KvEvent::BlockRemoved { .. } => self.counters.kv_blocks_removed += 1,
             }
         }
+        Ok(())
     }
 
     /// Counts the plan and builds the engine's answer.

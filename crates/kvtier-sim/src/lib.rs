@@ -15,8 +15,6 @@ pub mod scenario;
 pub mod tokens;
 pub mod workloads;
 
-pub use api::{
-    ActorScheduler, DirectSystem, LocalActors, Path, SchedulerApi, scheduler_on, system_on,
-};
+pub use api::{Path, scheduler_on, system_on};
 pub use engine::{Counters, StepDriver};
 pub use workloads::{Report, WorkloadKind, WorkloadOptions, run_workload};

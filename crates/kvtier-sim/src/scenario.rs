@@ -509,7 +509,7 @@ pub fn run_scenario_with(
     // Declared before the system: the store's scratch directory outlives it.
     let mut scratch = None;
     let l3 = l3_core(o, PAGE, device.arenas_mut().host_arena(), &mut scratch)?;
-    let mut s = system_on(o.path, config, device, l3)?;
+    let mut s = system_on(o.path, config, Some(device), l3)?;
     // Requests submitted since the last plan, announced to the engine with the next one.
     let mut new_requests: Vec<NewRequest> = Vec::new();
     // Tokens generated so far per request, and the finished requests' answers.
@@ -651,7 +651,7 @@ pub fn run_scenario_with(
         let plan = s.next_plan()?;
         r.scheduler_ns += t.elapsed().as_nanos() as u64;
         r.steps += 1;
-        if plan.is_empty() && new_requests.is_empty() && s.is_idle()? {
+        if plan.is_empty() && new_requests.is_empty() && s.stats()?.scheduler.idle {
             break;
         }
         if r.steps > 100_000 {
@@ -746,7 +746,7 @@ pub fn run_scenario_with(
             }
         }
     }
-    if let Some(l3) = s.l3_stats()? {
+    if let Some(l3) = s.stats()?.l3 {
         r.l3_lookup_hit_pages = l3.lookup_hit_pages;
         r.l3_prefetch_ops = l3.prefetch_ops;
         r.l3_prefetched_pages = l3.prefetched_pages;

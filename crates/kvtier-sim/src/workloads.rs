@@ -245,7 +245,8 @@ impl From<KvError> for WorkloadError {
 }
 
 fn new_driver(o: &WorkloadOptions, config: SchedulerConfig) -> Result<StepDriver, WorkloadError> {
-    let mut driver = StepDriver::new(scheduler_on(o.path, config)?);
+    let page_size = config.page_size;
+    let mut driver = StepDriver::new(scheduler_on(o.path, config)?, page_size);
     if o.record_plans {
         driver.plan_digests = Some(Vec::new());
     }

@@ -15,13 +15,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
+use kvtier::LocalSystem;
 use kvtier_l3::{
     Capabilities, L3Backend, L3Core, L3Error, L3Key, L3Stats, LocalStore, LocalStoreConfig,
     Namespace, PutOutcome,
 };
 use kvtier_sim::reference::{ReferenceEngine, Verify};
 use kvtier_sim::scenario::scenario_geometry;
-use kvtier_sim::{Path, SchedulerApi, system_on};
+use kvtier_sim::{Path, system_on};
 use kvtier_types::hash::rolling_page_hashes;
 use kvtier_types::{EngineEvent, RequestId, RequestSpec, SchedulerConfig, Token};
 
@@ -93,7 +94,7 @@ fn expected_keys(model: &str, tokens: &[Token]) -> Vec<L3Key> {
 
 /// A system (device, host and L3 actors over a fresh device) whose store lives in `dir`.
 struct Rig {
-    system: Box<dyn SchedulerApi>,
+    system: LocalSystem,
     log: Log,
     /// Every token each request generated.
     generated: BTreeMap<RequestId, Vec<Token>>,
@@ -132,7 +133,7 @@ impl Rig {
         )
         .expect("L3 core");
         Self {
-            system: system_on(path, config, device, Some(l3)).expect("system starts"),
+            system: system_on(path, config, Some(device), Some(l3)).expect("system starts"),
             log,
             generated: BTreeMap::new(),
             admitted: BTreeMap::new(),
@@ -164,7 +165,7 @@ impl Rig {
             if plan.is_empty()
                 && announced.is_empty()
                 && requests.is_empty()
-                && self.system.is_idle().expect("idle")
+                && self.system.stats().expect("stats").scheduler.idle
             {
                 break;
             }
@@ -213,7 +214,7 @@ impl Rig {
     }
 
     fn stats(&mut self) -> kvtier_l3::L3TierStats {
-        self.system.l3_stats().expect("stats").expect("an L3 actor")
+        self.system.stats().expect("stats").l3.expect("an L3 actor")
     }
 }
 

@@ -6,126 +6,138 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{self, JoinHandle, Thread};
 
+use actix::Addr;
 use kvtier_device::{DeviceCore, NewRequest};
-use kvtier_types::{EngineEvent, ExecutionPlan, KvEvent, RequestId, RequestSpec};
+use kvtier_types::{ActorCore, EngineEvent, ExecutionPlan, KvEvent, RequestId, RequestSpec};
 use tokio::sync::oneshot;
 
-use crate::messages::*;
-use crate::runtime::actix::{Addrs, SchedulerActor};
-use crate::runtime::deterministic::{Bus, FaultHooks};
-use crate::{KvError, Parts};
+use crate::conversation::{Call, Outcome};
+use crate::outcome::calls;
+use crate::runtime::Driver;
+use crate::runtime::actix::FrontActor;
+use crate::{KvError, SetupError, ShutdownReport, SystemStats};
 
-/// A call to the deterministic runtime's thread.
-#[derive(Debug)]
-enum Command {
-    Submit(Vec<RequestSpec>, oneshot::Sender<Result<(), KvError>>),
-    Advance(Vec<EngineEvent>, oneshot::Sender<Result<(), KvError>>),
-    Abort(RequestId, oneshot::Sender<Result<(), KvError>>),
-    NextPlan(oneshot::Sender<Result<ExecutionPlan, KvError>>),
-    Stats(oneshot::Sender<Result<SystemStats, KvError>>),
-    TakeKvEvents(oneshot::Sender<Result<Vec<KvEvent>, KvError>>),
-    Execute(
-        Box<ExecutionPlan>,
-        Vec<NewRequest>,
-        oneshot::Sender<Result<Vec<EngineEvent>, KvError>>,
-    ),
-    TakeDevice(oneshot::Sender<Option<DeviceCore>>),
-    Shutdown(oneshot::Sender<ShutdownReport>),
-}
+/// A call for a system on a thread of its own, with the caller's span.
+type Command = (
+    Call,
+    tracing::Span,
+    oneshot::Sender<Result<Outcome, KvError>>,
+);
 
 #[derive(Debug, Clone)]
-enum Backend {
-    Actix(Addrs),
-    /// Commands with the caller's span, entered while the bus handles them.
-    Bus(flume::Sender<(Command, tracing::Span)>),
+enum Remote {
+    /// The Scheduler actor, on the actix system's thread.
+    Actix(Addr<FrontActor>),
+    /// A driver (direct or deterministic) on its own thread.
+    Thread(flume::Sender<Command>),
 }
 
-/// The system's thread, joined at shutdown (not scheduler or cache state).
-type Thread_ = Arc<Mutex<Option<JoinHandle<()>>>>;
+/// The system's thread, joined at shutdown.
+type SystemThread = Arc<Mutex<Option<JoinHandle<()>>>>;
 
 /// A running system. Cheap to clone; every clone talks to the same actors.
 #[derive(Debug, Clone)]
 pub struct Handle {
-    backend: Backend,
-    thread: Thread_,
+    remote: Remote,
+    thread: SystemThread,
 }
 
 impl Handle {
-    pub(crate) fn start_actix(parts: Parts) -> Result<Self, KvError> {
+    pub(crate) fn actix(
+        start: impl FnOnce() -> Addr<FrontActor> + Send + 'static,
+    ) -> Result<Self, KvError> {
         let (tx, rx) = std::sync::mpsc::channel();
         let thread = thread::Builder::new()
             .name("kvtier-actors".into())
             .spawn(move || {
                 let system = actix::System::new();
-                let addr =
-                    system.block_on(async move { crate::runtime::actix::start(parts, true) });
-                if tx.send(addr).is_ok() {
+                let front = system.block_on(async move { start() });
+                if tx.send(front).is_ok() {
                     let _ = system.run();
                 }
             })
-            .map_err(|e| KvError::Setup(format!("cannot start the actor thread: {e}")))?;
-        let addr = rx
-            .recv()
-            .map_err(|_| KvError::Setup("the actor system did not start".into()))?;
+            .map_err(|_| SetupError::Thread("actor"))?;
+        let front = rx.recv().map_err(|_| SetupError::Thread("actor"))?;
         Ok(Self {
-            backend: Backend::Actix(addr),
+            remote: Remote::Actix(front),
             thread: Arc::new(Mutex::new(Some(thread))),
         })
     }
 
-    pub(crate) fn start_bus(parts: Parts, hooks: Box<dyn FaultHooks>) -> Result<Self, KvError> {
-        let (tx, rx) = flume::unbounded::<(Command, tracing::Span)>();
-        let mut bus = Bus::new(parts, hooks);
+    pub(crate) fn driver(mut driver: Box<dyn Driver + Send>) -> Result<Self, KvError> {
+        let (tx, rx) = flume::unbounded::<Command>();
         let thread = thread::Builder::new()
-            .name("kvtier-bus".into())
+            .name("kvtier-system".into())
             .spawn(move || {
-                while let Ok((command, span)) = rx.recv() {
-                    let _entered = span.enter();
-                    // A caller that went away drops its answer; the bus goes on.
-                    match command {
-                        Command::Submit(specs, r) => drop(r.send(bus.submit(specs))),
-                        Command::Advance(events, r) => drop(r.send(bus.advance(events))),
-                        Command::Abort(id, r) => drop(r.send(bus.abort(&id))),
-                        Command::NextPlan(r) => drop(r.send(bus.next_plan())),
-                        Command::Stats(r) => drop(r.send(bus.stats())),
-                        Command::TakeKvEvents(r) => drop(r.send(bus.take_kv_events())),
-                        Command::Execute(plan, new, r) => drop(r.send(bus.execute(*plan, new))),
-                        Command::TakeDevice(r) => drop(r.send(bus.take_device())),
-                        Command::Shutdown(r) => {
-                            drop(r.send(bus.shutdown()));
-                            break;
-                        }
+                while let Ok((call, span, reply)) = rx.recv() {
+                    let shutdown = matches!(call, Call::Shutdown);
+                    // A caller that went away drops its answer; the system goes on.
+                    drop(reply.send(driver.call(call, span)));
+                    if shutdown {
+                        break;
                     }
                 }
             })
-            .map_err(|e| KvError::Setup(format!("cannot start the bus thread: {e}")))?;
+            .map_err(|_| SetupError::Thread("system"))?;
         Ok(Self {
-            backend: Backend::Bus(tx),
+            remote: Remote::Thread(tx),
             thread: Arc::new(Mutex::new(Some(thread))),
         })
     }
 
-    async fn bus<T>(
-        tx: &flume::Sender<(Command, tracing::Span)>,
-        command: impl FnOnce(oneshot::Sender<T>) -> Command,
-    ) -> Result<T, KvError> {
-        let (reply, answer) = oneshot::channel();
-        tx.send((command(reply), tracing::Span::current()))
-            .map_err(|_| KvError::ShutDown)?;
-        answer.await.map_err(|_| KvError::ShutDown)
+    /// Runs one call on the system's thread.
+    pub(crate) async fn call(&self, call: Call, span: tracing::Span) -> Result<Outcome, KvError> {
+        let shutdown = matches!(call, Call::Shutdown);
+        let outcome = match &self.remote {
+            Remote::Actix(front) => crate::runtime::actix::call(front.clone(), call, span).await,
+            Remote::Thread(tx) => {
+                let (reply, answer) = oneshot::channel();
+                tx.send((call, span, reply))
+                    .map_err(|_| KvError::ShutDown)?;
+                answer.await.map_err(|_| KvError::ShutDown)?
+            }
+        };
+        if shutdown && outcome.is_ok() {
+            let thread = self.thread.lock().ok().and_then(|mut t| t.take());
+            if let Some(thread) = thread {
+                let _ = thread.join();
+            }
+        }
+        outcome
     }
 
-    async fn actix<M>(addrs: &Addrs, msg: M) -> Result<M::Result, KvError>
-    where
-        M: actix::Message + Send + 'static,
-        M::Result: Send,
-        SchedulerActor: actix::Handler<M>,
-    {
-        addrs
-            .scheduler
-            .send(msg)
-            .await
-            .map_err(|_| KvError::ShutDown)
+    async fn run(&self, call: Call) -> Result<Outcome, KvError> {
+        self.call(call, tracing::Span::current()).await
+    }
+
+    /// Queues requests. Invalid ones come back in [`KvError::Batch`]; the rest are queued.
+    pub async fn submit(&self, specs: Vec<RequestSpec>) -> Result<(), KvError> {
+        self.run(calls::submit(specs)).await?.done()
+    }
+
+    /// Builds the next execution plan.
+    pub async fn next_plan(&self) -> Result<ExecutionPlan, KvError> {
+        self.run(Call::NextPlan).await?.plan()
+    }
+
+    /// Applies engine events in order. Refused ones come back in [`KvError::Batch`].
+    pub async fn advance(&self, events: Vec<EngineEvent>) -> Result<(), KvError> {
+        self.run(calls::advance(events)).await?.done()
+    }
+
+    /// Aborts one request, whatever its state.
+    pub async fn abort(&self, id: RequestId) -> Result<(), KvError> {
+        self.run(calls::abort(id)).await?.done()
+    }
+
+    /// Counters and gauges of every actor.
+    pub async fn stats(&self) -> Result<SystemStats, KvError> {
+        self.run(Call::Stats).await?.stats()
+    }
+
+    /// KV-cache events collected since the last call.
+    pub async fn take_kv_events(&self) -> Result<Vec<KvEvent>, KvError> {
+        self.run(Call::TakeKvEvents).await?.kv_events()
     }
 
     /// Runs a plan's copies on the device actor, then its forward rows through the
@@ -138,94 +150,31 @@ impl Handle {
         plan: &ExecutionPlan,
         new_requests: Vec<NewRequest>,
     ) -> Result<Vec<EngineEvent>, KvError> {
-        let span = tracing::Span::current();
-        match &self.backend {
-            Backend::Actix(a) => {
-                crate::runtime::actix::execute(a, plan.clone(), new_requests, span).await
-            }
-            Backend::Bus(tx) => {
-                let plan = Box::new(plan.clone());
-                Self::bus(tx, |r| Command::Execute(plan, new_requests, r)).await?
-            }
-        }
+        self.run(calls::execute(plan, new_requests)).await?.events()
     }
 
     /// Takes the device core out of the system (to read its model runner at the end of
-    /// a run). Later `execute` calls fail with [`KvError::NoDevice`].
+    /// a run). Later `execute` calls fail with [`KvError::ActorGone`].
     pub async fn take_device(&self) -> Result<Option<DeviceCore>, KvError> {
-        match &self.backend {
-            Backend::Actix(a) => match &a.device {
-                Some(device) => device.send(TakeDevice).await.map_err(|_| KvError::ShutDown),
-                None => Ok(None),
-            },
-            Backend::Bus(tx) => Self::bus(tx, Command::TakeDevice).await,
-        }
+        self.run(calls::take_core::<DeviceCore>()).await?.device()
     }
 
-    /// Queues requests. Invalid ones come back in [`KvError::Batch`]; the rest are queued.
-    pub async fn submit(&self, specs: Vec<RequestSpec>) -> Result<(), KvError> {
-        let span = tracing::Span::current();
-        match &self.backend {
-            Backend::Actix(a) => Self::actix(a, Submit { specs, span }).await?,
-            Backend::Bus(tx) => Self::bus(tx, |r| Command::Submit(specs, r)).await?,
-        }
+    /// Takes an actor's core out of the system; `None` when the system has no such
+    /// actor. Later mail to it fails with [`KvError::ActorGone`].
+    pub async fn take_core<C: ActorCore>(&self) -> Result<Option<C>, KvError> {
+        self.run(calls::take_core::<C>()).await?.core::<C>()
     }
 
-    /// Builds the next execution plan.
-    pub async fn next_plan(&self) -> Result<ExecutionPlan, KvError> {
-        let span = tracing::Span::current();
-        match &self.backend {
-            Backend::Actix(a) => Self::actix(a, NextPlan { span }).await?,
-            Backend::Bus(tx) => Self::bus(tx, Command::NextPlan).await?,
-        }
-    }
-
-    /// Applies engine events in order. Refused ones come back in [`KvError::Batch`].
-    pub async fn advance(&self, events: Vec<EngineEvent>) -> Result<(), KvError> {
-        let span = tracing::Span::current();
-        match &self.backend {
-            Backend::Actix(a) => Self::actix(a, Advance { events, span }).await?,
-            Backend::Bus(tx) => Self::bus(tx, |r| Command::Advance(events, r)).await?,
-        }
-    }
-
-    /// Aborts one request, whatever its state.
-    pub async fn abort(&self, id: RequestId) -> Result<(), KvError> {
-        let span = tracing::Span::current();
-        match &self.backend {
-            Backend::Actix(a) => Self::actix(a, Abort { id, span }).await?,
-            Backend::Bus(tx) => Self::bus(tx, |r| Command::Abort(id, r)).await?,
-        }
-    }
-
-    /// Counters and gauges of every actor.
-    pub async fn stats(&self) -> Result<SystemStats, KvError> {
-        match &self.backend {
-            Backend::Actix(a) => Self::actix(a, Stats).await?,
-            Backend::Bus(tx) => Self::bus(tx, Command::Stats).await?,
-        }
-    }
-
-    /// KV-cache events collected since the last call.
-    pub async fn take_kv_events(&self) -> Result<Vec<KvEvent>, KvError> {
-        match &self.backend {
-            Backend::Actix(a) => Self::actix(a, TakeKvEvents).await?,
-            Backend::Bus(tx) => Self::bus(tx, Command::TakeKvEvents).await?,
-        }
+    /// Sends one message of an actor's own protocol (an actor added with
+    /// [`crate::SystemBuilder::actor`]) and waits for its reply.
+    pub async fn ask<C: ActorCore>(&self, msg: C::Msg) -> Result<C::Reply, KvError> {
+        self.run(calls::ask::<C>(msg)).await?.reply::<C>()
     }
 
     /// Drains what is in flight, stops the actors and reports anything still held.
     /// Later calls on any clone fail with [`KvError::ShutDown`].
     pub async fn shutdown(&self) -> Result<ShutdownReport, KvError> {
-        let report = match &self.backend {
-            Backend::Actix(a) => Self::actix(a, Shutdown).await?,
-            Backend::Bus(tx) => Self::bus(tx, Command::Shutdown).await?,
-        };
-        let thread = self.thread.lock().ok().and_then(|mut t| t.take());
-        if let Some(thread) = thread {
-            let _ = thread.join();
-        }
-        Ok(report)
+        self.run(Call::Shutdown).await?.report()
     }
 }
 
@@ -289,6 +238,16 @@ impl BlockingHandle {
     /// See [`Handle::take_device`].
     pub fn take_device(&self) -> Result<Option<DeviceCore>, KvError> {
         block_on(self.handle.take_device())
+    }
+
+    /// See [`Handle::take_core`].
+    pub fn take_core<C: ActorCore>(&self) -> Result<Option<C>, KvError> {
+        block_on(self.handle.take_core::<C>())
+    }
+
+    /// See [`Handle::ask`].
+    pub fn ask<C: ActorCore>(&self, msg: C::Msg) -> Result<C::Reply, KvError> {
+        block_on(self.handle.ask::<C>(msg))
     }
 
     /// See [`Handle::shutdown`].

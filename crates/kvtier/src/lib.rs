@@ -7,14 +7,15 @@
 //! and `shutdown`. [`BlockingHandle`] wraps it for callers outside async code, and
 //! [`SystemBuilder::start_local`] runs the same actors on the caller's own thread.
 //!
-//! * [`Runtime::Actix`] (default): actix 0.13 actors on their own thread; the three
-//!   actors share one arbiter, so their messages never hop threads.
+//! * [`Runtime::Actix`] (default): actix 0.13 actors, one generic shell per core.
 //! * [`Runtime::Deterministic`]: a single-threaded bus delivers the same messages in a
-//!   fixed order, with [`FaultHooks`] to delay, fail or reorder deliveries.
+//!   fixed order; [`FaultHooks`] may delay, reorder or fail deliveries.
+//! * [`Runtime::Direct`]: the cores called in place, in sending order.
 //!
-//! Both give the same plans as the direct path, [`kvtier_fsm::Scheduler`], step for step:
-//! the cores are the same and each call is one conversation of typed messages
-//! (`docs/messages.md`).
+//! All give the same plans as [`kvtier_fsm::Scheduler`], step for step: the cores are
+//! the same, and each call is one conversation (`conversation.rs`, written once) of the
+//! typed messages each core declares beside itself (`docs/messages.md`). An embedder's
+//! own actor joins with [`SystemBuilder::actor`] and is reached with [`Handle::ask`].
 //!
 //! ```
 //! use kvtier::{BlockingHandle, System};
@@ -31,12 +32,18 @@
 //! # Ok::<(), kvtier::KvError>(())
 //! ```
 
+mod conversation;
 mod error;
+mod faults;
 mod handle;
-mod l3;
 mod local;
-pub mod messages;
-pub mod runtime;
+mod mail;
+mod outcome;
+mod report;
+mod runtime;
+mod service;
+
+use std::collections::BTreeSet;
 
 use kvtier_device::DeviceCore;
 use kvtier_fsm::{SchedulerCore, cache_config};
@@ -45,21 +52,30 @@ use kvtier_l3::L3Core;
 use kvtier_radix::RadixCache;
 use kvtier_types::SchedulerConfig;
 
-pub use error::KvError;
+pub use error::{KvError, SetupError};
+pub use faults::{Delivery, Fault, FaultHooks, NoFaults};
 pub use handle::{BlockingHandle, Handle, block_on};
-pub use l3::L3Service;
+pub use kvtier_types::{ActorCore, ActorName, Placement};
 pub use local::LocalSystem;
-pub use messages::{ShutdownReport, SystemStats};
-pub use runtime::deterministic::{ActorName, Delivery, Fault, FaultHooks, NoFaults};
+pub use report::{ShutdownReport, SystemStats};
+pub use service::{L3Service, Service};
+
+use conversation::Front;
+use faults::Post;
+use mail::{Destination, Destinations, Slot};
+use runtime::Driver;
 
 /// Which runtime delivers the messages.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Runtime {
-    /// actix actors on a dedicated thread.
+    /// actix actors (on a dedicated thread under `start`).
     #[default]
     Actix,
     /// The single-threaded deterministic bus.
     Deterministic,
+    /// The cores called in place, in sending order.
+    Direct,
 }
 
 /// Entry point of the embedding API.
@@ -73,7 +89,7 @@ impl System {
             config,
             runtime: Runtime::default(),
             hooks: None,
-            device: None,
+            actors: Vec::new(),
             l3: None,
         }
     }
@@ -85,24 +101,32 @@ pub struct SystemBuilder {
     config: SchedulerConfig,
     runtime: Runtime,
     hooks: Option<Box<dyn FaultHooks>>,
-    device: Option<DeviceCore>,
-    l3: Option<L3Core>,
+    /// The actors beyond the scheduler, radix cache and host allocator.
+    actors: Vec<Box<dyn Destination>>,
+    /// The L3 core's page size and host arena pages, checked against the config.
+    l3: Option<(u32, u32)>,
 }
 
 impl SystemBuilder {
+    /// Adds the device actor over this core (arenas, kernel backend, model runner).
+    pub fn device(self, device: DeviceCore) -> Self {
+        self.actor(device)
+    }
+
     /// Adds the L3 store actor over this core (backend, key namespace, the host arena it
     /// shares with the device). Needs `enable_l3_storage` and the core's page size.
     /// Submits then look their prompts up in the store, and `execute` runs each plan's
     /// prefetches and backups on it. Its backend's calls never run on the scheduler's
     /// thread under actix.
     pub fn l3(mut self, l3: L3Core) -> Self {
-        self.l3 = Some(l3);
-        self
+        self.l3 = Some((l3.page_size(), l3.arena().pages()));
+        self.actor(l3)
     }
 
-    /// Adds the device actor over this core (arenas, kernel backend, model runner).
-    pub fn device(mut self, device: DeviceCore) -> Self {
-        self.device = Some(device);
+    /// Adds an actor over any core: it is reached with [`Handle::ask`], stopped at
+    /// shutdown, and placed as its [`ActorCore::PLACEMENT`] says.
+    pub fn actor<C: ActorCore + std::fmt::Debug>(mut self, core: C) -> Self {
+        self.actors.push(Slot::boxed(core));
         self
     }
 
@@ -112,9 +136,8 @@ impl SystemBuilder {
         self
     }
 
-    /// Fault hooks for the deterministic runtime (implies it).
+    /// Fault hooks: every delivery passes them, on every runtime.
     pub fn fault_hooks(mut self, hooks: impl FaultHooks + 'static) -> Self {
-        self.runtime = Runtime::Deterministic;
         self.hooks = Some(Box::new(hooks));
         self
     }
@@ -122,78 +145,70 @@ impl SystemBuilder {
     /// Builds the cores and starts the actors on the calling thread: they run while a
     /// call of the returned [`LocalSystem`] waits. Fails on an invalid config.
     pub fn start_local(self) -> Result<LocalSystem, KvError> {
-        let parts = Parts::build(self.config, self.device, self.l3)?;
-        Ok(match self.runtime {
-            Runtime::Actix => LocalSystem::actix(parts),
-            Runtime::Deterministic => LocalSystem::bus(runtime::deterministic::Bus::new(
-                parts,
-                self.hooks.unwrap_or_else(|| Box::new(NoFaults)),
-            )),
-        })
+        let runtime = self.runtime;
+        let (front, actors, post) = self.build()?;
+        let driver: Box<dyn Driver> = match runtime {
+            Runtime::Actix => Box::new(runtime::actix::ActixLocal::new(front, actors, post)),
+            Runtime::Deterministic => Box::new(runtime::bus::Bus::new(front, actors, post)),
+            Runtime::Direct => Box::new(runtime::direct::Direct::new(front, actors, post)),
+        };
+        Ok(LocalSystem::new(driver))
     }
 
-    /// Builds the cores and starts the actors. Fails on an invalid config.
+    /// Builds the cores and starts the actors on a thread of their own. Fails on an
+    /// invalid config.
     pub fn start(self) -> Result<Handle, KvError> {
-        let parts = Parts::build(self.config, self.device, self.l3)?;
-        match self.runtime {
-            Runtime::Actix => Handle::start_actix(parts),
+        let runtime = self.runtime;
+        let (front, actors, post) = self.build()?;
+        match runtime {
+            Runtime::Actix => {
+                Handle::actix(move || runtime::actix::start(front, actors, post, true))
+            }
             Runtime::Deterministic => {
-                Handle::start_bus(parts, self.hooks.unwrap_or_else(|| Box::new(NoFaults)))
+                Handle::driver(Box::new(runtime::bus::Bus::new(front, actors, post)))
+            }
+            Runtime::Direct => {
+                Handle::driver(Box::new(runtime::direct::Direct::new(front, actors, post)))
             }
         }
     }
-}
 
-/// The cores of one system, wired: the radix cache's host tier is a lease from the
-/// host allocator.
-#[derive(Debug)]
-pub(crate) struct Parts {
-    pub core: SchedulerCore,
-    pub cache: RadixCache,
-    pub host: HostAllocator,
-    pub device: Option<DeviceCore>,
-    pub l3: Option<L3Core>,
-}
-
-impl Parts {
-    fn build(
-        config: SchedulerConfig,
-        device: Option<DeviceCore>,
-        l3: Option<L3Core>,
-    ) -> Result<Self, KvError> {
-        let core = SchedulerCore::new(config)?;
-        if let Some(l3) = &l3 {
-            let c = core.config();
+    /// The cores, wired: the radix cache's host tier is a lease from the host
+    /// allocator.
+    fn build(self) -> Result<(Front, Destinations, Post), KvError> {
+        let core = SchedulerCore::new(self.config)?;
+        let c = core.config();
+        if let Some((l3_page_size, arena_pages)) = self.l3 {
             if !c.enable_l3_storage {
-                return Err(KvError::Setup(
-                    "an L3 actor needs enable_l3_storage in the scheduler config".into(),
-                ));
+                return Err(SetupError::L3StorageDisabled.into());
             }
-            if l3.page_size() != c.page_size || l3.arena().pages() < c.host_pages {
-                return Err(KvError::Setup(format!(
-                    "the L3 actor moves pages of {} tokens in a host arena of {} pages; \
-                     the scheduler has pages of {} tokens and {} host pages",
-                    l3.page_size(),
-                    l3.arena().pages(),
-                    c.page_size,
-                    c.host_pages
-                )));
+            if l3_page_size != c.page_size || arena_pages < c.host_pages {
+                return Err(SetupError::L3Geometry {
+                    l3_page_size,
+                    arena_pages,
+                    page_size: c.page_size,
+                    host_pages: c.host_pages,
+                }
+                .into());
             }
         }
-        let cache_config = cache_config(core.config());
+        let cache_config = cache_config(c);
         let mut host = HostAllocator::new(cache_config.host_pages);
-        let usable = cache_config.host_pages.saturating_sub(1);
         let lease = host
-            .lease(usable)
-            .map_err(|e| KvError::Setup(e.to_string()))?;
-        let cache = RadixCache::with_host_lease(&cache_config, lease)
-            .map_err(|e| KvError::Setup(e.to_string()))?;
-        Ok(Self {
-            core,
-            cache,
-            host,
-            device,
-            l3,
-        })
+            .lease(cache_config.host_pages.saturating_sub(1))
+            .map_err(SetupError::HostLease)?;
+        let cache = RadixCache::with_host_lease(&cache_config, lease).map_err(SetupError::Cache)?;
+        let mut actors = Destinations::new();
+        let builtin: [Box<dyn Destination>; 2] = [Slot::boxed(cache), Slot::boxed(host)];
+        for actor in builtin.into_iter().chain(self.actors) {
+            let name = actor.name();
+            if name == ActorName::SCHEDULER || actors.contains_key(&name) {
+                return Err(SetupError::DuplicateActor(name).into());
+            }
+            actors.insert(name, actor);
+        }
+        let names: BTreeSet<ActorName> = actors.keys().copied().collect();
+        let hooks = self.hooks.unwrap_or_else(|| Box::new(NoFaults));
+        Ok((Front::new(core, names), actors, Post::new(hooks)))
     }
 }

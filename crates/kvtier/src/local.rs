@@ -1,177 +1,105 @@
-//! The system on the caller's thread: the actors run while a call waits for its answer,
-//! so no message crosses a thread. For an engine loop that owns its scheduling thread.
+//! The system as a plain synchronous value: its actors run on the caller's thread
+//! while a call waits (no thread hop), or, built over a [`Handle`], on their own.
 
-use actix::{Addr, SystemRunner};
 use kvtier_device::{DeviceCore, NewRequest};
-use kvtier_types::{EngineEvent, ExecutionPlan, KvEvent, RequestId, RequestSpec};
+use kvtier_types::{ActorCore, EngineEvent, ExecutionPlan, KvEvent, RequestId, RequestSpec};
 
-use crate::messages::*;
-use crate::runtime::actix::{Addrs, SchedulerActor};
-use crate::runtime::deterministic::Bus;
-use crate::{KvError, Parts};
+use crate::conversation::Call;
+use crate::outcome::calls;
+use crate::runtime::Driver;
+use crate::{BlockingHandle, Handle, KvError, ShutdownReport, SystemStats};
 
-enum Inner {
-    Actix {
-        runner: SystemRunner,
-        scheduler: Addr<SchedulerActor>,
-        addrs: Addrs,
-    },
-    Bus(Box<Bus>),
-}
-
-/// A system whose actors run on the thread that calls it (not `Send`). The same actors,
-/// messages and decisions as a [`crate::Handle`]'s system; only the thread hop is gone.
+/// A system called synchronously. Not `Send` when its actors run on this thread. The
+/// same actors, messages and decisions as a [`Handle`]'s system.
+#[derive(Debug)]
 pub struct LocalSystem {
-    inner: Inner,
+    driver: Box<dyn Driver>,
 }
 
-impl std::fmt::Debug for LocalSystem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let runtime = match &self.inner {
-            Inner::Actix { .. } => "actix",
-            Inner::Bus(_) => "deterministic",
-        };
-        f.debug_struct("LocalSystem")
-            .field("runtime", &runtime)
-            .finish()
+/// A system on its own thread, called through a blocking handle.
+#[derive(Debug)]
+struct Remote(BlockingHandle);
+
+impl Driver for Remote {
+    fn call(
+        &mut self,
+        call: Call,
+        span: tracing::Span,
+    ) -> Result<crate::conversation::Outcome, KvError> {
+        crate::handle::block_on(self.0.handle().call(call, span))
     }
 }
 
 impl LocalSystem {
-    pub(crate) fn actix(parts: Parts) -> Self {
-        let runner = actix::System::new();
-        let addrs = runner.block_on(async move { crate::runtime::actix::start(parts, false) });
-        Self {
-            inner: Inner::Actix {
-                runner,
-                scheduler: addrs.scheduler.clone(),
-                addrs,
-            },
-        }
+    pub(crate) fn new(driver: Box<dyn Driver>) -> Self {
+        Self { driver }
     }
 
-    pub(crate) fn bus(bus: Bus) -> Self {
-        Self {
-            inner: Inner::Bus(Box::new(bus)),
-        }
+    /// The synchronous view of a system on its own thread.
+    pub fn from_handle(handle: Handle) -> Self {
+        Self::new(Box::new(Remote(BlockingHandle::new(handle))))
     }
 
-    fn call<M>(
-        runner: &SystemRunner,
-        addr: &Addr<SchedulerActor>,
-        msg: M,
-    ) -> Result<M::Result, KvError>
-    where
-        M: actix::Message + Send + 'static,
-        M::Result: Send,
-        SchedulerActor: actix::Handler<M>,
-    {
-        runner
-            .block_on(addr.send(msg))
-            .map_err(|_| KvError::ShutDown)
+    fn call(&mut self, call: Call) -> Result<crate::conversation::Outcome, KvError> {
+        self.driver.call(call, tracing::Span::current())
     }
 
-    /// See [`crate::Handle::submit`].
+    /// See [`Handle::submit`].
     pub fn submit(&mut self, specs: Vec<RequestSpec>) -> Result<(), KvError> {
-        let span = tracing::Span::current();
-        match &mut self.inner {
-            Inner::Actix {
-                runner, scheduler, ..
-            } => Self::call(runner, scheduler, Submit { specs, span })?,
-            Inner::Bus(bus) => bus.submit(specs),
-        }
+        self.call(calls::submit(specs))?.done()
     }
 
-    /// See [`crate::Handle::next_plan`].
+    /// See [`Handle::next_plan`].
     pub fn next_plan(&mut self) -> Result<ExecutionPlan, KvError> {
-        let span = tracing::Span::current();
-        match &mut self.inner {
-            Inner::Actix {
-                runner, scheduler, ..
-            } => Self::call(runner, scheduler, NextPlan { span })?,
-            Inner::Bus(bus) => bus.next_plan(),
-        }
+        self.call(Call::NextPlan)?.plan()
     }
 
-    /// See [`crate::Handle::advance`].
+    /// See [`Handle::advance`].
     pub fn advance(&mut self, events: Vec<EngineEvent>) -> Result<(), KvError> {
-        let span = tracing::Span::current();
-        match &mut self.inner {
-            Inner::Actix {
-                runner, scheduler, ..
-            } => Self::call(runner, scheduler, Advance { events, span })?,
-            Inner::Bus(bus) => bus.advance(events),
-        }
+        self.call(calls::advance(events))?.done()
     }
 
-    /// See [`crate::Handle::abort`].
+    /// See [`Handle::abort`].
     pub fn abort(&mut self, id: RequestId) -> Result<(), KvError> {
-        let span = tracing::Span::current();
-        match &mut self.inner {
-            Inner::Actix {
-                runner, scheduler, ..
-            } => Self::call(runner, scheduler, Abort { id, span })?,
-            Inner::Bus(bus) => bus.abort(&id),
-        }
+        self.call(calls::abort(id))?.done()
     }
 
-    /// See [`crate::Handle::stats`].
+    /// See [`Handle::stats`].
     pub fn stats(&mut self) -> Result<SystemStats, KvError> {
-        match &mut self.inner {
-            Inner::Actix {
-                runner, scheduler, ..
-            } => Self::call(runner, scheduler, Stats)?,
-            Inner::Bus(bus) => bus.stats(),
-        }
+        self.call(Call::Stats)?.stats()
     }
 
-    /// See [`crate::Handle::take_kv_events`].
+    /// See [`Handle::take_kv_events`].
     pub fn take_kv_events(&mut self) -> Result<Vec<KvEvent>, KvError> {
-        match &mut self.inner {
-            Inner::Actix {
-                runner, scheduler, ..
-            } => Self::call(runner, scheduler, TakeKvEvents)?,
-            Inner::Bus(bus) => bus.take_kv_events(),
-        }
+        self.call(Call::TakeKvEvents)?.kv_events()
     }
 
-    /// See [`crate::Handle::execute`].
+    /// See [`Handle::execute`].
     pub fn execute(
         &mut self,
         plan: &ExecutionPlan,
         new_requests: Vec<NewRequest>,
     ) -> Result<Vec<EngineEvent>, KvError> {
-        match &mut self.inner {
-            Inner::Actix { runner, addrs, .. } => runner.block_on(crate::runtime::actix::execute(
-                addrs,
-                plan.clone(),
-                new_requests,
-                tracing::Span::current(),
-            )),
-            Inner::Bus(bus) => bus.execute(plan.clone(), new_requests),
-        }
+        self.call(calls::execute(plan, new_requests))?.events()
     }
 
-    /// See [`crate::Handle::take_device`].
+    /// See [`Handle::take_device`].
     pub fn take_device(&mut self) -> Result<Option<DeviceCore>, KvError> {
-        match &mut self.inner {
-            Inner::Actix { runner, addrs, .. } => match &addrs.device {
-                Some(device) => runner
-                    .block_on(device.send(TakeDevice))
-                    .map_err(|_| KvError::ShutDown),
-                None => Ok(None),
-            },
-            Inner::Bus(bus) => Ok(bus.take_device()),
-        }
+        self.call(calls::take_core::<DeviceCore>())?.device()
     }
 
-    /// See [`crate::Handle::shutdown`].
-    pub fn shutdown(self) -> Result<ShutdownReport, KvError> {
-        match self.inner {
-            Inner::Actix {
-                runner, scheduler, ..
-            } => Self::call(&runner, &scheduler, Shutdown),
-            Inner::Bus(mut bus) => Ok(bus.shutdown()),
-        }
+    /// See [`Handle::take_core`].
+    pub fn take_core<C: ActorCore>(&mut self) -> Result<Option<C>, KvError> {
+        self.call(calls::take_core::<C>())?.core::<C>()
+    }
+
+    /// See [`Handle::ask`].
+    pub fn ask<C: ActorCore>(&mut self, msg: C::Msg) -> Result<C::Reply, KvError> {
+        self.call(calls::ask::<C>(msg))?.reply::<C>()
+    }
+
+    /// See [`Handle::shutdown`].
+    pub fn shutdown(mut self) -> Result<ShutdownReport, KvError> {
+        self.call(Call::Shutdown)?.report()
     }
 }

@@ -1,505 +1,229 @@
-//! The actix runtime: one actor per core, on one arbiter (local delivery, no thread hop
-//! between actors). Each shell owns its core and maps messages to core calls.
+//! The actix runtime: one generic [`Shell`] per actor, and the Scheduler actor
+//! ([`FrontActor`]) that drives each call's conversation. Actors placed `Shared` run on
+//! the scheduler's arbiter (local delivery, no thread hop); the others get arbiters of
+//! their own (see [`kvtier_types::Placement`]).
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
 
 use actix::prelude::*;
-use kvtier_device::DeviceCore;
-use kvtier_fsm::{Progress, SchedulerCore};
-use kvtier_host::HostAllocator;
-use kvtier_l3::L3Core;
-use kvtier_radix::{CacheBatch, RadixCache};
-use kvtier_types::{EngineEvent, ExecutionPlan};
+use kvtier_types::{ActorName, Placement};
 
-use crate::messages::*;
-use crate::{KvError, Parts};
+use super::{Driver, feed};
+use crate::KvError;
+use crate::conversation::{Call, Conversation, Front, Outcome, Step};
+use crate::faults::Post;
+use crate::mail::{Answer, Destination, Destinations, Mail};
 
-// ----- Host allocator --------------------------------------------------------------
-
-/// The Host allocator actor.
+/// One mail for a shell.
 #[derive(Debug)]
-pub struct HostActor {
-    core: HostAllocator,
+pub(crate) struct Deliver(pub Mail);
+
+impl Message for Deliver {
+    type Result = Result<Answer, KvError>;
 }
 
-impl Actor for HostActor {
+/// The shell of any actor: it owns the core (behind its destination) and hands it each
+/// mail.
+#[derive(Debug)]
+pub(crate) struct Shell {
+    actor: Box<dyn Destination>,
+}
+
+impl Actor for Shell {
     type Context = Context<Self>;
 }
 
-impl Handler<Lease> for HostActor {
-    type Result = <Lease as actix::Message>::Result;
-    fn handle(&mut self, msg: Lease, _: &mut Context<Self>) -> Self::Result {
-        self.core.lease(msg.pages)
+impl Handler<Deliver> for Shell {
+    type Result = Result<Answer, KvError>;
+    fn handle(&mut self, msg: Deliver, _: &mut Context<Self>) -> Self::Result {
+        self.actor.deliver(msg.0)
     }
 }
 
-impl Handler<HostStatsQuery> for HostActor {
-    type Result = MessageResult<HostStatsQuery>;
-    fn handle(&mut self, _: HostStatsQuery, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.core.stats())
+impl Shell {
+    pub fn new(actor: Box<dyn Destination>) -> Self {
+        Self { actor }
     }
-}
 
-// ----- Radix cache -----------------------------------------------------------------
-
-/// The Radix cache actor. The cache is dropped at shutdown, returning its host lease.
-#[derive(Debug)]
-pub struct RadixActor {
-    cache: Option<RadixCache>,
-}
-
-impl Actor for RadixActor {
-    type Context = Context<Self>;
-}
-
-impl Handler<RunBatch> for RadixActor {
-    type Result = MessageResult<RunBatch>;
-    fn handle(&mut self, msg: RunBatch, _: &mut Context<Self>) -> Self::Result {
-        let _entered = msg.span.enter();
-        let reply = match &mut self.cache {
-            Some(cache) => cache.execute(msg.batch),
-            // Closed: the batch's handles are dropped; the scheduler sees a short reply.
-            None => Default::default(),
-        };
-        MessageResult(reply)
-    }
-}
-
-impl Handler<CacheStats> for RadixActor {
-    type Result = MessageResult<CacheStats>;
-    fn handle(&mut self, _: CacheStats, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.cache.as_mut().map(|c| c.stats()).unwrap_or_default())
-    }
-}
-
-impl Handler<DrainKvEvents> for RadixActor {
-    type Result = MessageResult<DrainKvEvents>;
-    fn handle(&mut self, _: DrainKvEvents, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(
-            self.cache
-                .as_mut()
-                .map(|c| c.drain_events())
-                .unwrap_or_default(),
-        )
-    }
-}
-
-impl Handler<CheckPages> for RadixActor {
-    type Result = MessageResult<CheckPages>;
-    fn handle(&mut self, msg: CheckPages, _: &mut Context<Self>) -> Self::Result {
-        let [device, host] = &msg.outside;
-        MessageResult(match &mut self.cache {
-            Some(cache) => cache.check_invariants([device, host]),
-            None => Err("the cache is closed".into()),
-        })
-    }
-}
-
-impl Handler<CloseCache> for RadixActor {
-    type Result = ();
-    fn handle(&mut self, _: CloseCache, _: &mut Context<Self>) {
-        self.cache = None;
-    }
-}
-
-// ----- Device ----------------------------------------------------------------------
-
-/// The Device actor: arenas, kernel library, model runner. On its own arbiter when the
-/// system has its own thread, so copies never block the scheduler.
-#[derive(Debug)]
-pub struct DeviceActor {
-    core: Option<DeviceCore>,
-}
-
-impl Actor for DeviceActor {
-    type Context = Context<Self>;
-}
-
-impl Handler<Execute> for DeviceActor {
-    type Result = <Execute as actix::Message>::Result;
-    fn handle(&mut self, msg: Execute, _: &mut Context<Self>) -> Self::Result {
-        let _entered = msg.span.enter();
-        let core = self.core.as_mut().ok_or(KvError::NoDevice)?;
-        Ok(core.execute(&msg.plan, &msg.new_requests)?)
-    }
-}
-
-impl Handler<TakeDevice> for DeviceActor {
-    type Result = MessageResult<TakeDevice>;
-    fn handle(&mut self, _: TakeDevice, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.core.take())
-    }
-}
-
-impl Handler<DeviceStatsQuery> for DeviceActor {
-    type Result = MessageResult<DeviceStatsQuery>;
-    fn handle(&mut self, _: DeviceStatsQuery, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.core.as_ref().map(DeviceCore::stats))
-    }
-}
-
-// ----- L3 store --------------------------------------------------------------------
-
-/// The L3 store actor: backend, key namespace, the host arena it shares with the
-/// device. Always on an arbiter (thread) of its own: its backend calls block.
-#[derive(Debug)]
-pub struct L3Actor {
-    core: L3Core,
-}
-
-impl Actor for L3Actor {
-    type Context = Context<Self>;
-}
-
-impl L3Actor {
-    /// The actor over `core`, not started.
-    pub(crate) fn new(core: L3Core) -> Self {
-        Self { core }
-    }
-}
-
-impl Handler<L3Lookup> for L3Actor {
-    type Result = MessageResult<L3Lookup>;
-    fn handle(&mut self, mut msg: L3Lookup, _: &mut Context<Self>) -> Self::Result {
-        let _entered = msg.span.enter();
-        self.core.lookup(&mut msg.specs, msg.threshold);
-        MessageResult(msg.specs)
-    }
-}
-
-impl Handler<L3Transfer> for L3Actor {
-    type Result = MessageResult<L3Transfer>;
-    fn handle(&mut self, msg: L3Transfer, _: &mut Context<Self>) -> Self::Result {
-        let _entered = msg.span.enter();
-        MessageResult(self.core.transfer(&msg.prefetches, &msg.backups))
-    }
-}
-
-impl Handler<L3StatsQuery> for L3Actor {
-    type Result = MessageResult<L3StatsQuery>;
-    fn handle(&mut self, _: L3StatsQuery, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.core.stats())
-    }
-}
-
-// ----- Scheduler -------------------------------------------------------------------
-
-/// The Scheduler actor: the request FSM. Calls that need the cache converse with the
-/// radix actor inside an atomic response, so no other message interleaves.
-#[derive(Debug)]
-pub struct SchedulerActor {
-    core: Option<SchedulerCore>,
-    radix: Addr<RadixActor>,
-    host: Addr<HostActor>,
-    device: Option<Addr<DeviceActor>>,
-    l3: Option<Addr<L3Actor>>,
-    /// Set when a conversation broke off: only shutdown is served then.
-    failed: Option<String>,
-}
-
-impl Actor for SchedulerActor {
-    type Context = Context<Self>;
-}
-
-type Reply<T> = AtomicResponse<SchedulerActor, Result<T, KvError>>;
-
-fn ready<T: 'static>(value: Result<T, KvError>) -> Reply<T> {
-    AtomicResponse::new(Box::pin(fut::ready(value)))
-}
-
-impl SchedulerActor {
-    fn core(&mut self) -> Result<&mut SchedulerCore, KvError> {
-        if let Some(reason) = &self.failed {
-            return Err(KvError::Failed(reason.clone()));
+    /// Starts a shell on the current arbiter, or on a new one.
+    pub fn start_for(actor: Box<dyn Destination>, own_thread: bool) -> Addr<Shell> {
+        let shell = Shell { actor };
+        if own_thread {
+            Shell::start_in_arbiter(&Arbiter::new().handle(), move |_| shell)
+        } else {
+            shell.start()
         }
-        self.core.as_mut().ok_or(KvError::ShutDown)
+    }
+}
+
+/// A call for the Scheduler actor.
+#[derive(Debug)]
+pub(crate) struct CallMsg {
+    pub call: Call,
+    pub span: tracing::Span,
+}
+
+impl Message for CallMsg {
+    type Result = Result<Outcome, KvError>;
+}
+
+/// A call that only passes mail to other actors ([`Call::uses_core`] is false): it may
+/// run beside other calls.
+#[derive(Debug)]
+pub(crate) struct PassMsg(pub CallMsg);
+
+impl Message for PassMsg {
+    type Result = Result<Outcome, KvError>;
+}
+
+/// The Scheduler actor: the front of every call. Calls that use the scheduler core run
+/// inside an atomic response, so no other such call interleaves with them.
+#[derive(Debug)]
+pub(crate) struct FrontActor {
+    front: Front,
+    post: Post,
+    actors: BTreeMap<ActorName, Addr<Shell>>,
+}
+
+impl Actor for FrontActor {
+    type Context = Context<Self>;
+}
+
+type Drive = Pin<Box<dyn ActorFuture<FrontActor, Output = Result<Outcome, KvError>>>>;
+
+impl FrontActor {
+    fn open(&mut self, msg: CallMsg) -> Drive {
+        let (conv, step) = self.front.open(msg.call, msg.span);
+        self.drive(conv, step)
     }
 
-    /// Sends a batch and resumes the core with the reply until it is done.
-    fn converse(
-        &mut self,
-        batch: CacheBatch,
-        span: tracing::Span,
-    ) -> ResponseActFuture<Self, Result<Option<ExecutionPlan>, KvError>> {
-        let request = self.radix.send(RunBatch {
-            batch,
-            span: span.clone(),
-        });
-        Box::pin(request.into_actor(self).then(move |reply, act, _| {
-            let entered = span.enter();
-            let resumed = match (reply, act.core()) {
-                (Ok(reply), Ok(core)) => core.resume(reply).map_err(KvError::from),
-                (Err(_), _) => Err(KvError::ActorGone("radix")),
-                (_, Err(e)) => Err(e),
-            };
-            drop(entered);
-            let next: ResponseActFuture<Self, _> = match resumed {
-                Ok(Progress::Done) => Box::pin(fut::ready(Ok(None))),
-                Ok(Progress::Plan(plan)) => Box::pin(fut::ready(Ok(Some(plan)))),
-                Ok(Progress::Cache(batch)) => act.converse(batch, span),
-                Err(e) => {
-                    act.failed = Some(e.to_string());
-                    Box::pin(fut::ready(Err(e)))
+    /// Sends the step's mail, hands the answers to the conversation, and goes on until
+    /// the call is done.
+    fn drive(&mut self, mut conv: Conversation, step: Step) -> Drive {
+        let mail = match step {
+            Step::Done(result) => {
+                if matches!(result, Ok(Outcome::Report(_))) {
+                    System::current().stop();
                 }
-            };
-            next
+                return Box::pin(fut::ready(result));
+            }
+            Step::Wait => {
+                let step = self.front.fault(&mut conv, super::nothing_to_wait_for());
+                return self.drive(conv, step);
+            }
+            Step::Send(mail) => mail,
+        };
+        // The hooks see every mail before any is sent: a failed one means none is.
+        for one in &mail {
+            if let Err(error) = self.post.send(ActorName::SCHEDULER, one.to, one.name) {
+                let step = self.front.fault(&mut conv, error);
+                return self.drive(conv, step);
+            }
+        }
+        let pending: Vec<_> = mail
+            .into_iter()
+            .map(|one| {
+                let to = one.to;
+                (to, self.actors.get(&to).map(|a| a.send(Deliver(one))))
+            })
+            .collect();
+        let answers = async move {
+            let mut answers = Vec::with_capacity(pending.len());
+            for (to, request) in pending {
+                answers.push(match request {
+                    Some(request) => request.await.unwrap_or(Err(KvError::ActorGone(to))),
+                    None => Err(KvError::ActorGone(to)),
+                });
+            }
+            answers
+        };
+        Box::pin(answers.into_actor(self).then(move |answers, act, _| {
+            let step = feed(&mut act.front, &mut act.post, &mut conv, answers);
+            act.drive(conv, step)
         }))
     }
+}
 
-    /// Runs the core's queued cache work, then answers `result`.
-    fn flush(&mut self, result: Result<(), KvError>, span: tracing::Span) -> Reply<()> {
-        let batch = match self.core() {
-            Ok(core) => core.take_batch(),
-            Err(e) => return ready(Err(e)),
-        };
-        let Some(batch) = batch else {
-            return ready(result);
-        };
-        AtomicResponse::new(Box::pin(
-            self.converse(batch, span)
-                .map(move |done, _, _| done.and(result)),
-        ))
+impl Handler<CallMsg> for FrontActor {
+    type Result = AtomicResponse<Self, Result<Outcome, KvError>>;
+    fn handle(&mut self, msg: CallMsg, _: &mut Context<Self>) -> Self::Result {
+        AtomicResponse::new(self.open(msg))
     }
 }
 
-impl Handler<Submit> for SchedulerActor {
-    type Result = Reply<()>;
-    fn handle(&mut self, msg: Submit, _: &mut Context<Self>) -> Self::Result {
-        let (lookup, threshold) = match self.core() {
-            Ok(core) => (
-                core.config().l3_prefetch_enabled(),
-                core.config().prefetch_threshold,
-            ),
-            Err(e) => return ready(Err(e)),
-        };
-        let l3 = self.l3.as_ref().filter(|_| lookup);
-        let Some(l3) = l3 else {
-            let _entered = msg.span.enter();
-            return ready(self.core().and_then(|c| Ok(c.submit(msg.specs)?)));
-        };
-        // The prompts are looked up in L3 first (off this thread), then queued.
-        let span = msg.span;
-        let lookup = l3.send(L3Lookup {
-            specs: msg.specs,
-            threshold,
-            span: span.clone(),
-        });
-        AtomicResponse::new(Box::pin(lookup.into_actor(self).map(
-            move |specs, act, _| {
-                let specs = specs.map_err(|_| KvError::ActorGone("l3"))?;
-                let _entered = span.enter();
-                Ok(act.core()?.submit(specs)?)
-            },
-        )))
+impl Handler<PassMsg> for FrontActor {
+    type Result = ResponseActFuture<Self, Result<Outcome, KvError>>;
+    fn handle(&mut self, msg: PassMsg, _: &mut Context<Self>) -> Self::Result {
+        self.open(msg.0)
     }
 }
 
-impl Handler<Advance> for SchedulerActor {
-    type Result = Reply<()>;
-    fn handle(&mut self, msg: Advance, _: &mut Context<Self>) -> Self::Result {
-        let result = {
-            let _entered = msg.span.enter();
-            match self.core() {
-                Ok(core) => core.advance(msg.events).map_err(KvError::from),
-                Err(e) => return ready(Err(e)),
-            }
-        };
-        self.flush(result, msg.span)
-    }
-}
-
-impl Handler<Abort> for SchedulerActor {
-    type Result = Reply<()>;
-    fn handle(&mut self, msg: Abort, _: &mut Context<Self>) -> Self::Result {
-        let result = match self.core() {
-            Ok(core) => core.abort(&msg.id).map_err(KvError::from),
-            Err(e) => return ready(Err(e)),
-        };
-        self.flush(result, msg.span)
-    }
-}
-
-impl Handler<NextPlan> for SchedulerActor {
-    type Result = Reply<ExecutionPlan>;
-    fn handle(&mut self, msg: NextPlan, _: &mut Context<Self>) -> Self::Result {
-        let entered = msg.span.enter();
-        let planned = self.core().and_then(|c| c.plan().map_err(KvError::from));
-        drop(entered);
-        let batch = match planned {
-            Ok(batch) => batch,
-            Err(e) => return ready(Err(e)),
-        };
-        AtomicResponse::new(Box::pin(self.converse(batch, msg.span).map(
-            |plan, _, _| {
-                plan.and_then(|p| p.ok_or(KvError::Sched(kvtier_fsm::SchedError::UnexpectedReply)))
-            },
-        )))
-    }
-}
-
-impl Handler<Stats> for SchedulerActor {
-    type Result = Reply<SystemStats>;
-    fn handle(&mut self, _: Stats, _: &mut Context<Self>) -> Self::Result {
-        let core = match self.core() {
-            Ok(core) => core.stats(),
-            Err(e) => return ready(Err(e)),
-        };
-        let tree = self.radix.send(CacheStats);
-        let host = self.host.send(HostStatsQuery);
-        let device = self.device.as_ref().map(|d| d.send(DeviceStatsQuery));
-        let l3 = self.l3.as_ref().map(|l3| l3.send(L3StatsQuery));
-        let all = async move {
-            let device = match device {
-                Some(d) => d.await.ok().flatten(),
-                None => None,
+/// Starts every actor on the current actix system. `threaded`: the system has a thread
+/// of its own, so `OwnThreadWhenThreaded` actors get arbiters of their own too.
+pub(crate) fn start(
+    front: Front,
+    actors: Destinations,
+    post: Post,
+    threaded: bool,
+) -> Addr<FrontActor> {
+    let actors = actors
+        .into_iter()
+        .map(|(name, actor)| {
+            let own_thread = match actor.placement() {
+                Placement::Shared => false,
+                Placement::OwnThreadWhenThreaded => threaded,
+                Placement::OwnThread => true,
             };
-            let l3 = match l3 {
-                Some(l3) => l3.await.ok(),
-                None => None,
-            };
-            (tree.await, host.await, device, l3)
-        };
-        AtomicResponse::new(Box::pin(all.into_actor(self).map(
-            move |(tree, host, device, l3), _, _| {
-                let tree = tree.map_err(|_| KvError::ActorGone("radix"))?;
-                let host = host.map_err(|_| KvError::ActorGone("host"))?;
-                Ok(SystemStats {
-                    scheduler: core.with_tree(tree),
-                    host,
-                    device,
-                    l3,
-                })
-            },
-        )))
-    }
-}
-
-impl Handler<TakeKvEvents> for SchedulerActor {
-    type Result = Reply<Vec<kvtier_types::KvEvent>>;
-    fn handle(&mut self, _: TakeKvEvents, _: &mut Context<Self>) -> Self::Result {
-        if let Err(e) = self.core() {
-            return ready(Err(e));
-        }
-        let events = self.radix.send(DrainKvEvents);
-        AtomicResponse::new(Box::pin(
-            events
-                .into_actor(self)
-                .map(|events, _, _| events.map_err(|_| KvError::ActorGone("radix"))),
-        ))
-    }
-}
-
-impl Handler<Shutdown> for SchedulerActor {
-    type Result = AtomicResponse<Self, ShutdownReport>;
-    fn handle(&mut self, _: Shutdown, _: &mut Context<Self>) -> Self::Result {
-        let mut report = self.core.as_ref().map(core_report).unwrap_or_default();
-        report.failure = self.failed.clone();
-        // Dropping the core releases every handle it held back to its owner.
-        self.core = None;
-        let radix = self.radix.clone();
-        let host = self.host.clone();
-        let steps = async move {
-            let conservation = radix
-                .send(CheckPages {
-                    outside: [Vec::new(), Vec::new()],
-                })
-                .await
-                .unwrap_or_else(|_| Err("the radix actor is gone".into()));
-            let _ = radix.send(CloseCache).await;
-            let host = host.send(HostStatsQuery).await.unwrap_or_default();
-            (conservation, host)
-        };
-        AtomicResponse::new(Box::pin(steps.into_actor(self).map(
-            move |(conservation, host), _, _| {
-                report.conservation = conservation;
-                report.host = host;
-                System::current().stop();
-                report
-            },
-        )))
-    }
-}
-
-/// The addresses the embedder talks to.
-#[derive(Debug, Clone)]
-pub(crate) struct Addrs {
-    pub scheduler: Addr<SchedulerActor>,
-    pub device: Option<Addr<DeviceActor>>,
-    pub l3: Option<Addr<L3Actor>>,
-}
-
-/// Runs a plan on the device and L3 actors at once (their host pages are disjoint: the
-/// scheduler pins them): the device's events first (write-back acks, then the runner's),
-/// then the L3 actor's (`PrefetchDone`, then `BackupDone`).
-pub(crate) async fn execute(
-    addrs: &Addrs,
-    plan: ExecutionPlan,
-    new_requests: Vec<kvtier_device::NewRequest>,
-    span: tracing::Span,
-) -> Result<Vec<EngineEvent>, KvError> {
-    if addrs.device.is_none() && addrs.l3.is_none() {
-        return Err(KvError::NoDevice);
-    }
-    let l3 = addrs
-        .l3
-        .as_ref()
-        .filter(|_| !plan.prefetches.is_empty() || !plan.backups.is_empty())
-        .map(|l3| {
-            l3.send(L3Transfer {
-                prefetches: plan.prefetches.clone(),
-                backups: plan.backups.clone(),
-                span: span.clone(),
-            })
-        });
-    let device = addrs.device.as_ref().map(|device| {
-        device.send(Execute {
-            plan,
-            new_requests,
-            span,
+            (name, Shell::start_for(actor, own_thread))
         })
-    });
-    let mut events = match device {
-        Some(device) => device.await.map_err(|_| KvError::ShutDown)??,
-        None => Vec::new(),
-    };
-    if let Some(l3) = l3 {
-        events.extend(l3.await.map_err(|_| KvError::ActorGone("l3"))?);
+        .collect();
+    FrontActor {
+        front,
+        post,
+        actors,
     }
-    Ok(events)
+    .start()
 }
 
-/// Starts the actors on the current actix system. The device actor gets its own arbiter
-/// (thread) when `device_thread` is set; the L3 actor always gets one.
-pub(crate) fn start(parts: Parts, device_thread: bool) -> Addrs {
-    let Parts {
-        core,
-        cache,
-        host,
-        device,
-        l3,
-    } = parts;
-    let host = HostActor { core: host }.start();
-    let radix = RadixActor { cache: Some(cache) }.start();
-    let device = device.map(|core| {
-        let actor = DeviceActor { core: Some(core) };
-        if device_thread {
-            DeviceActor::start_in_arbiter(&Arbiter::new().handle(), move |_| actor)
-        } else {
-            actor.start()
-        }
-    });
-    let l3 = l3
-        .map(|core| L3Actor::start_in_arbiter(&Arbiter::new().handle(), move |_| L3Actor { core }));
-    let scheduler = SchedulerActor {
-        core: Some(core),
-        radix,
-        host,
-        device: device.clone(),
-        l3: l3.clone(),
-        failed: None,
+/// Sends a call to the Scheduler actor: atomically when it uses the core.
+pub(crate) async fn call(
+    addr: Addr<FrontActor>,
+    call: Call,
+    span: tracing::Span,
+) -> Result<Outcome, KvError> {
+    let msg = CallMsg { call, span };
+    let answer = if msg.call.uses_core() {
+        addr.send(msg).await
+    } else {
+        addr.send(PassMsg(msg)).await
+    };
+    answer.map_err(|_| KvError::ShutDown)?
+}
+
+/// Actix on the caller's thread: each call runs the system until it is answered.
+pub(crate) struct ActixLocal {
+    runner: SystemRunner,
+    front: Addr<FrontActor>,
+}
+
+impl std::fmt::Debug for ActixLocal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ActixLocal").finish_non_exhaustive()
     }
-    .start();
-    Addrs {
-        scheduler,
-        device,
-        l3,
+}
+
+impl ActixLocal {
+    pub fn new(front: Front, actors: Destinations, post: Post) -> Self {
+        let runner = System::new();
+        let front = runner.block_on(async move { start(front, actors, post, false) });
+        Self { runner, front }
+    }
+}
+
+impl Driver for ActixLocal {
+    fn call(&mut self, call: Call, span: tracing::Span) -> Result<Outcome, KvError> {
+        self.runner
+            .block_on(self::call(self.front.clone(), call, span))
     }
 }

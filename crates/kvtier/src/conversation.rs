@@ -1,0 +1,559 @@
+//! The Scheduler actor's side of every call, written once for every runtime.
+//!
+//! A call opens a [`Conversation`]; the [`Front`] (the scheduler core and what it knows
+//! of the system) answers each step with mail to send, a wait, or the call's outcome.
+//! It is sans-IO: the direct path delivers the mail in place, the deterministic bus
+//! queues it through the fault hooks, actix sends it to the actors' shells. The order of
+//! work (the scheduler's batches, "device, then L3" for a plan, shutdown's steps) lives
+//! here and nowhere else.
+
+use std::any::Any;
+use std::collections::BTreeSet;
+
+use kvtier_device::{DeviceCore, DeviceMsg, DeviceReply, NewRequest};
+use kvtier_fsm::{FamilyMail, FamilyReply, Progress, SchedulerCore, SchedulerStats};
+use kvtier_host::{HostAllocator, HostMsg, HostReply, HostStats};
+use kvtier_l3::{L3Core, L3Msg, L3Reply, L3TierStats};
+use kvtier_radix::{RadixCache, RadixMsg, RadixReply, TreeStats};
+use kvtier_types::{ActorName, EngineEvent, ExecutionPlan, KvEvent, RequestId, RequestSpec};
+
+use crate::mail::{Answer, Body, Mail};
+use crate::{KvError, ShutdownReport, SystemStats};
+
+/// A call of the embedding API.
+#[derive(Debug)]
+pub(crate) enum Call {
+    Submit(Vec<RequestSpec>),
+    Advance(Vec<EngineEvent>),
+    Abort(RequestId),
+    NextPlan,
+    Stats,
+    TakeKvEvents,
+    /// Run a plan's copies and forward rows on the device, and its L3 work on the L3
+    /// store.
+    Execute(Box<ExecutionPlan>, Vec<NewRequest>),
+    /// Move an actor's core out (`Option<C>` in `Outcome::Reply`).
+    TakeCore(ActorName),
+    /// One message of an actor's own protocol; its reply in `Outcome::Reply`.
+    Ask(Mail),
+    Shutdown,
+}
+
+impl Call {
+    /// Whether the call uses the scheduler core (so no other such call may interleave
+    /// with it). The others only pass mail to other actors.
+    pub fn uses_core(&self) -> bool {
+        !matches!(self, Call::Execute(..) | Call::TakeCore(_) | Call::Ask(_))
+    }
+}
+
+/// What a call answers.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    Done,
+    Plan(Box<ExecutionPlan>),
+    Stats(Box<SystemStats>),
+    KvEvents(Vec<KvEvent>),
+    Events(Vec<EngineEvent>),
+    Reply(Box<dyn Any + Send>),
+    /// `TakeCore` of an actor the system does not have.
+    Absent,
+    Report(Box<ShutdownReport>),
+}
+
+/// What the runtime does next for a conversation.
+#[derive(Debug)]
+pub(crate) enum Step {
+    /// Deliver these, in order (they may be handled concurrently).
+    Send(Vec<Mail>),
+    /// Deliver the answer to some mail sent earlier.
+    Wait,
+    /// The call's outcome.
+    Done(Result<Outcome, KvError>),
+}
+
+/// One call in progress.
+#[derive(Debug)]
+pub(crate) struct Conversation {
+    stage: Stage,
+    /// Answers still to come for the mail last sent.
+    waiting: usize,
+    span: tracing::Span,
+}
+
+#[derive(Debug)]
+enum Stage {
+    /// Submit: the L3 actor looks the prompts up.
+    Lookup,
+    /// The scheduler core's family mail is out; `result` is what the call answers when
+    /// the core is done.
+    Family {
+        result: Result<(), KvError>,
+        progress: Option<Progress>,
+    },
+    Stats {
+        scheduler: SchedulerStats,
+        tree: Option<TreeStats>,
+        host: Option<HostStats>,
+        device: Option<kvtier_device::DeviceStats>,
+        l3: Option<L3TierStats>,
+    },
+    KvEvents,
+    Execute {
+        device: Option<Vec<EngineEvent>>,
+        l3: Option<Vec<EngineEvent>>,
+        refused: Option<KvError>,
+    },
+    /// The answer's body is the outcome.
+    Forward,
+    /// The answer is the actor's core: the system no longer has that actor.
+    TakeCore(ActorName),
+    Shutdown(Box<ShutdownReport>, Closing),
+    Over,
+}
+
+/// Shutdown's steps, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Closing {
+    /// The radix cache checks conservation with nothing held outside it.
+    Check,
+    /// Every actor but the host allocator drops its core (the cache's host lease goes
+    /// home).
+    Stop,
+    /// The host allocator reports: every page free unless something leaked.
+    Host,
+}
+
+/// The scheduler core and what the Scheduler actor knows of its system.
+#[derive(Debug)]
+pub(crate) struct Front {
+    core: Option<SchedulerCore>,
+    /// Set when a conversation broke off: only shutdown is served then.
+    failed: Option<String>,
+    /// Every actor of the system but the scheduler.
+    actors: BTreeSet<ActorName>,
+    shut_down: bool,
+}
+
+impl Front {
+    pub fn new(core: SchedulerCore, actors: BTreeSet<ActorName>) -> Self {
+        Self {
+            core: Some(core),
+            failed: None,
+            actors,
+            shut_down: false,
+        }
+    }
+
+    fn alive(&self) -> Result<(), KvError> {
+        if self.shut_down {
+            return Err(KvError::ShutDown);
+        }
+        match &self.failed {
+            Some(reason) => Err(KvError::Failed(reason.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn core(&mut self) -> Result<&mut SchedulerCore, KvError> {
+        self.alive()?;
+        self.core.as_mut().ok_or(KvError::ShutDown)
+    }
+
+    fn has(&self, actor: ActorName) -> bool {
+        self.actors.contains(&actor)
+    }
+
+    /// Opens a conversation for `call`.
+    pub fn open(&mut self, call: Call, span: tracing::Span) -> (Conversation, Step) {
+        let mut conv = Conversation {
+            stage: Stage::Over,
+            waiting: 0,
+            span,
+        };
+        let entered = conv.span.clone();
+        let _entered = entered.enter();
+        let step = match self.start(&mut conv, call) {
+            Ok(step) => step,
+            Err(error) => self.finish(&mut conv, Err(error)),
+        };
+        (conv, step)
+    }
+
+    /// Hands the conversation one answer to its mail.
+    pub fn answer(&mut self, conv: &mut Conversation, answer: Answer) -> Step {
+        let entered = conv.span.clone();
+        let _entered = entered.enter();
+        conv.waiting = conv.waiting.saturating_sub(1);
+        match self.take(conv, answer) {
+            Ok(step) => step,
+            Err(error) => self.fault(conv, error),
+        }
+    }
+
+    /// A delivery of the conversation failed, or an actor is gone.
+    pub fn fault(&mut self, conv: &mut Conversation, error: KvError) -> Step {
+        if let Stage::Shutdown(report, closing) = &mut conv.stage {
+            // Shutdown goes on: what it could not learn is in the report.
+            if *closing == Closing::Check {
+                report.conservation = Err(error.to_string());
+            }
+            report.failure.get_or_insert_with(|| error.to_string());
+            conv.waiting = 0;
+            let closing = *closing;
+            return self.close(conv, closing);
+        }
+        self.finish(conv, Err(error))
+    }
+
+    fn finish(&mut self, conv: &mut Conversation, result: Result<Outcome, KvError>) -> Step {
+        conv.stage = Stage::Over;
+        conv.waiting = 0;
+        if let Err(error) = &result
+            && error.is_runtime_fault()
+            && self.failed.is_none()
+        {
+            self.failed = Some(error.to_string());
+        }
+        Step::Done(result)
+    }
+
+    fn send(&self, conv: &mut Conversation, stage: Stage, mail: Vec<Mail>) -> Step {
+        conv.stage = stage;
+        conv.waiting = mail.len();
+        Step::Send(mail)
+    }
+
+    fn start(&mut self, conv: &mut Conversation, call: Call) -> Result<Step, KvError> {
+        let span = conv.span.clone();
+        match call {
+            Call::Submit(specs) => {
+                let config = self.core()?.config();
+                let (lookup, threshold) = (config.l3_prefetch_enabled(), config.prefetch_threshold);
+                if !(lookup && self.has(ActorName::L3)) {
+                    self.core()?.submit(specs)?;
+                    return Ok(self.finish(conv, Ok(Outcome::Done)));
+                }
+                // The prompts are looked up in L3 first, then queued.
+                let mail = Mail::to::<L3Core>(L3Msg::L3Lookup { specs, threshold }, &span);
+                Ok(self.send(conv, Stage::Lookup, vec![mail]))
+            }
+            Call::Advance(events) => {
+                let result = self.core()?.advance(events).map_err(KvError::from);
+                Ok(self.family(conv, result))
+            }
+            Call::Abort(id) => {
+                let result = self.core()?.abort(&id).map_err(KvError::from);
+                Ok(self.family(conv, result))
+            }
+            Call::NextPlan => {
+                let mail = self.core()?.plan()?;
+                let stage = Stage::Family {
+                    result: Ok(()),
+                    progress: None,
+                };
+                Ok(self.send(conv, stage, family_mail(mail, &span)))
+            }
+            Call::Stats => {
+                let scheduler = self.core()?.stats();
+                let mut mail = vec![
+                    Mail::to::<RadixCache>(RadixMsg::CacheStats, &span),
+                    Mail::to::<HostAllocator>(HostMsg::HostStatsQuery, &span),
+                ];
+                if self.has(ActorName::DEVICE) {
+                    mail.push(Mail::to::<DeviceCore>(DeviceMsg::DeviceStatsQuery, &span));
+                }
+                if self.has(ActorName::L3) {
+                    mail.push(Mail::to::<L3Core>(L3Msg::L3StatsQuery, &span));
+                }
+                let stage = Stage::Stats {
+                    scheduler,
+                    tree: None,
+                    host: None,
+                    device: None,
+                    l3: None,
+                };
+                Ok(self.send(conv, stage, mail))
+            }
+            Call::TakeKvEvents => {
+                self.core()?;
+                let mail = Mail::to::<RadixCache>(RadixMsg::DrainKvEvents, &span);
+                Ok(self.send(conv, Stage::KvEvents, vec![mail]))
+            }
+            Call::Execute(plan, new_requests) => {
+                self.alive()?;
+                let (device, l3) = (self.has(ActorName::DEVICE), self.has(ActorName::L3));
+                if !device && !l3 {
+                    return Err(KvError::NoDevice);
+                }
+                let mut mail = Vec::new();
+                let l3_work = l3 && !(plan.prefetches.is_empty() && plan.backups.is_empty());
+                if l3_work {
+                    let transfer = L3Msg::L3Transfer {
+                        prefetches: plan.prefetches.clone(),
+                        backups: plan.backups.clone(),
+                    };
+                    mail.push(Mail::to::<L3Core>(transfer, &span));
+                }
+                if device {
+                    let execute = DeviceMsg::Execute { plan, new_requests };
+                    mail.push(Mail::to::<DeviceCore>(execute, &span));
+                }
+                // Each side's events are known empty until its answer says otherwise.
+                let stage = Stage::Execute {
+                    device: (!device).then(Vec::new),
+                    l3: (!l3_work).then(Vec::new),
+                    refused: None,
+                };
+                Ok(self.send(conv, stage, mail))
+            }
+            Call::TakeCore(actor) => {
+                self.alive()?;
+                if !self.has(actor) {
+                    return Ok(self.finish(conv, Ok(Outcome::Absent)));
+                }
+                let mail = Mail::lifecycle(actor, Body::TakeCore, &span);
+                Ok(self.send(conv, Stage::TakeCore(actor), vec![mail]))
+            }
+            Call::Ask(mail) => {
+                self.alive()?;
+                if !self.has(mail.to) {
+                    return Err(KvError::NoActor(mail.to));
+                }
+                Ok(self.send(conv, Stage::Forward, vec![mail]))
+            }
+            Call::Shutdown => {
+                if self.shut_down {
+                    return Err(KvError::ShutDown);
+                }
+                self.shut_down = true;
+                let mut report = self
+                    .core
+                    .as_ref()
+                    .map(ShutdownReport::of_core)
+                    .unwrap_or_default();
+                report.failure = self.failed.clone();
+                // Dropping the core sends every handle it held home.
+                self.core = None;
+                let mail =
+                    Mail::to::<RadixCache>(RadixMsg::CheckPages([Vec::new(), Vec::new()]), &span);
+                let stage = Stage::Shutdown(Box::new(report), Closing::Check);
+                Ok(self.send(conv, stage, vec![mail]))
+            }
+        }
+    }
+
+    /// Sends the family work an advance or abort queued, if any.
+    fn family(&mut self, conv: &mut Conversation, result: Result<(), KvError>) -> Step {
+        let mail = match self.core() {
+            Ok(core) => core.take_mail(),
+            Err(error) => return self.finish(conv, Err(error)),
+        };
+        if mail.is_empty() {
+            return self.finish(conv, result.map(|()| Outcome::Done));
+        }
+        let mail = family_mail(mail, &conv.span);
+        let stage = Stage::Family {
+            result,
+            progress: None,
+        };
+        self.send(conv, stage, mail)
+    }
+
+    fn take(&mut self, conv: &mut Conversation, answer: Answer) -> Result<Step, KvError> {
+        let from = answer.from;
+        let name = answer.name;
+        let unexpected = KvError::UnexpectedAnswer { from, answer: name };
+        match &mut conv.stage {
+            Stage::Lookup => {
+                let L3Reply::L3LookedUp(specs) = answer.reply::<L3Core>()? else {
+                    return Err(unexpected);
+                };
+                self.core()?.submit(specs)?;
+                Ok(self.finish(conv, Ok(Outcome::Done)))
+            }
+            Stage::Family { progress, .. } => {
+                let reply = match answer.reply::<RadixCache>()? {
+                    RadixReply::CacheReply(reply) => FamilyReply::Radix(reply),
+                    _ => return Err(unexpected),
+                };
+                let resumed = self.core()?.resume(reply).map_err(|_| unexpected)?;
+                *progress = Some(resumed);
+                if conv.waiting > 0 {
+                    return Ok(Step::Wait);
+                }
+                let Stage::Family { result, progress } =
+                    std::mem::replace(&mut conv.stage, Stage::Over)
+                else {
+                    unreachable!("the stage matched above")
+                };
+                Ok(match progress {
+                    Some(Progress::Done) => self.finish(conv, result.map(|()| Outcome::Done)),
+                    Some(Progress::Plan(plan)) => {
+                        self.finish(conv, Ok(Outcome::Plan(Box::new(plan))))
+                    }
+                    Some(Progress::Send(mail)) => {
+                        let mail = family_mail(mail, &conv.span);
+                        let stage = Stage::Family {
+                            result,
+                            progress: None,
+                        };
+                        self.send(conv, stage, mail)
+                    }
+                    None => return Err(KvError::UnexpectedAnswer { from, answer: name }),
+                })
+            }
+            Stage::Stats {
+                tree,
+                host,
+                device,
+                l3,
+                ..
+            } => {
+                match from {
+                    ActorName::RADIX => match answer.reply::<RadixCache>()? {
+                        RadixReply::TreeStats(stats) => *tree = Some(stats),
+                        _ => return Err(unexpected),
+                    },
+                    ActorName::HOST => match answer.reply::<HostAllocator>()? {
+                        HostReply::HostStats(stats) => *host = Some(stats),
+                        _ => return Err(unexpected),
+                    },
+                    ActorName::DEVICE => match answer.reply::<DeviceCore>()? {
+                        DeviceReply::DeviceStats(stats) => *device = Some(stats),
+                        _ => return Err(unexpected),
+                    },
+                    ActorName::L3 => match answer.reply::<L3Core>()? {
+                        L3Reply::L3Stats(stats) => *l3 = Some(stats),
+                        _ => return Err(unexpected),
+                    },
+                    _ => return Err(unexpected),
+                }
+                if conv.waiting > 0 {
+                    return Ok(Step::Wait);
+                }
+                let Stage::Stats {
+                    scheduler,
+                    tree: Some(tree),
+                    host: Some(host),
+                    device,
+                    l3,
+                } = std::mem::replace(&mut conv.stage, Stage::Over)
+                else {
+                    return Err(unexpected);
+                };
+                let stats = SystemStats {
+                    scheduler: scheduler.with_tree(tree),
+                    host,
+                    device,
+                    l3,
+                };
+                Ok(self.finish(conv, Ok(Outcome::Stats(Box::new(stats)))))
+            }
+            Stage::KvEvents => match answer.reply::<RadixCache>()? {
+                RadixReply::KvEvents(events) => {
+                    Ok(self.finish(conv, Ok(Outcome::KvEvents(events))))
+                }
+                _ => Err(unexpected),
+            },
+            Stage::Execute {
+                device,
+                l3,
+                refused,
+            } => {
+                match from {
+                    ActorName::DEVICE => match answer.reply::<DeviceCore>()? {
+                        DeviceReply::Executed(Ok(events)) => *device = Some(events),
+                        DeviceReply::Executed(Err(error)) => {
+                            *device = Some(Vec::new());
+                            *refused = Some(error.into());
+                        }
+                        _ => return Err(unexpected),
+                    },
+                    ActorName::L3 => match answer.reply::<L3Core>()? {
+                        L3Reply::L3Transferred(events) => *l3 = Some(events),
+                        _ => return Err(unexpected),
+                    },
+                    _ => return Err(unexpected),
+                }
+                if conv.waiting > 0 {
+                    return Ok(Step::Wait);
+                }
+                let Stage::Execute {
+                    device: Some(mut events),
+                    l3: Some(l3_events),
+                    refused,
+                } = std::mem::replace(&mut conv.stage, Stage::Over)
+                else {
+                    return Err(unexpected);
+                };
+                if let Some(error) = refused {
+                    return Ok(self.finish(conv, Err(error)));
+                }
+                // The device's events first (write-back acks, then the runner's), then
+                // the L3 store's (`PrefetchDone`, then `BackupDone`).
+                events.extend(l3_events);
+                Ok(self.finish(conv, Ok(Outcome::Events(events))))
+            }
+            Stage::Forward => Ok(self.finish(conv, Ok(Outcome::Reply(answer.body)))),
+            Stage::TakeCore(actor) => {
+                // Later calls treat the system as built without it.
+                let actor = *actor;
+                self.actors.remove(&actor);
+                Ok(self.finish(conv, Ok(Outcome::Reply(answer.body))))
+            }
+            Stage::Shutdown(report, closing) => {
+                match closing {
+                    Closing::Check => match answer.reply::<RadixCache>()? {
+                        RadixReply::Checked(result) => report.conservation = result,
+                        _ => return Err(unexpected),
+                    },
+                    Closing::Stop => {}
+                    Closing::Host => match answer.reply::<HostAllocator>()? {
+                        HostReply::HostStats(stats) => report.host = stats,
+                        _ => return Err(unexpected),
+                    },
+                }
+                if conv.waiting > 0 {
+                    return Ok(Step::Wait);
+                }
+                let closing = *closing;
+                Ok(self.close(conv, closing))
+            }
+            Stage::Over => Err(unexpected),
+        }
+    }
+
+    /// Shutdown's next step after `done`.
+    fn close(&mut self, conv: &mut Conversation, done: Closing) -> Step {
+        let span = conv.span.clone();
+        let Stage::Shutdown(report, _) = std::mem::replace(&mut conv.stage, Stage::Over) else {
+            return self.finish(conv, Ok(Outcome::Done));
+        };
+        match done {
+            Closing::Check => {
+                let mail = self
+                    .actors
+                    .iter()
+                    .filter(|&&a| a != ActorName::HOST)
+                    .map(|&a| Mail::lifecycle(a, Body::Stop, &span))
+                    .collect();
+                self.send(conv, Stage::Shutdown(report, Closing::Stop), mail)
+            }
+            Closing::Stop => {
+                let mail = Mail::to::<HostAllocator>(HostMsg::HostStatsQuery, &span);
+                self.send(conv, Stage::Shutdown(report, Closing::Host), vec![mail])
+            }
+            Closing::Host => self.finish(conv, Ok(Outcome::Report(report))),
+        }
+    }
+}
+
+/// The scheduler core's family mail as actor mail.
+fn family_mail(mail: Vec<FamilyMail>, span: &tracing::Span) -> Vec<Mail> {
+    mail.into_iter()
+        .map(|one| match one {
+            FamilyMail::Radix(batch) => Mail::to::<RadixCache>(RadixMsg::RunBatch(batch), span),
+        })
+        .collect()
+}
