@@ -1,0 +1,291 @@
+//! The radix cache core: walk, split, insert, lock, evict, demote, write-back tracking.
+//!
+//! This module holds the `RadixCache` struct, its construction, node access, the release
+//! channel and the pools; each concern's methods live in a submodule's own `impl` block.
+
+mod eviction;
+mod hashes;
+mod insert;
+mod invariants;
+mod locks;
+mod lru;
+mod paths;
+mod residency;
+mod walk;
+mod write_back;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kvtier_host::{OwnedPages, PagePool, ReleaseQueue};
+use kvtier_types::{Tier, Token};
+use slab::Slab;
+
+pub use insert::InsertResult;
+pub use walk::{Match, Probe};
+use write_back::Ticket;
+pub use write_back::{WriteBackTicket, WrittenBack};
+
+use crate::events::EventSink;
+use crate::node::{LruKey, Node, page_key};
+use crate::{NodeId, RadixError};
+
+/// What the cache needs to know at construction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// Tokens per page (positive).
+    pub page_size: u32,
+    /// Device pool size including page 0.
+    pub device_pages: u32,
+    /// Host pool size including page 0 (0 or 1: no host pool).
+    pub host_pages: u32,
+    /// Collect device-tier KV events.
+    pub kv_events: bool,
+    /// Keep SHA-256 rolling page hashes on every node (needed for L3 keys).
+    pub page_hashes: bool,
+}
+
+/// Counters of the tree for stats and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TreeStats {
+    /// Live nodes, root excluded.
+    pub nodes: usize,
+    /// Pages held by tree nodes, per tier (device, host).
+    pub cached_pages: [u64; 2],
+    /// Of those, pages locked by someone.
+    pub locked_pages: [u64; 2],
+    /// Free pages per tier.
+    pub free_pages: [u32; 2],
+}
+
+/// The radix prefix cache with device and host tiers.
+#[derive(Debug)]
+pub struct RadixCache {
+    page_size: usize,
+    nodes: Slab<Node>,
+    /// Generation per slab slot, bumped when a node is removed.
+    gens: Vec<u32>,
+    root: NodeId,
+    pools: [PagePool; 2],
+    lru: [BTreeSet<LruKey>; 2],
+    cached_pages: [u64; 2],
+    locked_pages: [u64; 2],
+    clock: u64,
+    next_seq: u64,
+    keep_page_hashes: bool,
+    events: Option<EventSink>,
+    lock_releases: ReleaseQueue<(NodeId, Tier)>,
+    /// Write-backs in flight → the nodes they fill, leaf→root. A split of a covered node
+    /// adds the new prefix node, so every pending copy is acknowledged.
+    tickets: BTreeMap<u64, Ticket>,
+    next_ticket: u64,
+    /// The host allocator's lease behind the host tier, returned when the cache goes.
+    host_lease: Option<OwnedPages>,
+}
+
+impl RadixCache {
+    /// An empty cache with fresh pools.
+    pub fn new(config: &CacheConfig) -> Self {
+        let mut nodes = Slab::new();
+        let idx = nodes.insert(Node {
+            parent: None,
+            children: Vec::new(),
+            tokens: Vec::new(),
+            start_page: 0,
+            tiers: Default::default(),
+            seq: 0,
+            last_access: 0,
+            page_hashes: Vec::new(),
+            block_hashes: Vec::new(),
+        });
+        Self {
+            page_size: config.page_size.max(1) as usize,
+            nodes,
+            gens: vec![0; idx + 1],
+            root: NodeId {
+                idx: idx as u32,
+                gen_: 0,
+            },
+            pools: [
+                PagePool::new(config.device_pages),
+                PagePool::new(config.host_pages),
+            ],
+            lru: [BTreeSet::new(), BTreeSet::new()],
+            cached_pages: [0; 2],
+            locked_pages: [0; 2],
+            clock: 0,
+            next_seq: 1,
+            keep_page_hashes: config.page_hashes,
+            events: config.kv_events.then(EventSink::default),
+            lock_releases: ReleaseQueue::new(),
+            tickets: BTreeMap::new(),
+            next_ticket: 1,
+            host_lease: None,
+        }
+    }
+
+    /// A cache whose host tier is a lease from the host allocator: exactly the host
+    /// pool's usable pages `1..host_pages`. The lease goes back when the cache is dropped.
+    pub fn with_host_lease(config: &CacheConfig, lease: OwnedPages) -> Result<Self, RadixError> {
+        let mut ids = lease.ids().to_vec();
+        ids.sort_unstable();
+        let expected = config.host_pages.saturating_sub(1) as usize;
+        if ids.len() != expected || ids.iter().enumerate().any(|(i, &p)| p as usize != i + 1) {
+            return Err(RadixError::HostLease {
+                expected: expected as u32,
+                got: lease.len() as u32,
+            });
+        }
+        let mut cache = Self::new(config);
+        cache.host_lease = Some(lease);
+        Ok(cache)
+    }
+
+    /// Tokens per page.
+    pub fn page_size(&self) -> u32 {
+        self.page_size as u32
+    }
+
+    /// The root node (empty prefix).
+    pub fn root(&self) -> NodeId {
+        self.root
+    }
+
+    // ----- node access -------------------------------------------------------------
+
+    #[inline]
+    fn node(&self, id: NodeId) -> &Node {
+        debug_assert!(self.is_live(id), "stale node {id:?}");
+        &self.nodes[id.idx as usize]
+    }
+
+    #[inline]
+    fn node_mut(&mut self, id: NodeId) -> &mut Node {
+        debug_assert!(self.is_live(id), "stale node {id:?}");
+        &mut self.nodes[id.idx as usize]
+    }
+
+    /// Whether `id` names a live node.
+    pub fn is_live(&self, id: NodeId) -> bool {
+        self.nodes.contains(id.idx as usize) && self.gens[id.idx as usize] == id.gen_
+    }
+
+    /// Absolute depth of a node in pages.
+    pub fn depth_pages(&self, id: NodeId) -> u32 {
+        self.node(id).end_page(self.page_size)
+    }
+
+    fn new_node(&mut self, parent: NodeId, tokens: Vec<Token>, start_page: u32) -> NodeId {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let idx = self.nodes.insert(Node {
+            parent: Some(parent),
+            children: Vec::new(),
+            tokens,
+            start_page,
+            tiers: Default::default(),
+            seq,
+            last_access: self.clock,
+            page_hashes: Vec::new(),
+            block_hashes: Vec::new(),
+        });
+        if self.gens.len() <= idx {
+            self.gens.resize(idx + 1, 0);
+        }
+        NodeId {
+            idx: idx as u32,
+            gen_: self.gens[idx],
+        }
+    }
+
+    fn find_child(&self, parent: NodeId, page: &[Token]) -> Option<NodeId> {
+        let key = page_key(page);
+        let children = &self.node(parent).children;
+        let start = children.partition_point(|&(k, _)| k < key);
+        children[start..]
+            .iter()
+            .take_while(|&&(k, _)| k == key)
+            .map(|&(_, c)| c)
+            .find(|&c| &self.node(c).tokens[..self.page_size] == page)
+    }
+
+    fn add_child(&mut self, parent: NodeId, child: NodeId) {
+        let key = page_key(&self.node(child).tokens[..self.page_size]);
+        let children = &mut self.node_mut(parent).children;
+        let at = children.partition_point(|&(k, _)| k <= key);
+        children.insert(at, (key, child));
+    }
+
+    fn remove_child(&mut self, parent: NodeId, child: NodeId) {
+        let children = &mut self.node_mut(parent).children;
+        if let Some(pos) = children.iter().position(|&(_, c)| c == child) {
+            children.remove(pos);
+        }
+    }
+
+    /// Pages of `label` (whole pages) matching `tokens` from the start.
+    #[inline]
+    fn common_pages(&self, label: &[Token], tokens: &[Token]) -> usize {
+        let whole = label.len().min(tokens.len()) / self.page_size;
+        if label[..whole * self.page_size] == tokens[..whole * self.page_size] {
+            return whole;
+        }
+        label
+            .chunks_exact(self.page_size)
+            .zip(tokens.chunks_exact(self.page_size))
+            .take_while(|(a, b)| a == b)
+            .count()
+    }
+
+    fn check_aligned(&self, tokens: &[Token]) -> Result<(), RadixError> {
+        if !tokens.len().is_multiple_of(self.page_size) {
+            return Err(RadixError::Unaligned {
+                tokens: tokens.len(),
+                page_size: self.page_size(),
+            });
+        }
+        Ok(())
+    }
+
+    // ----- release channel ------------------------------------------------------
+
+    /// Applies releases of dropped locks and page sets. Every mutating call does this
+    /// first, so callers never observe a dropped handle as still held.
+    pub fn drain_releases(&mut self) {
+        let mut released = Vec::new();
+        self.lock_releases.drain(|item| released.push(item));
+        for (node, tier) in released {
+            self.release_lock(node, tier);
+        }
+        self.pools[0].drain_returns();
+        self.pools[1].drain_returns();
+    }
+
+    // ----- pools --------------------------------------------------------------------
+
+    /// Allocates `n` pages of `tier` outside the tree (request-local pages).
+    pub fn allocate(&mut self, tier: Tier, n: usize) -> Option<OwnedPages> {
+        self.drain_releases();
+        self.pools[tier.index()].allocate(n)
+    }
+
+    /// Returns pages held outside the tree to their pool now.
+    pub fn free(&mut self, tier: Tier, pages: OwnedPages) -> Result<(), RadixError> {
+        Ok(self.pools[tier.index()].free(pages)?)
+    }
+
+    /// Usable pages of a tier's pool.
+    pub fn usable(&self, tier: Tier) -> u32 {
+        self.pools[tier.index()].usable()
+    }
+
+    /// Tree counters.
+    pub fn stats(&mut self) -> TreeStats {
+        self.drain_releases();
+        TreeStats {
+            nodes: self.nodes.len() - 1,
+            cached_pages: self.cached_pages,
+            locked_pages: self.locked_pages,
+            free_pages: [self.pools[0].available(), self.pools[1].available()],
+        }
+    }
+}

@@ -1,0 +1,217 @@
+//! Prefix walks: the read-only probe, the committing match behind `match_prefix` and
+//! `insert`, and the node split a match ending inside a label needs.
+
+use kvtier_types::{Token, hash::PageHash};
+
+use super::RadixCache;
+use crate::NodeId;
+use crate::node::TierRes;
+
+/// Result of a read-only probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Probe {
+    /// Leading pages resident on device.
+    pub device_pages: u32,
+    /// Leading pages readable on host.
+    pub host_pages: u32,
+    /// Of the device-matched pages, those not locked by anyone (they would stop being
+    /// evictable once the match is locked).
+    pub device_unlocked_pages: u32,
+}
+
+/// Result of a committed match: the deepest node of each tier's resident prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Match {
+    /// Deepest node whose whole root path is on device (root when none).
+    pub device: NodeId,
+    /// Pages of that path.
+    pub device_pages: u32,
+    /// Deepest node whose whole root path is readable on host (root when none).
+    pub host: NodeId,
+    /// Pages of that path.
+    pub host_pages: u32,
+}
+
+impl RadixCache {
+    /// Read-only prefix match of whole pages: no split, no LRU touch.
+    pub fn probe(&self, tokens: &[Token]) -> Probe {
+        let ps = self.page_size;
+        let mut probe = Probe::default();
+        let (mut dev_alive, mut host_alive) = (true, true);
+        let mut node = self.root;
+        let mut pos = 0;
+        while pos + ps <= tokens.len() && (dev_alive || host_alive) {
+            let Some(child) = self.find_child(node, &tokens[pos..pos + ps]) else {
+                break;
+            };
+            let c = self.node(child);
+            let matched = self.common_pages(&c.tokens, &tokens[pos..]) as u32;
+            if dev_alive && c.tiers[0].present() {
+                probe.device_pages += matched;
+                if c.tiers[0].refs == 0 {
+                    probe.device_unlocked_pages += matched;
+                }
+            } else {
+                dev_alive = false;
+            }
+            if host_alive && c.tiers[1].usable() {
+                probe.host_pages += matched;
+            } else {
+                host_alive = false;
+            }
+            if (matched as usize) < c.pages(ps) as usize {
+                break;
+            }
+            pos += matched as usize * ps;
+            node = child;
+        }
+        probe
+    }
+
+    /// Page hashes stored along the longest cached prefix of `tokens` (whole pages, any
+    /// tier), without touching anything. Empty unless page hashes are kept.
+    pub fn prefix_page_hashes(&self, tokens: &[Token]) -> Vec<PageHash> {
+        let ps = self.page_size;
+        let mut out = Vec::new();
+        let mut node = self.root;
+        let mut pos = 0;
+        while pos + ps <= tokens.len() {
+            let Some(child) = self.find_child(node, &tokens[pos..pos + ps]) else {
+                break;
+            };
+            let c = self.node(child);
+            let matched = self.common_pages(&c.tokens, &tokens[pos..]);
+            out.extend(c.page_hashes.iter().take(matched).copied());
+            if matched < c.pages(ps) as usize {
+                break;
+            }
+            pos += matched * ps;
+            node = child;
+        }
+        out
+    }
+
+    /// Committing prefix match: splits the node where the match ends inside it and
+    /// touches every matched node (re-keying leaves in the LRU order).
+    pub fn match_prefix(&mut self, tokens: &[Token]) -> Match {
+        self.walk(tokens).0
+    }
+
+    /// The committing walk behind `match_prefix` and `insert`. Also returns the deepest
+    /// node whose label lies entirely within `tokens`, and its depth in pages.
+    pub(super) fn walk(&mut self, tokens: &[Token]) -> (Match, NodeId, u32) {
+        self.drain_releases();
+        self.clock += 1;
+        let ps = self.page_size;
+        let mut m = Match {
+            device: self.root,
+            device_pages: 0,
+            host: self.root,
+            host_pages: 0,
+        };
+        let (mut dev_alive, mut host_alive) = (true, true);
+        let mut node = self.root;
+        let mut pos = 0;
+        while pos + ps <= tokens.len() {
+            let Some(mut child) = self.find_child(node, &tokens[pos..pos + ps]) else {
+                break;
+            };
+            let matched = self.common_pages(&self.node(child).tokens, &tokens[pos..]);
+            let full = matched == self.node(child).pages(ps) as usize;
+            if !full {
+                child = self.split(child, matched);
+            }
+            self.touch(child);
+            let c = self.node(child);
+            let end = c.end_page(ps);
+            if dev_alive && c.tiers[0].present() {
+                m.device = child;
+                m.device_pages = end;
+            } else {
+                dev_alive = false;
+            }
+            if host_alive && c.tiers[1].usable() {
+                m.host = child;
+                m.host_pages = end;
+            } else {
+                host_alive = false;
+            }
+            pos += matched * ps;
+            node = child;
+            if !full {
+                break;
+            }
+        }
+        (m, node, (pos / ps) as u32)
+    }
+
+    /// Splits `id` after its first `k` pages; returns the new prefix node, which takes
+    /// the first `k` pages of every tier and the same lock counts (every lock covering
+    /// the suffix also covers the prefix). The suffix keeps its identity.
+    fn split(&mut self, id: NodeId, k: usize) -> NodeId {
+        let ps = self.page_size;
+        let (parent, start, prefix_tokens, last_access) = {
+            let n = self.node_mut(id);
+            let prefix_tokens: Vec<Token> = n.tokens.drain(..k * ps).collect();
+            let start = n.start_page;
+            n.start_page += k as u32;
+            (
+                n.parent.expect("split of root"),
+                start,
+                prefix_tokens,
+                n.last_access,
+            )
+        };
+        let x = self.new_node(parent, prefix_tokens, start);
+        // Move per-tier pages and hashes.
+        let (tiers, page_hashes, block_hashes) = {
+            let n = self.node_mut(id);
+            let mut tiers: [TierRes; 2] = Default::default();
+            for (t, res) in n.tiers.iter_mut().enumerate() {
+                tiers[t].refs = res.refs;
+                tiers[t].valid = res.valid;
+                tiers[t].pending = res.pending;
+                if res.present() {
+                    tiers[t].pages = res.pages.drain(..k).collect();
+                }
+            }
+            let page_hashes = if n.page_hashes.is_empty() {
+                Vec::new()
+            } else {
+                n.page_hashes.drain(..k).collect()
+            };
+            let total = k + n.tokens.len() / ps;
+            let block_hashes = if n.block_hashes.len() == total {
+                n.block_hashes.drain(..k).collect()
+            } else {
+                n.block_hashes.clear();
+                Vec::new()
+            };
+            (tiers, page_hashes, block_hashes)
+        };
+        {
+            let xn = self.node_mut(x);
+            xn.tiers = tiers;
+            xn.page_hashes = page_hashes;
+            xn.block_hashes = block_hashes;
+            xn.last_access = last_access;
+        }
+        // Relink: x takes id's place under parent (same first page, same key).
+        {
+            let children = &mut self.node_mut(parent).children;
+            if let Some(slot) = children.iter_mut().find(|(_, c)| *c == id) {
+                slot.1 = x;
+            }
+        }
+        self.node_mut(id).parent = Some(x);
+        self.add_child(x, id);
+        if self.node(x).tiers[1].pending > 0 {
+            for ticket in self.tickets.values_mut() {
+                if let Some(pos) = ticket.nodes.iter().position(|&n| n == id) {
+                    ticket.nodes.insert(pos + 1, x);
+                }
+            }
+        }
+        x
+    }
+}
