@@ -1,36 +1,51 @@
 //! `cargo xtask tidy`: repository rules that rustc and clippy do not check.
 //!
-//! Every rule is a pure function from a repository-relative path (with `/` separators)
-//! and the file's contents to the violations found, so each can be unit-tested.
-//! [`run`] walks the repository, applies them, and prints `path:line: rule: message`.
+//! Every rule is a pure function of its input (a parsed `cargo metadata` document, or a
+//! repository-relative path with `/` separators and the file's contents) to the
+//! violations found, so each can be unit-tested. [`run`] runs `cargo metadata`, reads
+//! the files, applies the rules, and prints `path:line: rule: message`.
+//!
+//! Rules that clippy enforces live in `[workspace.lints.clippy]` of the root
+//! `Cargo.toml` instead (`dbg_macro`, `unwrap_used`).
 
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+use toml::de::{DeTable, DeValue};
+
+use crate::{capture_stdout, cargo};
 
 pub const RULE_ACTIX_TOKIO: &str = "no-actix-tokio-in-core";
 pub const RULE_BINCODE: &str = "bincode-pinned";
-pub const RULE_UNWRAP: &str = "no-unwrap-in-lib";
-pub const RULE_DBG: &str = "no-dbg";
 pub const RULE_LIB_DOC: &str = "lib-doc";
 
 /// The exact version requirement bincode must be pinned to.
 pub const BINCODE_PIN: &str = "=2.0.1";
 
-/// Crates allowed to use actix/tokio anywhere.
-const RUNTIME_CRATES: &[&str] = &["kvtier", "kvtier-cli"];
-/// Directory names or file stems under `src/` where actor shells may use actix/tokio.
-const SHELL_MODULES: &[&str] = &["actor", "actors", "shell", "runtime"];
-const ACTIX_TOKIO_PATTERNS: &[&str] = &[
-    "actix::",
-    "tokio::",
-    "use actix",
-    "use tokio",
-    "extern crate actix",
-    "extern crate tokio",
+/// The async runtime packages that core crates must not depend on.
+const RUNTIME_PACKAGES: &[&str] = &["actix", "tokio"];
+
+/// The workspace members that may depend on actix/tokio. Every other member is a core
+/// crate: it must not depend on them, directly or through other crates.
+const RUNTIME_CRATES: &[&str] = &[
+    // The embedding API: the System builder, the handles and the actix runtime.
+    "kvtier",
+    // The command-line tool.
+    "kvtier-cli",
+    // Workloads and scenarios run through every path, the actix actors included, so it
+    // depends on `kvtier`.
+    "kvtier-sim",
+    // Repository tooling.
+    "xtask",
+    // Top-level example and integration-test crates, should the workspace get them.
+    "kvtier-examples",
+    "kvtier-tests",
 ];
+
 const DEPENDENCY_TABLES: &[&str] = &[
     "dependencies",
     "dev-dependencies",
@@ -90,89 +105,55 @@ pub fn run(root: &Path) -> Result<()> {
 
 /// All violations in the repository, and how many files were checked.
 fn check_repo(root: &Path) -> Result<(Vec<Violation>, usize)> {
+    let json =
+        capture_stdout(cargo(root).args(["metadata", "--format-version", "1", "--all-features"]))?;
+    let metadata = parse_metadata(&json)?;
+    let workspace_root = metadata.workspace_root.clone();
+
     let mut violations = Vec::new();
     let mut files = 0;
 
-    let crate_dirs = crate_dirs(root)?;
-
-    // Manifests: the root, every crate, and xtask.
-    let root_manifest = read(&root.join("Cargo.toml"))?;
-    let root_pins = root_pins_bincode_exactly(&root_manifest);
-    let mut manifests: Vec<PathBuf> = vec![root.join("Cargo.toml")];
-    manifests.extend(crate_dirs.iter().map(|dir| dir.join("Cargo.toml")));
-    let xtask_manifest = root.join("xtask").join("Cargo.toml");
-    if xtask_manifest.is_file() {
-        manifests.push(xtask_manifest);
+    // Manifests: the root and every workspace member.
+    let root_manifest_path = workspace_root.join("Cargo.toml");
+    let root_manifest = read(&root_manifest_path)?;
+    let root_pins = root_pins_bincode_exactly(&root_manifest)
+        .with_context(|| format!("parsing {}", root_manifest_path.display()))?;
+    let mut manifests = vec![root_manifest_path];
+    for manifest in metadata.member_manifests()? {
+        if !manifests.contains(&manifest) {
+            manifests.push(manifest);
+        }
     }
     for manifest in &manifests {
         let contents = read(manifest)?;
-        violations.extend(check_bincode(
-            &relative(root, manifest),
-            &contents,
-            root_pins,
-        ));
+        let path = relative(&workspace_root, manifest);
+        violations.extend(
+            check_bincode(&path, &contents, root_pins)
+                .with_context(|| format!("parsing {}", manifest.display()))?,
+        );
         files += 1;
     }
 
-    // Sources under crates/*/src.
-    for dir in &crate_dirs {
-        let manifest = read(&dir.join("Cargo.toml"))?;
-        let dir_name = dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let crate_name = package_name(&manifest).unwrap_or(dir_name);
-        let src = dir.join("src");
-        if !src.is_dir() {
+    // Resolved dependencies of the core crates.
+    for dep in core_runtime_dependencies(&metadata)? {
+        let manifest = fs::read_to_string(&dep.manifest).ok();
+        let path = relative(&workspace_root, &dep.manifest);
+        violations.push(runtime_violation(&dep, &path, manifest.as_deref()));
+    }
+
+    // Every member's src/lib.rs.
+    for manifest in metadata.member_manifests()? {
+        let Some(dir) = manifest.parent() else {
             continue;
-        }
-        for file in rust_files(&src)? {
-            let path = relative(root, &file);
-            let contents = read(&file)?;
-            violations.extend(check_actix_tokio(&crate_name, &path, &contents));
-            violations.extend(check_unwrap(&path, &contents));
-            violations.extend(check_dbg(&path, &contents));
-            violations.extend(check_lib_doc(&path, &contents));
+        };
+        let lib = dir.join("src").join("lib.rs");
+        if lib.is_file() {
+            let contents = read(&lib)?;
+            violations.extend(check_lib_doc(&relative(&workspace_root, &lib), &contents));
             files += 1;
         }
     }
     Ok((violations, files))
-}
-
-/// `crates/*` directories that hold a `Cargo.toml`, sorted.
-fn crate_dirs(root: &Path) -> Result<Vec<PathBuf>> {
-    let crates = root.join("crates");
-    if !crates.is_dir() {
-        return Ok(Vec::new());
-    }
-    let mut dirs = Vec::new();
-    for entry in fs::read_dir(&crates).with_context(|| format!("reading {}", crates.display()))? {
-        let path = entry?.path();
-        if path.join("Cargo.toml").is_file() {
-            dirs.push(path);
-        }
-    }
-    dirs.sort();
-    Ok(dirs)
-}
-
-/// Every `.rs` file under `dir`, recursively, sorted.
-fn rust_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(dir) = pending.pop() {
-        for entry in fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
-            let entry = entry?;
-            let path = entry.path();
-            if entry.file_type()?.is_dir() {
-                pending.push(path);
-            } else if path.extension().is_some_and(|ext| ext == "rs") {
-                files.push(path);
-            }
-        }
-    }
-    files.sort();
-    Ok(files)
 }
 
 fn read(path: &Path) -> Result<String> {
@@ -188,127 +169,225 @@ fn relative(root: &Path, path: &Path) -> String {
         .join("/")
 }
 
+/// 1-based line number of byte `offset` in `text`.
+fn line_of(text: &str, offset: usize) -> usize {
+    text.get(..offset)
+        .unwrap_or(text)
+        .bytes()
+        .filter(|&b| b == b'\n')
+        .count()
+        + 1
+}
+
 // ---------------------------------------------------------------------------------------
-// Source rules
+// Metadata rule: no actix or tokio in core crates
 // ---------------------------------------------------------------------------------------
 
-/// The part of a `crates/<crate>/src/...` path below `src/` (the whole path if it has none).
-fn src_relative(path: &str) -> &str {
-    let parts: Vec<&str> = path.split('/').collect();
-    let src_index = if parts.len() > 3 && parts[0] == "crates" && parts[2] == "src" {
-        Some(2)
-    } else {
-        parts.iter().position(|&p| p == "src")
-    };
-    match src_index {
-        Some(index) => {
-            let offset: usize = parts[..=index].iter().map(|p| p.len() + 1).sum();
-            &path[offset.min(path.len())..]
-        }
-        None => path,
+/// The parts of `cargo metadata --format-version 1` output the rules read.
+#[derive(Debug, Deserialize)]
+pub struct Metadata {
+    packages: Vec<Package>,
+    workspace_members: Vec<String>,
+    /// Absent under `--no-deps`.
+    resolve: Option<Resolve>,
+    workspace_root: PathBuf,
+}
+
+#[derive(Debug, Deserialize)]
+struct Package {
+    id: String,
+    name: String,
+    manifest_path: PathBuf,
+}
+
+#[derive(Debug, Deserialize)]
+struct Resolve {
+    nodes: Vec<Node>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Node {
+    id: String,
+    #[serde(default)]
+    deps: Vec<NodeDep>,
+}
+
+#[derive(Debug, Deserialize)]
+struct NodeDep {
+    pkg: String,
+    #[serde(default)]
+    dep_kinds: Vec<DepKind>,
+}
+
+#[derive(Debug, Deserialize)]
+struct DepKind {
+    /// `null` for a normal dependency, else `"dev"` or `"build"`.
+    kind: Option<String>,
+}
+
+impl NodeDep {
+    /// Whether this is a normal dependency (possibly also a dev or build one).
+    fn is_normal(&self) -> bool {
+        self.dep_kinds.is_empty() || self.dep_kinds.iter().any(|k| k.kind.is_none())
     }
 }
 
-/// Directory components of `path` (everything but the file name).
-fn dir_components(path: &str) -> impl Iterator<Item = &str> {
-    let dirs = path.rsplit_once('/').map_or("", |(dirs, _)| dirs);
-    dirs.split('/').filter(|c| !c.is_empty())
-}
-
-fn file_stem(path: &str) -> &str {
-    let name = path.rsplit('/').next().unwrap_or(path);
-    name.split_once('.').map_or(name, |(stem, _)| stem)
-}
-
-/// Whether actix/tokio may be used in `path`: an actor shell module below `src/`.
-pub fn is_shell_path(path: &str) -> bool {
-    let rel = src_relative(path);
-    dir_components(rel)
-        .chain([file_stem(rel)])
-        .any(|c| SHELL_MODULES.contains(&c))
-}
-
-/// No actix or tokio in core crates, except in actor/shell/runtime modules.
-pub fn check_actix_tokio(crate_name: &str, path: &str, contents: &str) -> Vec<Violation> {
-    if RUNTIME_CRATES.contains(&crate_name) || is_shell_path(path) {
-        return Vec::new();
+impl Metadata {
+    fn package(&self, id: &str) -> Option<&Package> {
+        self.packages.iter().find(|p| p.id == id)
     }
-    contents
-        .lines()
-        .enumerate()
-        .filter_map(|(index, line)| {
-            let pattern = ACTIX_TOKIO_PATTERNS.iter().find(|p| line.contains(*p))?;
-            Some(violation(
-                path,
-                index + 1,
-                RULE_ACTIX_TOKIO,
-                format!(
-                    "`{pattern}` in core crate `{crate_name}`; actix/tokio belong in an \
-                     actor/actors/shell/runtime module"
-                ),
-            ))
-        })
-        .collect()
-}
 
-/// Whether `path` is library code for the unwrap rule: not `src/main.rs`, not `src/bin/**`,
-/// and not under a `tests`, `benches` or `examples` directory.
-pub fn is_library_source(path: &str) -> bool {
-    let rel = src_relative(path);
-    if rel == "main.rs" || rel.starts_with("bin/") {
-        return false;
-    }
-    !dir_components(path).any(|c| matches!(c, "tests" | "benches" | "examples"))
-}
-
-/// No `.unwrap()` in library code, outside the trailing `#[cfg(test)]` part and comments.
-pub fn check_unwrap(path: &str, contents: &str) -> Vec<Violation> {
-    if !is_library_source(path) {
-        return Vec::new();
-    }
-    contents
-        .lines()
-        .enumerate()
-        .take_while(|(_, line)| !line.trim().starts_with("#[cfg(test)]"))
-        .filter(|(_, line)| !line.trim().starts_with("//"))
-        .filter_map(|(index, line)| {
-            let count = line.matches(".unwrap()").count();
-            (count > 0).then(|| {
-                let times = if count > 1 {
-                    format!(" ({count} times)")
-                } else {
-                    String::new()
-                };
-                violation(
-                    path,
-                    index + 1,
-                    RULE_UNWRAP,
-                    format!(
-                        "`.unwrap()` in library code{times}; return an error or use `expect` \
-                         with the invariant"
-                    ),
-                )
+    /// The workspace members' manifests, sorted.
+    fn member_manifests(&self) -> Result<Vec<PathBuf>> {
+        let mut manifests = self
+            .workspace_members
+            .iter()
+            .map(|id| {
+                self.package(id)
+                    .map(|p| p.manifest_path.clone())
+                    .with_context(|| format!("cargo metadata: workspace member `{id}` not listed"))
             })
-        })
-        .collect()
+            .collect::<Result<Vec<_>>>()?;
+        manifests.sort();
+        Ok(manifests)
+    }
 }
 
-/// No `dbg!(` anywhere.
-pub fn check_dbg(path: &str, contents: &str) -> Vec<Violation> {
-    contents
-        .lines()
-        .enumerate()
-        .filter(|(_, line)| line.contains("dbg!("))
-        .map(|(index, _)| {
-            violation(
-                path,
-                index + 1,
-                RULE_DBG,
-                "`dbg!(` left in the source".to_string(),
-            )
-        })
-        .collect()
+pub fn parse_metadata(json: &str) -> Result<Metadata> {
+    serde_json::from_str(json).context("parsing `cargo metadata` output")
 }
+
+/// A core crate reaching a runtime package through normal dependencies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeDependency {
+    /// The core crate's manifest.
+    pub manifest: PathBuf,
+    /// Package names from the core crate to the runtime package, both included:
+    /// a shortest such path.
+    pub chain: Vec<String>,
+}
+
+/// For every core crate (a workspace member not in [`RUNTIME_CRATES`]), each runtime
+/// package ([`RUNTIME_PACKAGES`]) it depends on through normal (non-dev, non-build)
+/// dependencies, directly or through other crates, workspace members or not.
+pub fn core_runtime_dependencies(metadata: &Metadata) -> Result<Vec<RuntimeDependency>> {
+    let Some(resolve) = &metadata.resolve else {
+        bail!("cargo metadata: no `resolve` graph (was it run with --no-deps?)");
+    };
+    let names: HashMap<&str, &str> = metadata
+        .packages
+        .iter()
+        .map(|p| (p.id.as_str(), p.name.as_str()))
+        .collect();
+    let name = |id: &str| names.get(id).copied().unwrap_or(id).to_string();
+    let edges: HashMap<&str, Vec<&str>> = resolve
+        .nodes
+        .iter()
+        .map(|node| {
+            let deps = node
+                .deps
+                .iter()
+                .filter(|dep| dep.is_normal())
+                .map(|dep| dep.pkg.as_str())
+                .collect();
+            (node.id.as_str(), deps)
+        })
+        .collect();
+
+    let mut members: Vec<&Package> = metadata
+        .workspace_members
+        .iter()
+        .map(|id| {
+            metadata
+                .package(id)
+                .with_context(|| format!("cargo metadata: workspace member `{id}` not listed"))
+        })
+        .collect::<Result<_>>()?;
+    members.sort_by(|a, b| a.name.cmp(&b.name));
+
+    let mut found = Vec::new();
+    for member in members {
+        if RUNTIME_CRATES.contains(&member.name.as_str()) {
+            continue;
+        }
+        // Breadth-first from the member; a runtime package ends its path.
+        let mut parent: HashMap<&str, &str> = HashMap::new();
+        let mut seen: HashSet<&str> = HashSet::from([member.id.as_str()]);
+        let mut queue = VecDeque::from([member.id.as_str()]);
+        let mut reached = Vec::new();
+        while let Some(id) = queue.pop_front() {
+            for &dep in edges.get(id).into_iter().flatten() {
+                if !seen.insert(dep) {
+                    continue;
+                }
+                parent.insert(dep, id);
+                if RUNTIME_PACKAGES.contains(&name(dep).as_str()) {
+                    reached.push(dep);
+                } else {
+                    queue.push_back(dep);
+                }
+            }
+        }
+        let mut chains: Vec<Vec<String>> = reached
+            .into_iter()
+            .map(|target| {
+                let mut chain = vec![name(target)];
+                let mut at = target;
+                while let Some(&up) = parent.get(at) {
+                    chain.push(name(up));
+                    at = up;
+                }
+                chain.reverse();
+                chain
+            })
+            .collect();
+        chains.sort_by(|a, b| (a.last(), a.len()).cmp(&(b.last(), b.len())));
+        found.extend(chains.into_iter().map(|chain| RuntimeDependency {
+            manifest: member.manifest_path.clone(),
+            chain,
+        }));
+    }
+    Ok(found)
+}
+
+/// The violation for `dep`, at the line of `manifest` (the core crate's `Cargo.toml`,
+/// relative `path`) that declares the first dependency on the way, if it can be found.
+fn runtime_violation(dep: &RuntimeDependency, path: &str, manifest: Option<&str>) -> Violation {
+    let first_hop = dep.chain.get(1).map(String::as_str).unwrap_or_default();
+    let line = manifest
+        .and_then(|manifest| dependency_line(manifest, first_hop))
+        .unwrap_or(1);
+    let core = dep.chain.first().map(String::as_str).unwrap_or_default();
+    let runtime = dep.chain.last().map(String::as_str).unwrap_or_default();
+    let through = if dep.chain.len() > 2 {
+        format!(" through {}", dep.chain.join(" -> "))
+    } else {
+        String::new()
+    };
+    violation(
+        path,
+        line,
+        RULE_ACTIX_TOKIO,
+        format!(
+            "core crate `{core}` depends on `{runtime}`{through}; only {} may depend on \
+             actix/tokio",
+            RUNTIME_CRATES.join(", ")
+        ),
+    )
+}
+
+/// The line of `manifest` declaring a normal dependency on package `package`.
+fn dependency_line(manifest: &str, package: &str) -> Option<usize> {
+    dependencies(manifest)
+        .ok()?
+        .into_iter()
+        .find(|dep| dep.is_normal() && dep.package_name() == package)
+        .map(|dep| dep.line)
+}
+
+// ---------------------------------------------------------------------------------------
+// Source rule: lib.rs documented
+// ---------------------------------------------------------------------------------------
 
 /// A crate's `src/lib.rs` starts with a `//!` module doc comment (leading blank lines allowed).
 /// Other paths are not checked.
@@ -341,58 +420,70 @@ pub fn check_lib_doc(path: &str, contents: &str) -> Vec<Violation> {
 // Manifest rule: bincode pinned exactly
 // ---------------------------------------------------------------------------------------
 
-/// One dependency declaration in a manifest, gathered from any of the TOML forms:
-/// `name = "1"`, `name = { .. }`, `name.key = ..`, or a `[..dependencies.name]` table.
+/// One dependency declaration in a manifest, in any TOML form: `name = "1"`,
+/// `name = { .. }`, `name.key = ..`, or a `[..dependencies.name]` table.
 #[derive(Debug)]
 struct Dependency {
-    /// The dependency table, e.g. `dependencies` or `workspace.dependencies`.
+    /// The dependency table, e.g. `dependencies`, `workspace.dependencies` or
+    /// `target.cfg(unix).dev-dependencies`.
     table: String,
+    /// The kind of table: one of [`DEPENDENCY_TABLES`].
+    kind: String,
     name: String,
-    /// Line of the first mention.
+    /// Line of the first mention of `name`.
     line: usize,
-    /// Raw key/value pairs; a bare version string is stored as `version`.
-    fields: Vec<(String, String)>,
+    /// The `version`, or the whole value when it is a bare string.
+    version: Option<String>,
+    /// The `package` a renamed dependency stands for.
+    package: Option<String>,
+    /// `workspace = true`.
+    workspace: bool,
 }
 
 impl Dependency {
-    fn field(&self, key: &str) -> Option<String> {
-        self.fields
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| unquote(v).to_string())
+    fn package_name(&self) -> &str {
+        self.package.as_deref().unwrap_or(&self.name)
     }
 
     fn is_bincode(&self) -> bool {
-        match self.field("package") {
-            Some(package) => package == "bincode",
-            None => self.name == "bincode",
-        }
+        self.package_name() == "bincode"
+    }
+
+    fn is_normal(&self) -> bool {
+        self.kind == "dependencies" && self.table != "workspace.dependencies"
     }
 }
 
 /// Whether the root manifest pins bincode exactly in `[workspace.dependencies]`.
-pub fn root_pins_bincode_exactly(root_manifest: &str) -> bool {
-    dependencies(root_manifest).iter().any(|dep| {
+pub fn root_pins_bincode_exactly(root_manifest: &str) -> Result<bool> {
+    Ok(dependencies(root_manifest)?.iter().any(|dep| {
         dep.table == "workspace.dependencies"
             && dep.is_bincode()
-            && dep.field("version").as_deref() == Some(BINCODE_PIN)
-    })
+            && dep.version.as_deref() == Some(BINCODE_PIN)
+    }))
 }
 
 /// bincode, wherever it is a dependency, is pinned exactly to [`BINCODE_PIN`]
 /// (directly, or through `workspace = true` when `root_pins_exactly`).
-pub fn check_bincode(path: &str, manifest: &str, root_pins_exactly: bool) -> Vec<Violation> {
+/// An error if `manifest` is not valid TOML.
+pub fn check_bincode(
+    path: &str,
+    manifest: &str,
+    root_pins_exactly: bool,
+) -> Result<Vec<Violation>> {
     let mut violations = Vec::new();
-    for dep in dependencies(manifest).iter().filter(|dep| dep.is_bincode()) {
-        let inherited = dep.field("workspace").as_deref() == Some("true");
-        let problem = match dep.field("version") {
+    for dep in dependencies(manifest)?
+        .iter()
+        .filter(|dep| dep.is_bincode())
+    {
+        let problem = match &dep.version {
             Some(version) if version == BINCODE_PIN => None,
             Some(version) => Some(format!(
                 "bincode in [{}] must be pinned exactly \"{BINCODE_PIN}\", found \"{version}\"",
                 dep.table
             )),
-            None if inherited && root_pins_exactly => None,
-            None if inherited => Some(format!(
+            None if dep.workspace && root_pins_exactly => None,
+            None if dep.workspace => Some(format!(
                 "bincode in [{}] is inherited from the workspace, but the root Cargo.toml does \
                  not pin bincode = \"{BINCODE_PIN}\" in [workspace.dependencies]",
                 dep.table
@@ -406,191 +497,86 @@ pub fn check_bincode(path: &str, manifest: &str, root_pins_exactly: bool) -> Vec
             violations.push(violation(path, dep.line, RULE_BINCODE, message));
         }
     }
-    violations
+    Ok(violations)
 }
 
-/// Dependency declarations of a manifest, in order of first mention.
-fn dependencies(manifest: &str) -> Vec<Dependency> {
-    let mut deps: Vec<Dependency> = Vec::new();
-    // The current `[header]`, split on dots.
-    let mut header: Vec<String> = Vec::new();
-
-    for (index, raw) in manifest.lines().enumerate() {
-        let line_no = index + 1;
-        let line = strip_comment(raw).trim();
-        if line.is_empty() {
-            continue;
-        }
-        if line.starts_with('[') {
-            let name = line.trim_start_matches('[').trim_end_matches(']');
-            header = split_outside_quotes(name, '.')
-                .iter()
-                .map(|s| unquote(s).to_string())
-                .collect();
-            // `[dependencies.bincode]`: a table for one dependency.
-            if let [table @ .., kind, name] = header.as_slice()
-                && DEPENDENCY_TABLES.contains(&kind.as_str())
-            {
-                let table = join_table(table, kind);
-                entry(&mut deps, &table, name, line_no);
-            }
-            continue;
-        }
-        let Some((key, value)) = split_key_value(line) else {
-            continue;
-        };
-        let key: Vec<String> = split_outside_quotes(key, '.')
-            .iter()
-            .map(|s| unquote(s).to_string())
-            .collect();
-        let value = value.to_string();
-        match header.as_slice() {
-            // Inside `[..dependencies.name]`: a field of that dependency.
-            [table @ .., kind, name] if DEPENDENCY_TABLES.contains(&kind.as_str()) => {
-                let table = join_table(table, kind);
-                entry(&mut deps, &table, name, line_no)
-                    .fields
-                    .push((key.join("."), value));
-            }
-            // Inside `[..dependencies]`: `name = ..` or `name.field = ..`.
-            [table @ .., kind] if DEPENDENCY_TABLES.contains(&kind.as_str()) => {
-                let table = join_table(table, kind);
-                let Some((name, field)) = key.split_first() else {
-                    continue;
-                };
-                let dep = entry(&mut deps, &table, name, line_no);
-                if !field.is_empty() {
-                    dep.fields.push((field.join("."), value));
-                } else if value.starts_with('{') {
-                    dep.fields.extend(parse_inline_table(&value));
-                } else {
-                    dep.fields.push(("version".to_string(), value));
+/// Dependency declarations of a manifest, in order of first mention: the tables
+/// `[<kind>]`, `[target.<cfg>.<kind>]` (for each kind in [`DEPENDENCY_TABLES`]) and
+/// `[workspace.dependencies]`.
+fn dependencies(manifest: &str) -> Result<Vec<Dependency>> {
+    let document = DeTable::parse(manifest)?;
+    let mut deps = Vec::new();
+    for (key, value) in document.get_ref() {
+        let key = key.get_ref().as_ref();
+        if DEPENDENCY_TABLES.contains(&key) {
+            collect_dependencies(&mut deps, manifest, key, key, value.get_ref());
+        } else if key == "workspace" {
+            for (kind, value) in tables(value.get_ref()) {
+                if kind == "dependencies" {
+                    let table = "workspace.dependencies";
+                    collect_dependencies(&mut deps, manifest, table, kind, value);
                 }
             }
-            _ => {}
+        } else if key == "target" {
+            for (cfg, value) in tables(value.get_ref()) {
+                for (kind, value) in tables(value) {
+                    if DEPENDENCY_TABLES.contains(&kind) {
+                        let table = format!("target.{cfg}.{kind}");
+                        collect_dependencies(&mut deps, manifest, &table, kind, value);
+                    }
+                }
+            }
         }
     }
-    deps
+    deps.sort_by_key(|dep| dep.line);
+    Ok(deps)
 }
 
-/// The declaration of `name` in `table`, added at `line` if not yet seen.
-fn entry<'a>(
-    deps: &'a mut Vec<Dependency>,
-    table: &str,
-    name: &str,
-    line: usize,
-) -> &'a mut Dependency {
-    let index = match deps.iter().position(|d| d.table == table && d.name == name) {
-        Some(index) => index,
-        None => {
-            deps.push(Dependency {
-                table: table.to_string(),
-                name: name.to_string(),
-                line,
-                fields: Vec::new(),
-            });
-            deps.len() - 1
-        }
-    };
-    &mut deps[index]
-}
-
-fn join_table(prefix: &[String], kind: &str) -> String {
-    let mut parts: Vec<&str> = prefix.iter().map(String::as_str).collect();
-    parts.push(kind);
-    parts.join(".")
-}
-
-/// `key = value` split at the first `=` outside quotes.
-fn split_key_value(line: &str) -> Option<(&str, &str)> {
-    let at = find_outside_quotes(line, '=')?;
-    Some((line[..at].trim(), line[at + 1..].trim()))
-}
-
-/// Key/value pairs of a one-line TOML inline table `{ a = 1, b = "x" }`.
-fn parse_inline_table(value: &str) -> Vec<(String, String)> {
-    let inner = value.trim().trim_start_matches('{').trim_end_matches('}');
-    split_outside_quotes(inner, ',')
+/// The entries of `value` if it is a table (none otherwise).
+fn tables<'a, 'i>(value: &'a DeValue<'i>) -> impl Iterator<Item = (&'a str, &'a DeValue<'i>)> {
+    value
+        .as_table()
         .into_iter()
-        .filter_map(|pair| split_key_value(pair.trim()))
-        .map(|(k, v)| (unquote(k).to_string(), v.to_string()))
-        .collect()
+        .flatten()
+        .map(|(key, value)| (key.get_ref().as_ref(), value.get_ref()))
 }
 
-fn unquote(s: &str) -> &str {
-    let s = s.trim();
-    for quote in ['"', '\''] {
-        if s.len() >= 2 && s.starts_with(quote) && s.ends_with(quote) {
-            return &s[1..s.len() - 1];
-        }
-    }
-    s
-}
-
-/// Drops a trailing `# comment` (outside quotes).
-fn strip_comment(line: &str) -> &str {
-    match find_outside_quotes(line, '#') {
-        Some(at) => &line[..at],
-        None => line,
-    }
-}
-
-/// Byte index of the first `target` outside quotes and outside `[]`/`{}` nesting.
-fn find_outside_quotes(s: &str, target: char) -> Option<usize> {
-    let mut quote: Option<char> = None;
-    let mut escaped = false;
-    let mut depth = 0usize;
-    for (index, c) in s.char_indices() {
-        match quote {
-            Some(q) => {
-                if escaped {
-                    escaped = false;
-                } else if c == '\\' && q == '"' {
-                    escaped = true;
-                } else if c == q {
-                    quote = None;
+/// The dependencies declared in `value`, the dependency table `table` of kind `kind`.
+fn collect_dependencies(
+    deps: &mut Vec<Dependency>,
+    manifest: &str,
+    table: &str,
+    kind: &str,
+    value: &DeValue<'_>,
+) {
+    let Some(entries) = value.as_table() else {
+        return;
+    };
+    for (name, spec) in entries {
+        let mut dep = Dependency {
+            table: table.to_string(),
+            kind: kind.to_string(),
+            name: name.get_ref().to_string(),
+            line: line_of(manifest, name.span().start),
+            version: None,
+            package: None,
+            workspace: false,
+        };
+        match spec.get_ref() {
+            DeValue::String(version) => dep.version = Some(version.to_string()),
+            spec => {
+                for (field, value) in tables(spec) {
+                    match field {
+                        "version" => dep.version = value.as_str().map(str::to_string),
+                        "package" => dep.package = value.as_str().map(str::to_string),
+                        "workspace" => dep.workspace = value.as_bool() == Some(true),
+                        _ => {}
+                    }
                 }
             }
-            None => match c {
-                '"' | '\'' => quote = Some(c),
-                '[' | '{' => depth += 1,
-                ']' | '}' => depth = depth.saturating_sub(1),
-                _ if c == target && depth == 0 => return Some(index),
-                _ => {}
-            },
         }
+        deps.push(dep);
     }
-    None
-}
-
-/// Splits on `sep` outside quotes and brackets.
-fn split_outside_quotes(s: &str, sep: char) -> Vec<&str> {
-    let mut parts = Vec::new();
-    let mut rest = s;
-    while let Some(at) = find_outside_quotes(rest, sep) {
-        parts.push(rest[..at].trim());
-        rest = &rest[at + sep.len_utf8()..];
-    }
-    parts.push(rest.trim());
-    parts.retain(|p| !p.is_empty());
-    parts
-}
-
-/// The `name` in a manifest's `[package]` table.
-fn package_name(manifest: &str) -> Option<String> {
-    let mut in_package = false;
-    for raw in manifest.lines() {
-        let line = strip_comment(raw).trim();
-        if line.starts_with('[') {
-            in_package = line == "[package]";
-        } else if in_package
-            && let Some((key, value)) = split_key_value(line)
-            && key == "name"
-        {
-            return Some(unquote(value).to_string());
-        }
-    }
-    None
 }
 
 #[cfg(test)]
@@ -601,153 +587,223 @@ mod tests {
         violations.iter().map(|v| (v.line, v.rule)).collect()
     }
 
-    // --- actix / tokio ---
+    // --- actix / tokio (cargo metadata) ---
+
+    /// A `cargo metadata --format-version 1` document for a workspace at `/repo`:
+    /// `members` are `(name, [(dependency, kind)])` with kind `null`, `"dev"` or
+    /// `"build"`; `externals` are registry packages with their (normal) dependencies.
+    fn metadata_json(members: &[(&str, &[(&str, &str)])], externals: &[(&str, &[&str])]) -> String {
+        let member_id = |name: &str| format!("path+file:///repo/crates/{name}#0.1.0");
+        let external_id = |name: &str| {
+            format!("registry+https://github.com/rust-lang/crates.io-index#{name}@1.0.0")
+        };
+        let id = |name: &str| {
+            if members.iter().any(|(member, _)| *member == name) {
+                member_id(name)
+            } else {
+                external_id(name)
+            }
+        };
+        let mut packages = Vec::new();
+        let mut nodes = Vec::new();
+        for (name, deps) in members {
+            packages.push(serde_json::json!({
+                "name": name,
+                "version": "0.1.0",
+                "id": member_id(name),
+                "source": null,
+                "manifest_path": format!("/repo/crates/{name}/Cargo.toml"),
+                "dependencies": [],
+                "targets": [],
+                "features": {},
+            }));
+            let deps: Vec<_> = deps
+                .iter()
+                .map(|(dep, kind)| {
+                    let kind = if *kind == "null" {
+                        serde_json::Value::Null
+                    } else {
+                        (*kind).into()
+                    };
+                    serde_json::json!({
+                        "name": dep.replace('-', "_"),
+                        "pkg": id(dep),
+                        "dep_kinds": [{ "kind": kind, "target": null }],
+                    })
+                })
+                .collect();
+            nodes.push(serde_json::json!({ "id": member_id(name), "deps": deps, "dependencies": [], "features": [] }));
+        }
+        for (name, deps) in externals {
+            packages.push(serde_json::json!({
+                "name": name,
+                "version": "1.0.0",
+                "id": external_id(name),
+                "source": "registry+https://github.com/rust-lang/crates.io-index",
+                "manifest_path": format!("/home/u/.cargo/registry/src/index/{name}-1.0.0/Cargo.toml"),
+            }));
+            let deps: Vec<_> = deps
+                .iter()
+                .map(|dep| serde_json::json!({
+                    "name": dep, "pkg": id(dep), "dep_kinds": [{ "kind": null, "target": null }],
+                }))
+                .collect();
+            nodes.push(serde_json::json!({ "id": external_id(name), "deps": deps }));
+        }
+        serde_json::json!({
+            "packages": packages,
+            "workspace_members": members.iter().map(|(name, _)| member_id(name)).collect::<Vec<_>>(),
+            "workspace_default_members": [],
+            "resolve": { "nodes": nodes, "root": null },
+            "target_directory": "/repo/target",
+            "version": 1,
+            "workspace_root": "/repo",
+            "metadata": null,
+        })
+        .to_string()
+    }
+
+    fn chains(json: &str) -> Vec<String> {
+        let metadata = parse_metadata(json).expect("valid metadata");
+        core_runtime_dependencies(&metadata)
+            .expect("resolve graph")
+            .iter()
+            .map(|dep| dep.chain.join(" -> "))
+            .collect()
+    }
+
+    const N: &str = "null";
 
     #[test]
-    fn tokio_in_core_module_is_flagged() {
-        let src = "//! doc\nuse tokio::sync::mpsc;\nfn f() { tokio::spawn(async {}); }\n";
-        let v = check_actix_tokio("kvtier-host", "crates/kvtier-host/src/lib.rs", src);
-        assert_eq!(
-            rules(&v),
-            vec![(2, RULE_ACTIX_TOKIO), (3, RULE_ACTIX_TOKIO)]
+    fn core_crate_depending_on_tokio_through_a_member_is_flagged() {
+        let json = metadata_json(
+            &[
+                ("kvtier-types", &[]),
+                ("kvtier-host", &[("kvtier-types", N), ("kvtier-fsm", N)]),
+                ("kvtier-fsm", &[("kvtier-types", N), ("tokio", N)]),
+            ],
+            &[("tokio", &[])],
         );
-        assert_eq!(v[0].path, "crates/kvtier-host/src/lib.rs");
-    }
-
-    #[test]
-    fn actix_forms_are_flagged() {
-        for line in [
-            "use actix::prelude::*;",
-            "extern crate actix;",
-            "use actix_rt::System;",
-            "impl actix::Actor for X {}",
-        ] {
-            let v = check_actix_tokio("kvtier-fsm", "crates/kvtier-fsm/src/step.rs", line);
-            assert_eq!(v.len(), 1, "{line}");
-        }
-        let v = check_actix_tokio(
-            "kvtier-fsm",
-            "crates/kvtier-fsm/src/step.rs",
-            "extern crate tokio;",
-        );
-        assert_eq!(v.len(), 1);
-    }
-
-    #[test]
-    fn shell_modules_may_use_tokio() {
-        let src = "use tokio::sync::mpsc;\nuse actix::Actor;\n";
-        for path in [
-            "crates/kvtier-host/src/actor.rs",
-            "crates/kvtier-host/src/actors.rs",
-            "crates/kvtier-host/src/shell.rs",
-            "crates/kvtier-host/src/runtime.rs",
-            "crates/kvtier-host/src/actor/mod.rs",
-            "crates/kvtier-host/src/actors/engine.rs",
-            "crates/kvtier-host/src/shell/io/net.rs",
-            "crates/kvtier-host/src/runtime/mod.rs",
-        ] {
-            assert!(
-                check_actix_tokio("kvtier-host", path, src).is_empty(),
-                "{path}"
-            );
-        }
-    }
-
-    #[test]
-    fn shell_lookalikes_are_not_exempt() {
-        let src = "use tokio::sync::mpsc;\n";
-        for path in [
-            "crates/kvtier-host/src/actor_state.rs",
-            "crates/kvtier-host/src/shells/x.rs",
-            "crates/kvtier-shell/src/lib.rs",
-            "crates/kvtier-host/src/my_runtime/mod.rs",
-        ] {
-            assert_eq!(
-                check_actix_tokio("kvtier-host", path, src).len(),
-                1,
-                "{path}"
-            );
-        }
-    }
-
-    #[test]
-    fn facade_and_cli_may_use_tokio() {
-        let src = "use tokio::runtime::Runtime;\n";
-        assert!(check_actix_tokio("kvtier", "crates/kvtier/src/lib.rs", src).is_empty());
-        assert!(check_actix_tokio("kvtier-cli", "crates/kvtier-cli/src/main.rs", src).is_empty());
-    }
-
-    #[test]
-    fn unrelated_code_passes() {
-        let src = "//! doc\nuse std::sync::mpsc;\nuse flume::Sender;\nfn tokio_like() {}\n";
-        assert!(check_actix_tokio("kvtier-host", "crates/kvtier-host/src/lib.rs", src).is_empty());
-    }
-
-    // --- unwrap ---
-
-    #[test]
-    fn unwrap_in_library_code_is_flagged() {
-        let src =
-            "fn f(x: Option<u8>) -> u8 {\n    x.unwrap()\n}\nfn g() { a.unwrap(); b.unwrap(); }\n";
-        let v = check_unwrap("crates/kvtier-radix/src/tree.rs", src);
-        assert_eq!(rules(&v), vec![(2, RULE_UNWRAP), (4, RULE_UNWRAP)]);
-        assert!(v[1].message.contains("2 times"));
-    }
-
-    #[test]
-    fn unwrap_in_tests_and_comments_is_allowed() {
-        let src = "\
-/// Example: `x.unwrap()`
-// x.unwrap()
-fn f(x: Option<u8>) -> u8 { x.unwrap_or(0) }
-fn g(x: Option<u8>) -> u8 { x.unwrap_or_default() }
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn t() { Some(1).unwrap(); }
-}
-";
-        assert!(check_unwrap("crates/kvtier-radix/src/lib.rs", src).is_empty());
-    }
-
-    #[test]
-    fn code_after_cfg_test_is_ignored_even_if_not_a_test() {
-        let src = "fn a() { x.unwrap(); }\n  #[cfg(test)]\nfn b() { y.unwrap(); }\n";
         assert_eq!(
-            rules(&check_unwrap("crates/k/src/a.rs", src)),
-            vec![(1, RULE_UNWRAP)]
+            chains(&json),
+            vec!["kvtier-fsm -> tokio", "kvtier-host -> kvtier-fsm -> tokio"]
+        );
+        let metadata = parse_metadata(&json).expect("valid metadata");
+        let deps = core_runtime_dependencies(&metadata).expect("resolve graph");
+        assert_eq!(
+            deps[1].manifest,
+            Path::new("/repo/crates/kvtier-host/Cargo.toml")
+        );
+        let v = runtime_violation(&deps[1], "crates/kvtier-host/Cargo.toml", None);
+        assert_eq!(v.rule, RULE_ACTIX_TOKIO);
+        assert!(
+            v.message.contains(
+                "`kvtier-host` depends on `tokio` through kvtier-host -> kvtier-fsm -> tokio"
+            ),
+            "{}",
+            v.message
         );
     }
 
     #[test]
-    fn unwrap_outside_library_code_is_allowed() {
-        let src = "fn main() { x.unwrap(); }\n";
-        for path in [
-            "crates/kvtier-cli/src/main.rs",
-            "crates/kvtier-cli/src/bin/tool.rs",
-            "crates/kvtier-cli/src/bin/tool/mod.rs",
-            "crates/kvtier-sim/src/tests/helpers.rs",
-            "crates/kvtier-sim/src/benches/b.rs",
-            "crates/kvtier-sim/src/examples/e.rs",
-            "crates/kvtier-sim/tests/it.rs",
-        ] {
-            assert!(check_unwrap(path, src).is_empty(), "{path}");
-        }
-        // A nested main.rs is library code.
+    fn runtime_crates_may_depend_on_actix_and_tokio() {
+        let json = metadata_json(
+            &[
+                ("kvtier-types", &[]),
+                ("kvtier", &[("kvtier-types", N), ("actix", N), ("tokio", N)]),
+                ("kvtier-cli", &[("kvtier", N), ("tokio", N)]),
+                ("kvtier-sim", &[("kvtier", N)]),
+                ("xtask", &[("tokio", N)]),
+                ("kvtier-examples", &[("kvtier", N)]),
+                ("kvtier-tests", &[("actix", N)]),
+            ],
+            &[("actix", &["tokio"]), ("tokio", &[])],
+        );
+        assert!(chains(&json).is_empty());
+    }
+
+    #[test]
+    fn core_crate_depending_on_a_runtime_crate_is_flagged() {
+        let json = metadata_json(
+            &[
+                ("kvtier", &[("actix", N), ("tokio", N)]),
+                ("kvtier-radix", &[("kvtier", N)]),
+            ],
+            &[("actix", &["tokio"]), ("tokio", &[])],
+        );
         assert_eq!(
-            check_unwrap("crates/kvtier-sim/src/cmd/main.rs", src).len(),
+            chains(&json),
+            vec![
+                "kvtier-radix -> kvtier -> actix",
+                "kvtier-radix -> kvtier -> tokio"
+            ]
+        );
+    }
+
+    #[test]
+    fn runtime_reached_through_external_crates_is_flagged() {
+        let json = metadata_json(
+            &[("kvtier-l3", &[("http-client", N)])],
+            &[
+                ("http-client", &["actix-rt"]),
+                ("actix-rt", &["tokio"]),
+                ("tokio", &[]),
+            ],
+        );
+        assert_eq!(
+            chains(&json),
+            vec!["kvtier-l3 -> http-client -> actix-rt -> tokio"]
+        );
+    }
+
+    #[test]
+    fn dev_and_build_dependencies_are_not_followed() {
+        let json = metadata_json(
+            &[
+                ("kvtier-fsm", &[("tokio", "dev")]),
+                ("kvtier-device", &[("builder", "build")]),
+                ("kvtier-host", &[("kvtier-fsm", N)]),
+            ],
+            &[("tokio", &[]), ("builder", &["tokio"])],
+        );
+        assert!(chains(&json).is_empty());
+    }
+
+    #[test]
+    fn metadata_without_resolve_is_an_error() {
+        let json = r#"{"packages": [], "workspace_members": [], "resolve": null,
+                       "workspace_root": "/repo"}"#;
+        let metadata = parse_metadata(json).expect("valid metadata");
+        assert!(core_runtime_dependencies(&metadata).is_err());
+        assert!(parse_metadata("{\"packages\": 1}").is_err());
+    }
+
+    #[test]
+    fn runtime_violation_points_at_the_first_dependency() {
+        let dep = RuntimeDependency {
+            manifest: PathBuf::from("/repo/crates/kvtier-sim/Cargo.toml"),
+            chain: vec!["kvtier-sim".into(), "kvtier".into(), "tokio".into()],
+        };
+        let manifest = "[package]\nname = \"kvtier-sim\"\n\n[dev-dependencies]\nkvtier.workspace = true\n\n[dependencies]\nkvtier-types.workspace = true\nkvtier.workspace = true\n";
+        let v = runtime_violation(&dep, "crates/kvtier-sim/Cargo.toml", Some(manifest));
+        assert_eq!(
+            (v.path.as_str(), v.line),
+            ("crates/kvtier-sim/Cargo.toml", 9)
+        );
+        let direct = RuntimeDependency {
+            manifest: dep.manifest.clone(),
+            chain: vec!["kvtier-sim".into(), "tokio".into()],
+        };
+        let renamed = "[dependencies]\nrt = { package = \"tokio\", version = \"1\" }\n";
+        let v = runtime_violation(&direct, "crates/kvtier-sim/Cargo.toml", Some(renamed));
+        assert_eq!(v.line, 2);
+        assert!(v.message.ends_with("depends on `tokio`; only kvtier, kvtier-cli, kvtier-sim, xtask, kvtier-examples, kvtier-tests may depend on actix/tokio"), "{}", v.message);
+        // Not found (or no manifest): line 1.
+        assert_eq!(
+            runtime_violation(&direct, "x", Some("[dependencies]\n")).line,
             1
         );
-    }
-
-    // --- dbg ---
-
-    #[test]
-    fn dbg_is_flagged_anywhere() {
-        let src = "fn main() {\n    dbg!(1);\n}\n#[cfg(test)]\nmod tests { fn t() { dbg!(2); } }\n";
-        let v = check_dbg("crates/kvtier-cli/src/main.rs", src);
-        assert_eq!(rules(&v), vec![(2, RULE_DBG), (5, RULE_DBG)]);
-        assert!(check_dbg("crates/k/src/lib.rs", "fn debug() { println!(\"dbg\"); }").is_empty());
+        assert_eq!(runtime_violation(&direct, "x", None).line, 1);
     }
 
     // --- lib doc ---
@@ -788,23 +844,19 @@ bincode = { version = \"=2.0.1\", default-features = false, features = [\"std\",
 
     #[test]
     fn root_pin_detection() {
-        assert!(root_pins_bincode_exactly(ROOT_PINNED));
-        assert!(root_pins_bincode_exactly(
+        assert!(root_pins(ROOT_PINNED));
+        assert!(root_pins(
             "[workspace.dependencies]\nbincode = \"=2.0.1\"\n"
         ));
-        assert!(root_pins_bincode_exactly(
+        assert!(root_pins(
             "[workspace.dependencies.bincode]\nversion = \"=2.0.1\"\nfeatures = [\n  \"serde\",\n]\n"
         ));
-        assert!(!root_pins_bincode_exactly(
+        assert!(!root_pins(
             "[workspace.dependencies]\nbincode = \"2.0.1\"\n"
         ));
-        assert!(!root_pins_bincode_exactly(
-            "[workspace.dependencies]\nserde = \"1\"\n"
-        ));
+        assert!(!root_pins("[workspace.dependencies]\nserde = \"1\"\n"));
         // A pin in a member-style table is not a workspace pin.
-        assert!(!root_pins_bincode_exactly(
-            "[dependencies]\nbincode = \"=2.0.1\"\n"
-        ));
+        assert!(!root_pins("[dependencies]\nbincode = \"=2.0.1\"\n"));
     }
 
     #[test]
@@ -822,7 +874,7 @@ bincode = { version = \"=2.0.1\", default-features = false, features = [\"std\",
             "[package]\nname = \"bincode\"\nversion = \"0.1.0\"\n",
         ] {
             assert!(
-                check_bincode("Cargo.toml", manifest, false).is_empty(),
+                bincode("Cargo.toml", manifest, false).is_empty(),
                 "{manifest}"
             );
         }
@@ -854,7 +906,7 @@ bincode = { version = \"=2.0.1\", default-features = false, features = [\"std\",
                 2,
             ),
         ] {
-            let v = check_bincode("crates/a/Cargo.toml", manifest, true);
+            let v = bincode("crates/a/Cargo.toml", manifest, true);
             assert_eq!(rules(&v), vec![(line, RULE_BINCODE)], "{manifest}");
         }
     }
@@ -867,36 +919,76 @@ bincode = { version = \"=2.0.1\", default-features = false, features = [\"std\",
             "[dependencies.bincode]\nworkspace = true\n",
         ] {
             assert!(
-                check_bincode("crates/a/Cargo.toml", manifest, true).is_empty(),
+                bincode("crates/a/Cargo.toml", manifest, true).is_empty(),
                 "{manifest}"
             );
-            let v = check_bincode("crates/a/Cargo.toml", manifest, false);
+            let v = bincode("crates/a/Cargo.toml", manifest, false);
             assert_eq!(v.len(), 1, "{manifest}");
             assert!(v[0].message.contains("inherited"));
         }
     }
 
+    fn bincode(path: &str, manifest: &str, root_pins_exactly: bool) -> Vec<Violation> {
+        check_bincode(path, manifest, root_pins_exactly).expect("valid TOML")
+    }
+
+    fn root_pins(manifest: &str) -> bool {
+        root_pins_bincode_exactly(manifest).expect("valid TOML")
+    }
+
+    #[test]
+    fn invalid_manifest_is_an_error() {
+        assert!(
+            check_bincode(
+                "Cargo.toml",
+                "[dependencies
+bincode = \"2\"\n",
+                true
+            )
+            .is_err()
+        );
+        assert!(root_pins_bincode_exactly("[workspace.dependencies]\nbincode = \n").is_err());
+    }
+
+    #[test]
+    fn dependency_tables_and_lines() {
+        let manifest = "\
+[package]
+name = \"a\"
+[dependencies]
+serde = \"1\"
+[target.'cfg(unix)'.build-dependencies.cc]
+version = \"1\"
+[workspace.dependencies]
+rt = { package = \"tokio\", workspace = true }
+[package.metadata.dependencies]
+ignored = \"1\"
+";
+        let deps = dependencies(manifest).expect("valid TOML");
+        let found: Vec<_> = deps
+            .iter()
+            .map(|d| (d.table.as_str(), d.package_name(), d.line, d.is_normal()))
+            .collect();
+        assert_eq!(
+            found,
+            vec![
+                ("dependencies", "serde", 4, true),
+                ("target.cfg(unix).build-dependencies", "cc", 5, false),
+                ("workspace.dependencies", "tokio", 8, false),
+            ]
+        );
+        assert!(deps[2].workspace);
+        assert_eq!(deps[1].version.as_deref(), Some("1"));
+        assert_eq!(line_of("a\nb\nc", 2), 2);
+        assert_eq!(line_of("a", 0), 1);
+    }
+
     // --- helpers ---
 
     #[test]
-    fn package_name_is_read_from_package_table() {
-        let manifest = "[package]\nname = \"kvtier-cli\" # the cli\nversion = \"0.1.0\"\n[dependencies]\nname = \"x\"\n";
-        assert_eq!(package_name(manifest).as_deref(), Some("kvtier-cli"));
-        assert_eq!(package_name("[workspace]\nmembers = []\n"), None);
-    }
-
-    #[test]
     fn violation_display_format() {
-        let v = violation("crates/a/src/lib.rs", 3, RULE_DBG, "msg".to_string());
-        assert_eq!(v.to_string(), "crates/a/src/lib.rs:3: no-dbg: msg");
-    }
-
-    #[test]
-    fn src_relative_paths() {
-        assert_eq!(src_relative("crates/a/src/x/y.rs"), "x/y.rs");
-        assert_eq!(src_relative("crates/a/src/main.rs"), "main.rs");
-        assert_eq!(src_relative("src/bin/t.rs"), "bin/t.rs");
-        assert_eq!(src_relative("lib.rs"), "lib.rs");
+        let v = violation("crates/a/src/lib.rs", 3, RULE_LIB_DOC, "msg".to_string());
+        assert_eq!(v.to_string(), "crates/a/src/lib.rs:3: lib-doc: msg");
     }
 
     #[test]
