@@ -14,6 +14,8 @@ use crate::{cargo, display_command, run_command, tidy};
 enum Action {
     /// Run this command.
     Command(Command),
+    /// Run these commands in order.
+    Commands(Vec<Command>),
     /// Run tidy in-process.
     Tidy,
     /// Make sure cargo-nextest is installed, then run this command.
@@ -36,6 +38,11 @@ pub fn run(root: &Path) -> Result<()> {
         let description = match &step.action {
             Action::Command(command) | Action::Nextest(command) => display_command(command),
             Action::Tidy => "cargo xtask tidy (in-process)".to_string(),
+            Action::Commands(commands) => commands
+                .iter()
+                .map(display_command)
+                .collect::<Vec<_>>()
+                .join(" && "),
             Action::Cuda(commands) => std::iter::once("cargo xtask cuda-toolchain".to_string())
                 .chain(commands.iter().map(display_command))
                 .collect::<Vec<_>>()
@@ -50,6 +57,7 @@ pub fn run(root: &Path) -> Result<()> {
         let result = match step.action {
             Action::Command(mut command) => run_command(&mut command),
             Action::Tidy => tidy::run(root),
+            Action::Commands(mut commands) => commands.iter_mut().try_for_each(run_command),
             Action::Nextest(mut command) => {
                 ensure_nextest(root).and_then(|()| run_with_mooncake(root, &mut command))
             }
@@ -123,6 +131,19 @@ fn steps(root: &Path) -> Vec<Step> {
     }
     cuda_clippy.args(["--", "-D", "warnings"]);
 
+    // Every example of the top-level `examples/` member, built and run.
+    let examples: Vec<Command> = example_names(root)
+        .into_iter()
+        .map(|name| {
+            let mut run = cargo(root);
+            run.args(["run", "-p", "kvtier-examples", "--example", &name]);
+            if locked {
+                run.arg("--locked");
+            }
+            run
+        })
+        .collect();
+
     vec![
         Step {
             name: "fmt",
@@ -145,10 +166,30 @@ fn steps(root: &Path) -> Vec<Step> {
             action: Action::Command(doc),
         },
         Step {
+            name: "examples",
+            action: Action::Commands(examples),
+        },
+        Step {
             name: "cuda",
             action: Action::Cuda(vec![cuda_build, cuda_clippy, cuda_test]),
         },
     ]
+}
+
+/// The examples of `examples/`: one `NAME.rs` file each beside its `lib.rs`.
+fn example_names(root: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(root.join("examples"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let path = entry.path();
+            let stem = path.file_stem()?.to_str()?.to_string();
+            (path.extension()? == "rs" && stem != "lib").then_some(stem)
+        })
+        .collect();
+    names.sort();
+    names
 }
 
 /// Installs cargo-nextest when `cargo nextest --version` does not succeed.
