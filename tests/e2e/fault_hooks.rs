@@ -205,7 +205,7 @@ fn assert_failed(handle: &BlockingHandle, what: &str) {
         (
             "execute",
             handle
-                .execute(&ExecutionPlan::default(), Vec::new())
+                .execute(ExecutionPlan::default(), Vec::new())
                 .map(drop),
         ),
     ];

@@ -681,7 +681,6 @@ pub fn run_scenario_with(
                 history[turn.conversation].extend_from_slice(&turn.user);
             }
         }
-        let events = s.execute(&plan, std::mem::take(&mut new_requests))?;
         let prefill_tokens: u64 = plan
             .forward
             .prefill_rows()
@@ -689,6 +688,7 @@ pub fn run_scenario_with(
             .map(|row| u64::from(row.input_length))
             .sum();
         let decode_rows = plan.forward.decode_rows().len() as u64;
+        let events = s.execute(plan, std::mem::take(&mut new_requests))?;
         let prefetched: u64 = events
             .iter()
             .map(|event| match event {

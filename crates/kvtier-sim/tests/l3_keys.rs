@@ -174,7 +174,7 @@ impl Rig {
                     .entry(row.request_id.clone())
                     .or_insert((row.extend_prefix_len, step));
             }
-            let events = self.system.execute(&plan, announced).expect("execute");
+            let events = self.system.execute(plan, announced).expect("execute");
             for event in &events {
                 match event {
                     EngineEvent::ExtendResult { request_id, tokens } => {

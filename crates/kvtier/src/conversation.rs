@@ -280,7 +280,7 @@ impl Front {
                 let mail = Mail::to::<RadixCache>(RadixMsg::DrainKvEvents, &span);
                 Ok(self.send(conv, Stage::KvEvents, vec![mail]))
             }
-            Call::Execute(plan, new_requests) => {
+            Call::Execute(mut plan, new_requests) => {
                 self.alive()?;
                 let (device, l3) = (self.has(ActorName::DEVICE), self.has(ActorName::L3));
                 if !device && !l3 {
@@ -289,9 +289,10 @@ impl Front {
                 let mut mail = Vec::new();
                 let l3_work = l3 && !(plan.prefetches.is_empty() && plan.backups.is_empty());
                 if l3_work {
+                    // The device reads none of the L3 ops: they move to the L3 actor.
                     let transfer = L3Msg::L3Transfer {
-                        prefetches: plan.prefetches.clone(),
-                        backups: plan.backups.clone(),
+                        prefetches: std::mem::take(&mut plan.prefetches),
+                        backups: std::mem::take(&mut plan.backups),
                     };
                     mail.push(Mail::to::<L3Core>(transfer, &span));
                 }

@@ -144,10 +144,10 @@ impl Handle {
     /// device's model runner, and its L3 prefetches and backups on the L3 actor at the
     /// same time; returns the events to `advance` with (the device's, then the L3
     /// actor's). `new_requests` announces the requests submitted since the last plan to
-    /// the runner.
+    /// the runner. The plan moves to the actors: read what you need of it first.
     pub async fn execute(
         &self,
-        plan: &ExecutionPlan,
+        plan: ExecutionPlan,
         new_requests: Vec<NewRequest>,
     ) -> Result<Vec<EngineEvent>, KvError> {
         self.run(calls::execute(plan, new_requests)).await?.events()
@@ -229,7 +229,7 @@ impl BlockingHandle {
     /// See [`Handle::execute`].
     pub fn execute(
         &self,
-        plan: &ExecutionPlan,
+        plan: ExecutionPlan,
         new_requests: Vec<NewRequest>,
     ) -> Result<Vec<EngineEvent>, KvError> {
         block_on(self.handle.execute(plan, new_requests))

@@ -77,7 +77,7 @@ impl LocalSystem {
     /// See [`Handle::execute`].
     pub fn execute(
         &mut self,
-        plan: &ExecutionPlan,
+        plan: ExecutionPlan,
         new_requests: Vec<NewRequest>,
     ) -> Result<Vec<EngineEvent>, KvError> {
         self.call(calls::execute(plan, new_requests))?.events()

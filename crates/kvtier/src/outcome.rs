@@ -31,8 +31,8 @@ pub(crate) mod calls {
     pub fn abort(id: RequestId) -> Call {
         Call::Abort(id)
     }
-    pub fn execute(plan: &ExecutionPlan, new_requests: Vec<NewRequest>) -> Call {
-        Call::Execute(Box::new(plan.clone()), new_requests)
+    pub fn execute(plan: ExecutionPlan, new_requests: Vec<NewRequest>) -> Call {
+        Call::Execute(Box::new(plan), new_requests)
     }
     pub fn ask<C: ActorCore>(msg: C::Msg) -> Call {
         Call::Ask(Mail::to::<C>(msg, &tracing::Span::current()))
