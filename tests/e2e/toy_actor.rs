@@ -209,3 +209,19 @@ fn fault_hooks_see_the_toys_mail_on_every_runtime() {
         }
     }
 }
+
+#[test]
+fn dropping_the_view_of_a_threaded_system_shuts_it_down() {
+    for runtime in RUNTIMES {
+        let dropped = Arc::new(AtomicBool::new(false));
+        let counter = Counter {
+            total: 0,
+            dropped: Arc::clone(&dropped),
+        };
+        drop(start(runtime, counter, false));
+        assert!(
+            dropped.load(Ordering::SeqCst),
+            "{runtime:?}: the system's thread was left running"
+        );
+    }
+}

@@ -20,6 +20,14 @@ pub struct LocalSystem {
 #[derive(Debug)]
 struct Remote(BlockingHandle);
 
+/// A remote system nobody shut down is shut down with its view, so its thread ends
+/// (after an explicit `shutdown` this answers `ShutDown` at once).
+impl Drop for Remote {
+    fn drop(&mut self) {
+        drop(self.0.shutdown());
+    }
+}
+
 impl Driver for Remote {
     fn call(
         &mut self,
