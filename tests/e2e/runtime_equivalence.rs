@@ -81,10 +81,9 @@ fn random_run(seed: u64, path: Path) -> (Vec<u64>, kvtier_sim::Counters) {
         enable_kv_cache_events: true,
         ..SchedulerConfig::default()
     };
-    let page_size = config.page_size;
     let mut driver = StepDriver::new(
-        scheduler_on(path, config).expect("scheduler starts"),
-        page_size,
+        scheduler_on(path, config.clone()).expect("scheduler starts"),
+        &config,
     );
     driver.plan_digests = Some(Vec::new());
     let mut rng = seed | 1;

@@ -9,10 +9,11 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Instant;
 
-use kvtier::KvError;
+use kvtier::{KvError, LocalSystem};
 
-use kvtier::LocalSystem;
-use kvtier_types::{EngineEvent, ExecutionPlan, RequestId, RequestSpec, RowKind, Token};
+use kvtier_types::{
+    EngineEvent, ExecutionPlan, RequestId, RequestSpec, RowKind, SchedulerConfig, Token,
+};
 use serde::Serialize;
 
 /// Deterministic counters of a run (identical across runs and runtimes).
@@ -102,6 +103,8 @@ pub struct StepDriver {
     live: BTreeMap<RequestId, Live>,
     started: HashSet<RequestId>,
     page_size: u64,
+    /// Whether the scheduler emits KV events (else they are never asked for).
+    kv_events: bool,
     /// Skip `advance` when the plan holds nothing for the engine (W3's rule).
     pub skip_empty_advance: bool,
     /// Route calls through the `measured_*` functions (callgrind counts only those).
@@ -134,9 +137,10 @@ fn discard(plan: ExecutionPlan) {
 }
 
 impl StepDriver {
-    /// Wraps a scheduler (any path) configured with pages of `page_size` tokens.
-    pub fn new(scheduler: LocalSystem, page_size: u32) -> Self {
-        let page_size = u64::from(page_size);
+    /// Wraps a scheduler (any path) started with `config`.
+    pub fn new(scheduler: LocalSystem, config: &SchedulerConfig) -> Self {
+        let page_size = u64::from(config.page_size);
+        let kv_events = config.enable_kv_cache_events;
         Self {
             scheduler,
             plan_digests: None,
@@ -145,6 +149,7 @@ impl StepDriver {
             live: BTreeMap::new(),
             started: HashSet::new(),
             page_size,
+            kv_events,
             skip_empty_advance: false,
             measure: true,
         }
@@ -221,6 +226,9 @@ impl StepDriver {
 
     /// Drains the scheduler's KV events (outside the timed calls) and counts them.
     fn count_kv_events(&mut self) -> Result<(), KvError> {
+        if !self.kv_events {
+            return Ok(());
+        }
         for event in self.scheduler.take_kv_events()? {
             match event {
                 kvtier_types::KvEvent::BlockStored { .. } => self.counters.kv_blocks_stored += 1,

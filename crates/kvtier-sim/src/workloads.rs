@@ -245,8 +245,7 @@ impl From<KvError> for WorkloadError {
 }
 
 fn new_driver(o: &WorkloadOptions, config: SchedulerConfig) -> Result<StepDriver, WorkloadError> {
-    let page_size = config.page_size;
-    let mut driver = StepDriver::new(scheduler_on(o.path, config)?, page_size);
+    let mut driver = StepDriver::new(scheduler_on(o.path, config.clone())?, &config);
     if o.record_plans {
         driver.plan_digests = Some(Vec::new());
     }
