@@ -12,12 +12,14 @@ use std::collections::BTreeSet;
 
 use kvtier_device::{DeviceCore, DeviceMsg, DeviceReply, NewRequest};
 use kvtier_fsm::{FamilyMail, FamilyReply, Progress, SchedulerCore, SchedulerStats};
-use kvtier_host::{HostAllocator, HostMsg, HostReply, HostStats};
-use kvtier_l3::{L3Core, L3Msg, L3Reply, L3TierStats};
-use kvtier_radix::{RadixCache, RadixMsg, RadixReply, TreeStats};
-use kvtier_types::{ActorName, EngineEvent, ExecutionPlan, KvEvent, RequestId, RequestSpec};
+use kvtier_host::{HostAllocator, HostMsg, HostReply};
+use kvtier_l3::{L3Core, L3Msg, L3Reply};
+use kvtier_radix::{RadixCache, RadixMsg, RadixReply};
+use kvtier_types::{
+    ActorCore, ActorName, EngineEvent, ExecutionPlan, KvEvent, RequestId, RequestSpec,
+};
 
-use crate::mail::{Answer, Body, Mail};
+use crate::mail::{Answer, Mail};
 use crate::{KvError, ShutdownReport, SystemStats};
 
 /// A call of the embedding API.
@@ -40,6 +42,11 @@ pub(crate) enum Call {
 }
 
 impl Call {
+    /// One message of `C`'s protocol, under the caller's span.
+    pub fn ask<C: ActorCore>(msg: C::Msg) -> Self {
+        Call::Ask(Mail::to::<C>(msg, &tracing::Span::current()))
+    }
+
     /// Whether the call uses the scheduler core (so no other such call may interleave
     /// with it). The others only pass mail to other actors.
     pub fn uses_core(&self) -> bool {
@@ -76,34 +83,24 @@ pub(crate) enum Step {
 #[derive(Debug)]
 pub(crate) struct Conversation {
     stage: Stage,
-    /// Answers still to come for the mail last sent.
+    /// How many answers the mail last sent brings.
     waiting: usize,
+    /// The answers so far, in arrival order.
+    answers: Vec<Answer>,
     span: tracing::Span,
 }
 
+/// What a conversation knows while its mail is out; the answers complete it.
 #[derive(Debug)]
 enum Stage {
     /// Submit: the L3 actor looks the prompts up.
     Lookup,
     /// The scheduler core's family mail is out; `result` is what the call answers when
     /// the core is done.
-    Family {
-        result: Result<(), KvError>,
-        progress: Option<Progress>,
-    },
-    Stats {
-        scheduler: SchedulerStats,
-        tree: Option<TreeStats>,
-        host: Option<HostStats>,
-        device: Option<kvtier_device::DeviceStats>,
-        l3: Option<L3TierStats>,
-    },
+    Family(Result<(), KvError>),
+    Stats(SchedulerStats),
     KvEvents,
-    Execute {
-        device: Option<Vec<EngineEvent>>,
-        l3: Option<Vec<EngineEvent>>,
-        refused: Option<KvError>,
-    },
+    Execute,
     /// The answer's body is the outcome.
     Forward,
     /// The answer is the actor's core: the system no longer has that actor.
@@ -169,6 +166,7 @@ impl Front {
         let mut conv = Conversation {
             stage: Stage::Over,
             waiting: 0,
+            answers: Vec::new(),
             span,
         };
         let entered = conv.span.clone();
@@ -180,12 +178,17 @@ impl Front {
         (conv, step)
     }
 
-    /// Hands the conversation one answer to its mail.
+    /// Hands the conversation one answer to its mail; the last one completes the stage.
     pub fn answer(&mut self, conv: &mut Conversation, answer: Answer) -> Step {
+        conv.answers.push(answer);
+        if conv.answers.len() < conv.waiting {
+            return Step::Wait;
+        }
         let entered = conv.span.clone();
         let _entered = entered.enter();
-        conv.waiting = conv.waiting.saturating_sub(1);
-        match self.take(conv, answer) {
+        let stage = std::mem::replace(&mut conv.stage, Stage::Over);
+        let answers = std::mem::take(&mut conv.answers);
+        match self.complete(conv, stage, answers) {
             Ok(step) => step,
             Err(error) => self.fault(conv, error),
         }
@@ -199,9 +202,11 @@ impl Front {
                 report.conservation = Err(error.to_string());
             }
             report.failure.get_or_insert_with(|| error.to_string());
-            conv.waiting = 0;
             let closing = *closing;
-            return self.close(conv, closing);
+            let Stage::Shutdown(report, _) = std::mem::replace(&mut conv.stage, Stage::Over) else {
+                unreachable!("matched above")
+            };
+            return self.close(conv, report, closing);
         }
         self.finish(conv, Err(error))
     }
@@ -209,6 +214,7 @@ impl Front {
     fn finish(&mut self, conv: &mut Conversation, result: Result<Outcome, KvError>) -> Step {
         conv.stage = Stage::Over;
         conv.waiting = 0;
+        conv.answers.clear();
         if let Err(error) = &result
             && error.is_runtime_fault()
             && self.failed.is_none()
@@ -221,6 +227,7 @@ impl Front {
     fn send(&self, conv: &mut Conversation, stage: Stage, mail: Vec<Mail>) -> Step {
         conv.stage = stage;
         conv.waiting = mail.len();
+        conv.answers.clear();
         Step::Send(mail)
     }
 
@@ -248,11 +255,7 @@ impl Front {
             }
             Call::NextPlan => {
                 let mail = self.core()?.plan()?;
-                let stage = Stage::Family {
-                    result: Ok(()),
-                    progress: None,
-                };
-                Ok(self.send(conv, stage, family_mail(mail, &span)))
+                Ok(self.send(conv, Stage::Family(Ok(())), family_mail(mail, &span)))
             }
             Call::Stats => {
                 let scheduler = self.core()?.stats();
@@ -266,14 +269,7 @@ impl Front {
                 if self.has(ActorName::L3) {
                     mail.push(Mail::to::<L3Core>(L3Msg::L3StatsQuery, &span));
                 }
-                let stage = Stage::Stats {
-                    scheduler,
-                    tree: None,
-                    host: None,
-                    device: None,
-                    l3: None,
-                };
-                Ok(self.send(conv, stage, mail))
+                Ok(self.send(conv, Stage::Stats(scheduler), mail))
             }
             Call::TakeKvEvents => {
                 self.core()?;
@@ -300,20 +296,14 @@ impl Front {
                     let execute = DeviceMsg::Execute { plan, new_requests };
                     mail.push(Mail::to::<DeviceCore>(execute, &span));
                 }
-                // Each side's events are known empty until its answer says otherwise.
-                let stage = Stage::Execute {
-                    device: (!device).then(Vec::new),
-                    l3: (!l3_work).then(Vec::new),
-                    refused: None,
-                };
-                Ok(self.send(conv, stage, mail))
+                Ok(self.send(conv, Stage::Execute, mail))
             }
             Call::TakeCore(actor) => {
                 self.alive()?;
                 if !self.has(actor) {
                     return Ok(self.finish(conv, Ok(Outcome::Absent)));
                 }
-                let mail = Mail::lifecycle(actor, Body::TakeCore, &span);
+                let mail = Mail::take_core(actor, &span);
                 Ok(self.send(conv, Stage::TakeCore(actor), vec![mail]))
             }
             Call::Ask(mail) => {
@@ -354,191 +344,192 @@ impl Front {
             return self.finish(conv, result.map(|()| Outcome::Done));
         }
         let mail = family_mail(mail, &conv.span);
-        let stage = Stage::Family {
-            result,
-            progress: None,
-        };
-        self.send(conv, stage, mail)
+        self.send(conv, Stage::Family(result), mail)
     }
 
-    fn take(&mut self, conv: &mut Conversation, answer: Answer) -> Result<Step, KvError> {
-        let from = answer.from;
-        let name = answer.name;
-        let unexpected = KvError::UnexpectedAnswer { from, answer: name };
-        match &mut conv.stage {
+    /// Completes a stage with all the answers to its mail.
+    fn complete(
+        &mut self,
+        conv: &mut Conversation,
+        stage: Stage,
+        answers: Vec<Answer>,
+    ) -> Result<Step, KvError> {
+        let unexpected = |a: &Answer| KvError::UnexpectedAnswer {
+            from: a.from,
+            answer: a.name,
+        };
+        let mut answers = answers.into_iter();
+        let outcome = match stage {
             Stage::Lookup => {
+                let answer = answers
+                    .next()
+                    .ok_or_else(super::runtime::nothing_to_wait_for)?;
+                let error = unexpected(&answer);
                 let L3Reply::L3LookedUp(specs) = answer.reply::<L3Core>()? else {
-                    return Err(unexpected);
+                    return Err(error);
                 };
                 self.core()?.submit(specs)?;
-                Ok(self.finish(conv, Ok(Outcome::Done)))
+                Ok(Outcome::Done)
             }
-            Stage::Family { progress, .. } => {
-                let reply = match answer.reply::<RadixCache>()? {
-                    RadixReply::CacheReply(reply) => FamilyReply::Radix(reply),
-                    _ => return Err(unexpected),
-                };
-                let resumed = self.core()?.resume(reply).map_err(|_| unexpected)?;
-                *progress = Some(resumed);
-                if conv.waiting > 0 {
-                    return Ok(Step::Wait);
+            Stage::Family(result) => {
+                let mut progress = None;
+                for answer in answers {
+                    let error = unexpected(&answer);
+                    let RadixReply::CacheReply(reply) = answer.reply::<RadixCache>()? else {
+                        return Err(error);
+                    };
+                    progress = Some(
+                        self.core()?
+                            .resume(FamilyReply::Radix(reply))
+                            .map_err(|_| error)?,
+                    );
                 }
-                let Stage::Family { result, progress } =
-                    std::mem::replace(&mut conv.stage, Stage::Over)
-                else {
-                    unreachable!("the stage matched above")
-                };
-                Ok(match progress {
-                    Some(Progress::Done) => self.finish(conv, result.map(|()| Outcome::Done)),
-                    Some(Progress::Plan(plan)) => {
-                        self.finish(conv, Ok(Outcome::Plan(Box::new(plan))))
-                    }
+                match progress {
+                    Some(Progress::Done) => result.map(|()| Outcome::Done),
+                    Some(Progress::Plan(plan)) => Ok(Outcome::Plan(Box::new(plan))),
                     Some(Progress::Send(mail)) => {
                         let mail = family_mail(mail, &conv.span);
-                        let stage = Stage::Family {
-                            result,
-                            progress: None,
-                        };
-                        self.send(conv, stage, mail)
+                        return Ok(self.send(conv, Stage::Family(result), mail));
                     }
-                    None => return Err(KvError::UnexpectedAnswer { from, answer: name }),
-                })
+                    None => return Err(super::runtime::nothing_to_wait_for()),
+                }
             }
-            Stage::Stats {
-                tree,
-                host,
-                device,
-                l3,
-                ..
-            } => {
-                match from {
-                    ActorName::RADIX => match answer.reply::<RadixCache>()? {
-                        RadixReply::TreeStats(stats) => *tree = Some(stats),
-                        _ => return Err(unexpected),
-                    },
-                    ActorName::HOST => match answer.reply::<HostAllocator>()? {
-                        HostReply::HostStats(stats) => *host = Some(stats),
-                        _ => return Err(unexpected),
-                    },
-                    ActorName::DEVICE => match answer.reply::<DeviceCore>()? {
-                        DeviceReply::DeviceStats(stats) => *device = Some(stats),
-                        _ => return Err(unexpected),
-                    },
-                    ActorName::L3 => match answer.reply::<L3Core>()? {
-                        L3Reply::L3Stats(stats) => *l3 = Some(stats),
-                        _ => return Err(unexpected),
-                    },
-                    _ => return Err(unexpected),
+            Stage::Stats(scheduler) => {
+                let (mut tree, mut host, mut device, mut l3) = (None, None, None, None);
+                for answer in answers {
+                    let error = unexpected(&answer);
+                    match answer.from {
+                        ActorName::RADIX => match answer.reply::<RadixCache>()? {
+                            RadixReply::TreeStats(stats) => tree = Some(stats),
+                            _ => return Err(error),
+                        },
+                        ActorName::HOST => match answer.reply::<HostAllocator>()? {
+                            HostReply::HostStats(stats) => host = Some(stats),
+                            _ => return Err(error),
+                        },
+                        ActorName::DEVICE => match answer.reply::<DeviceCore>()? {
+                            DeviceReply::DeviceStats(stats) => device = Some(stats),
+                            _ => return Err(error),
+                        },
+                        ActorName::L3 => match answer.reply::<L3Core>()? {
+                            L3Reply::L3Stats(stats) => l3 = Some(stats),
+                            _ => return Err(error),
+                        },
+                        _ => return Err(error),
+                    }
                 }
-                if conv.waiting > 0 {
-                    return Ok(Step::Wait);
-                }
-                let Stage::Stats {
-                    scheduler,
-                    tree: Some(tree),
-                    host: Some(host),
-                    device,
-                    l3,
-                } = std::mem::replace(&mut conv.stage, Stage::Over)
-                else {
-                    return Err(unexpected);
+                let (Some(tree), Some(host)) = (tree, host) else {
+                    return Err(super::runtime::nothing_to_wait_for());
                 };
-                let stats = SystemStats {
+                Ok(Outcome::Stats(Box::new(SystemStats {
                     scheduler: scheduler.with_tree(tree),
                     host,
                     device,
                     l3,
-                };
-                Ok(self.finish(conv, Ok(Outcome::Stats(Box::new(stats)))))
+                })))
             }
-            Stage::KvEvents => match answer.reply::<RadixCache>()? {
-                RadixReply::KvEvents(events) => {
-                    Ok(self.finish(conv, Ok(Outcome::KvEvents(events))))
+            Stage::KvEvents => {
+                let answer = answers
+                    .next()
+                    .ok_or_else(super::runtime::nothing_to_wait_for)?;
+                let error = unexpected(&answer);
+                match answer.reply::<RadixCache>()? {
+                    RadixReply::KvEvents(events) => Ok(Outcome::KvEvents(events)),
+                    _ => return Err(error),
                 }
-                _ => Err(unexpected),
-            },
-            Stage::Execute {
-                device,
-                l3,
-                refused,
-            } => {
-                match from {
-                    ActorName::DEVICE => match answer.reply::<DeviceCore>()? {
-                        DeviceReply::Executed(Ok(events)) => *device = Some(events),
-                        DeviceReply::Executed(Err(error)) => {
-                            *device = Some(Vec::new());
-                            *refused = Some(error.into());
-                        }
-                        _ => return Err(unexpected),
-                    },
-                    ActorName::L3 => match answer.reply::<L3Core>()? {
-                        L3Reply::L3Transferred(events) => *l3 = Some(events),
-                        _ => return Err(unexpected),
-                    },
-                    _ => return Err(unexpected),
-                }
-                if conv.waiting > 0 {
-                    return Ok(Step::Wait);
-                }
-                let Stage::Execute {
-                    device: Some(mut events),
-                    l3: Some(l3_events),
-                    refused,
-                } = std::mem::replace(&mut conv.stage, Stage::Over)
-                else {
-                    return Err(unexpected);
-                };
-                if let Some(error) = refused {
-                    return Ok(self.finish(conv, Err(error)));
+            }
+            Stage::Execute => {
+                let (mut events, mut l3_events, mut refused) = (Vec::new(), Vec::new(), None);
+                for answer in answers {
+                    let error = unexpected(&answer);
+                    match answer.from {
+                        ActorName::DEVICE => match answer.reply::<DeviceCore>()? {
+                            DeviceReply::Executed(Ok(device)) => events = device,
+                            DeviceReply::Executed(Err(e)) => refused = Some(e.into()),
+                            _ => return Err(error),
+                        },
+                        ActorName::L3 => match answer.reply::<L3Core>()? {
+                            L3Reply::L3Transferred(l3) => l3_events = l3,
+                            _ => return Err(error),
+                        },
+                        _ => return Err(error),
+                    }
                 }
                 // The device's events first (write-back acks, then the runner's), then
                 // the L3 store's (`PrefetchDone`, then `BackupDone`).
                 events.extend(l3_events);
-                Ok(self.finish(conv, Ok(Outcome::Events(events))))
+                match refused {
+                    Some(error) => Err(error),
+                    None => Ok(Outcome::Events(events)),
+                }
             }
-            Stage::Forward => Ok(self.finish(conv, Ok(Outcome::Reply(answer.body)))),
+            Stage::Forward => {
+                let answer = answers
+                    .next()
+                    .ok_or_else(super::runtime::nothing_to_wait_for)?;
+                Ok(Outcome::Reply(answer.body))
+            }
             Stage::TakeCore(actor) => {
+                let answer = answers
+                    .next()
+                    .ok_or_else(super::runtime::nothing_to_wait_for)?;
                 // Later calls treat the system as built without it.
-                let actor = *actor;
                 self.actors.remove(&actor);
-                Ok(self.finish(conv, Ok(Outcome::Reply(answer.body))))
+                Ok(Outcome::Reply(answer.body))
             }
-            Stage::Shutdown(report, closing) => {
-                match closing {
-                    Closing::Check => match answer.reply::<RadixCache>()? {
-                        RadixReply::Checked(result) => report.conservation = result,
-                        _ => return Err(unexpected),
-                    },
-                    Closing::Stop => {}
-                    Closing::Host => match answer.reply::<HostAllocator>()? {
-                        HostReply::HostStats(stats) => report.host = stats,
-                        _ => return Err(unexpected),
-                    },
+            Stage::Shutdown(mut report, closing) => {
+                for answer in answers {
+                    let error = unexpected(&answer);
+                    let understood = match (closing, answer.from) {
+                        (Closing::Check, ActorName::RADIX) => match answer.reply::<RadixCache>() {
+                            Ok(RadixReply::Checked(result)) => {
+                                report.conservation = result;
+                                true
+                            }
+                            _ => false,
+                        },
+                        (Closing::Stop, _) => true,
+                        (Closing::Host, ActorName::HOST) => match answer.reply::<HostAllocator>() {
+                            Ok(HostReply::HostStats(stats)) => {
+                                report.host = stats;
+                                true
+                            }
+                            _ => false,
+                        },
+                        _ => false,
+                    };
+                    // Shutdown goes on: what it could not learn is in the report.
+                    if !understood {
+                        report.failure.get_or_insert_with(|| error.to_string());
+                    }
                 }
-                if conv.waiting > 0 {
-                    return Ok(Step::Wait);
-                }
-                let closing = *closing;
-                Ok(self.close(conv, closing))
+                return Ok(self.close(conv, report, closing));
             }
-            Stage::Over => Err(unexpected),
-        }
+            Stage::Over => return Err(super::runtime::nothing_to_wait_for()),
+        };
+        Ok(self.finish(conv, outcome))
     }
 
     /// Shutdown's next step after `done`.
-    fn close(&mut self, conv: &mut Conversation, done: Closing) -> Step {
+    fn close(
+        &mut self,
+        conv: &mut Conversation,
+        report: Box<ShutdownReport>,
+        done: Closing,
+    ) -> Step {
         let span = conv.span.clone();
-        let Stage::Shutdown(report, _) = std::mem::replace(&mut conv.stage, Stage::Over) else {
-            return self.finish(conv, Ok(Outcome::Done));
-        };
         match done {
             Closing::Check => {
-                let mail = self
+                let mail: Vec<Mail> = self
                     .actors
                     .iter()
                     .filter(|&&a| a != ActorName::HOST)
-                    .map(|&a| Mail::lifecycle(a, Body::Stop, &span))
+                    .map(|&a| Mail::stop(a, &span))
                     .collect();
+                if mail.is_empty() {
+                    // Every other core was taken out already.
+                    return self.close(conv, report, Closing::Stop);
+                }
                 self.send(conv, Stage::Shutdown(report, Closing::Stop), mail)
             }
             Closing::Stop => {

@@ -12,7 +12,6 @@ use kvtier_types::{ActorCore, EngineEvent, ExecutionPlan, KvEvent, RequestId, Re
 use tokio::sync::oneshot;
 
 use crate::conversation::{Call, Outcome};
-use crate::outcome::calls;
 use crate::runtime::Driver;
 use crate::runtime::actix::FrontActor;
 use crate::{KvError, SetupError, ShutdownReport, SystemStats};
@@ -112,7 +111,7 @@ impl Handle {
 
     /// Queues requests. Invalid ones come back in [`KvError::Batch`]; the rest are queued.
     pub async fn submit(&self, specs: Vec<RequestSpec>) -> Result<(), KvError> {
-        self.run(calls::submit(specs)).await?.done()
+        self.run(Call::Submit(specs)).await?.done()
     }
 
     /// Builds the next execution plan.
@@ -122,12 +121,12 @@ impl Handle {
 
     /// Applies engine events in order. Refused ones come back in [`KvError::Batch`].
     pub async fn advance(&self, events: Vec<EngineEvent>) -> Result<(), KvError> {
-        self.run(calls::advance(events)).await?.done()
+        self.run(Call::Advance(events)).await?.done()
     }
 
     /// Aborts one request, whatever its state.
     pub async fn abort(&self, id: RequestId) -> Result<(), KvError> {
-        self.run(calls::abort(id)).await?.done()
+        self.run(Call::Abort(id)).await?.done()
     }
 
     /// Counters and gauges of every actor.
@@ -150,25 +149,27 @@ impl Handle {
         plan: ExecutionPlan,
         new_requests: Vec<NewRequest>,
     ) -> Result<Vec<EngineEvent>, KvError> {
-        self.run(calls::execute(plan, new_requests)).await?.events()
+        self.run(Call::Execute(Box::new(plan), new_requests))
+            .await?
+            .events()
     }
 
     /// Takes the device core out of the system (to read its model runner at the end of
     /// a run). Later `execute` calls fail with [`KvError::ActorGone`].
     pub async fn take_device(&self) -> Result<Option<DeviceCore>, KvError> {
-        self.run(calls::take_core::<DeviceCore>()).await?.device()
+        self.take_core::<DeviceCore>().await
     }
 
     /// Takes an actor's core out of the system; `None` when the system has no such
     /// actor. Later mail to it fails with [`KvError::ActorGone`].
     pub async fn take_core<C: ActorCore>(&self) -> Result<Option<C>, KvError> {
-        self.run(calls::take_core::<C>()).await?.core::<C>()
+        self.run(Call::TakeCore(C::NAME)).await?.core::<C>()
     }
 
     /// Sends one message of an actor's own protocol (an actor added with
     /// [`crate::SystemBuilder::actor`]) and waits for its reply.
     pub async fn ask<C: ActorCore>(&self, msg: C::Msg) -> Result<C::Reply, KvError> {
-        self.run(calls::ask::<C>(msg)).await?.reply::<C>()
+        self.run(Call::ask::<C>(msg)).await?.reply::<C>()
     }
 
     /// Drains what is in flight, stops the actors and reports anything still held.

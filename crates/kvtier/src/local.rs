@@ -5,7 +5,6 @@ use kvtier_device::{DeviceCore, NewRequest};
 use kvtier_types::{ActorCore, EngineEvent, ExecutionPlan, KvEvent, RequestId, RequestSpec};
 
 use crate::conversation::Call;
-use crate::outcome::calls;
 use crate::runtime::Driver;
 use crate::{BlockingHandle, Handle, KvError, ShutdownReport, SystemStats};
 
@@ -54,7 +53,7 @@ impl LocalSystem {
 
     /// See [`Handle::submit`].
     pub fn submit(&mut self, specs: Vec<RequestSpec>) -> Result<(), KvError> {
-        self.call(calls::submit(specs))?.done()
+        self.call(Call::Submit(specs))?.done()
     }
 
     /// See [`Handle::next_plan`].
@@ -64,12 +63,12 @@ impl LocalSystem {
 
     /// See [`Handle::advance`].
     pub fn advance(&mut self, events: Vec<EngineEvent>) -> Result<(), KvError> {
-        self.call(calls::advance(events))?.done()
+        self.call(Call::Advance(events))?.done()
     }
 
     /// See [`Handle::abort`].
     pub fn abort(&mut self, id: RequestId) -> Result<(), KvError> {
-        self.call(calls::abort(id))?.done()
+        self.call(Call::Abort(id))?.done()
     }
 
     /// See [`Handle::stats`].
@@ -88,22 +87,23 @@ impl LocalSystem {
         plan: ExecutionPlan,
         new_requests: Vec<NewRequest>,
     ) -> Result<Vec<EngineEvent>, KvError> {
-        self.call(calls::execute(plan, new_requests))?.events()
+        self.call(Call::Execute(Box::new(plan), new_requests))?
+            .events()
     }
 
     /// See [`Handle::take_device`].
     pub fn take_device(&mut self) -> Result<Option<DeviceCore>, KvError> {
-        self.call(calls::take_core::<DeviceCore>())?.device()
+        self.take_core::<DeviceCore>()
     }
 
     /// See [`Handle::take_core`].
     pub fn take_core<C: ActorCore>(&mut self) -> Result<Option<C>, KvError> {
-        self.call(calls::take_core::<C>())?.core::<C>()
+        self.call(Call::TakeCore(C::NAME))?.core::<C>()
     }
 
     /// See [`Handle::ask`].
     pub fn ask<C: ActorCore>(&mut self, msg: C::Msg) -> Result<C::Reply, KvError> {
-        self.call(calls::ask::<C>(msg))?.reply::<C>()
+        self.call(Call::ask::<C>(msg))?.reply::<C>()
     }
 
     /// See [`Handle::shutdown`].

@@ -43,17 +43,22 @@ impl Mail {
         }
     }
 
-    /// A lifecycle step for the actor `to`.
-    pub fn lifecycle(to: ActorName, body: Body, span: &tracing::Span) -> Self {
-        let name = match body {
-            Body::Stop => "Stop",
-            Body::TakeCore => "TakeCore",
-            Body::Message(_) => "Message",
-        };
+    /// Drop the core of the actor `to`.
+    pub fn stop(to: ActorName, span: &tracing::Span) -> Self {
         Self {
             to,
-            name,
-            body,
+            name: "Stop",
+            body: Body::Stop,
+            span: span.clone(),
+        }
+    }
+
+    /// Move the core of the actor `to` out.
+    pub fn take_core(to: ActorName, span: &tracing::Span) -> Self {
+        Self {
+            to,
+            name: "TakeCore",
+            body: Body::TakeCore,
             span: span.clone(),
         }
     }

@@ -1,44 +1,16 @@
-//! The typed calls of the embedding API, written once: each view ([`crate::Handle`],
-//! [`crate::BlockingHandle`], [`crate::LocalSystem`]) turns a method into a [`Call`]
-//! and the [`Outcome`] back into its type here.
+//! The typed answers of the embedding API, written once: each view ([`crate::Handle`],
+//! [`crate::BlockingHandle`], [`crate::LocalSystem`]) turns a method into a
+//! [`crate::conversation::Call`] and the [`Outcome`] back into its type here.
 
-use kvtier_device::{DeviceCore, NewRequest};
-use kvtier_types::{
-    ActorCore, ActorName, EngineEvent, ExecutionPlan, KvEvent, RequestId, RequestSpec,
-};
+use kvtier_types::{ActorCore, ActorName, EngineEvent, ExecutionPlan, KvEvent};
 
-use crate::conversation::{Call, Outcome};
-use crate::mail::Mail;
+use crate::conversation::Outcome;
 use crate::{KvError, ShutdownReport, SystemStats};
 
 fn unexpected(answer: &'static str) -> KvError {
     KvError::UnexpectedAnswer {
         from: ActorName::SCHEDULER,
         answer,
-    }
-}
-
-/// The call of each API method.
-pub(crate) mod calls {
-    use super::*;
-
-    pub fn submit(specs: Vec<RequestSpec>) -> Call {
-        Call::Submit(specs)
-    }
-    pub fn advance(events: Vec<EngineEvent>) -> Call {
-        Call::Advance(events)
-    }
-    pub fn abort(id: RequestId) -> Call {
-        Call::Abort(id)
-    }
-    pub fn execute(plan: ExecutionPlan, new_requests: Vec<NewRequest>) -> Call {
-        Call::Execute(Box::new(plan), new_requests)
-    }
-    pub fn ask<C: ActorCore>(msg: C::Msg) -> Call {
-        Call::Ask(Mail::to::<C>(msg, &tracing::Span::current()))
-    }
-    pub fn take_core<C: ActorCore>() -> Call {
-        Call::TakeCore(C::NAME)
     }
 }
 
@@ -97,10 +69,6 @@ impl Outcome {
                 .map_err(|_| unexpected("another actor's core")),
             _ => Err(unexpected("not a core")),
         }
-    }
-
-    pub fn device(self) -> Result<Option<DeviceCore>, KvError> {
-        self.core::<DeviceCore>()
     }
 
     pub fn report(self) -> Result<ShutdownReport, KvError> {
