@@ -53,8 +53,8 @@ enum Command {
         kv_events: bool,
         /// The path the workload drives: the core directly, or the actor system (actix,
         /// or the deterministic runtime).
-        #[arg(long, value_enum, default_value_t = BenchRuntime::Core)]
-        runtime: BenchRuntime,
+        #[arg(long, value_enum, default_value_t = Path::Core)]
+        runtime: Path,
         /// `bench l3` only: the store (`local` by default, or `mooncake`: the cluster the
         /// environment describes).
         #[arg(long, value_enum)]
@@ -63,30 +63,6 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-}
-
-/// `--runtime` of `kvtier bench`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum BenchRuntime {
-    /// The scheduler core over its own cache, called directly.
-    Core,
-    /// The actix actor system, on the calling thread (no thread hop).
-    Actors,
-    /// The actix actor system on its own thread, through the blocking handle.
-    ActorsThreaded,
-    /// The deterministic single-thread runtime.
-    Deterministic,
-}
-
-impl BenchRuntime {
-    fn path(self) -> Path {
-        match self {
-            BenchRuntime::Core => Path::Core,
-            BenchRuntime::Actors => Path::Actors,
-            BenchRuntime::ActorsThreaded => Path::ActorsThreaded,
-            BenchRuntime::Deterministic => Path::Deterministic,
-        }
-    }
 }
 
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -113,7 +89,7 @@ struct ReplayArgs {
     deterministic: bool,
     /// Which path runs the replay (default: the actix actor system).
     #[arg(long, value_enum)]
-    runtime: Option<BenchRuntime>,
+    runtime: Option<Path>,
     /// The L3 store (default: `local` for longdoc, `off` otherwise). `mooncake` needs a
     /// cluster in the environment (`cargo xtask mooncake up`, then
     /// `eval "$(cargo xtask mooncake env)"`).
@@ -227,7 +203,7 @@ fn main() -> Result<()> {
                 requests,
                 measure_pass,
                 kv_events,
-                path: runtime.path(),
+                path: runtime,
                 record_plans: false,
             };
             if measure_pass.is_some() && kind != WorkloadKind::W1 {
@@ -324,7 +300,7 @@ fn read_replay_file(path: &std::path::Path) -> Result<ReplayFile> {
 fn replay_path(args: &ReplayArgs) -> Path {
     match (args.deterministic, args.runtime) {
         (true, _) => Path::Deterministic,
-        (false, Some(runtime)) => runtime.path(),
+        (false, Some(runtime)) => runtime,
         (false, None) => Path::Actors,
     }
 }

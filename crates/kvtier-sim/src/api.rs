@@ -10,7 +10,7 @@ use kvtier_types::SchedulerConfig;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Path {
-    /// The cores called in place ([`Runtime::Direct`]), on the caller's thread.
+    /// The cores called in place (the direct runtime), on the caller's thread.
     #[default]
     Core,
     /// The actix actor system on the caller's thread.
