@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use kvtier::{BlockingHandle, KvError, Runtime, System};
+use kvtier::{BlockingHandle, Delivery, Fault, FaultHooks, KvError, Runtime, System};
 use kvtier_fsm::Scheduler;
 use kvtier_types::{
     EngineEvent, ExecutionPlan, OpId, RequestId, RequestSpec, RowKind, SchedulerConfig, Token,
@@ -204,5 +204,27 @@ impl Lockstep {
             .check_invariants()
             .expect("the direct path conserves pages");
         got
+    }
+}
+
+/// Fails the `n`-th delivery of `message`.
+#[derive(Debug)]
+pub struct FailNth {
+    pub message: &'static str,
+    pub n: usize,
+    pub seen: usize,
+}
+
+impl FaultHooks for FailNth {
+    fn on_send(&mut self, d: &Delivery) -> Fault {
+        if d.message != self.message {
+            return Fault::Deliver;
+        }
+        self.seen += 1;
+        if self.seen == self.n {
+            Fault::Fail
+        } else {
+            Fault::Deliver
+        }
     }
 }

@@ -74,28 +74,6 @@ impl FaultHooks for NewestFirst {
     }
 }
 
-/// Fails the `n`-th delivery of `message`.
-#[derive(Debug)]
-struct FailNth {
-    message: &'static str,
-    n: usize,
-    seen: usize,
-}
-
-impl FaultHooks for FailNth {
-    fn on_send(&mut self, d: &Delivery) -> Fault {
-        if d.message != self.message {
-            return Fault::Deliver;
-        }
-        self.seen += 1;
-        if self.seen == self.n {
-            Fault::Fail
-        } else {
-            Fault::Deliver
-        }
-    }
-}
-
 fn start_hooked(hooks: impl FaultHooks + 'static) -> BlockingHandle {
     BlockingHandle::new(
         System::builder(config())

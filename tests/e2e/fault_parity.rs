@@ -3,30 +3,10 @@
 //! actix, the deterministic bus and the direct path, and every call's answer, the stats
 //! before it and the shutdown report after it must agree.
 
-use kvtier::{ActorName, Delivery, Fault, FaultHooks, KvError, Runtime, ShutdownReport, System};
+use kvtier::{ActorName, KvError, Runtime, ShutdownReport, System};
 use kvtier_types::SchedulerConfig;
 
-use crate::common::{Engine, RUNTIMES, config, requests};
-
-/// Fails the `n`-th delivery of `message`.
-#[derive(Debug)]
-struct FailNth {
-    message: &'static str,
-    n: usize,
-    seen: usize,
-}
-
-impl FaultHooks for FailNth {
-    fn on_send(&mut self, d: &Delivery) -> Fault {
-        if d.message == self.message {
-            self.seen += 1;
-            if self.seen == self.n {
-                return Fault::Fail;
-            }
-        }
-        Fault::Deliver
-    }
-}
+use crate::common::{Engine, FailNth, RUNTIMES, config, requests};
 
 /// What a run answered: every call's result in order (plans by their digest), then the
 /// shutdown report.

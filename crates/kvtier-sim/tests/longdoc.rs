@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::{cache_off, checked, longdoc as options, run_checked as run};
+use common::{
+    assert_later_questions_came_from_l3, cache_off, checked, longdoc as options, run_checked as run,
+};
 use kvtier_sim::Path;
 use kvtier_sim::scenario::{L3Fault, L3Store, ScenarioOptions, run_scenario_with};
 
@@ -15,24 +17,15 @@ fn documents_come_back_from_l3_with_the_answers_of_a_run_without_cache() {
     assert_eq!((off.l3.as_str(), off.hit_tokens), ("off", 0));
     let on = run(&options());
     assert_eq!(on.l3, "local");
-    assert_eq!(
-        on.outputs, off.outputs,
-        "answers differ from the cache-off run"
-    );
-    // 4 documents × 3 questions, round-robin: every question after the first of its
-    // document finds the document in L3 only (gone from device and host by then).
-    assert_eq!(on.l3_prefetch_ops, 8, "{on:#?}");
-    assert_eq!(on.l3_prefetched_pages, 8 * 2048);
+    assert_later_questions_came_from_l3(&on, &off);
+    // Gone from device and host by then: L3 only.
     assert_eq!(on.l3_prefetched_bytes, on.l3_prefetched_pages * 512);
-    assert_eq!(on.hit_tokens_l3, 8 * 32_768);
     assert_eq!(
         on.hit_tokens, on.hit_tokens_l3,
         "no hit came from device or host"
     );
     assert!(on.l3_lookup_hit_pages >= on.l3_prefetched_pages);
-    assert!(on.l3_backup_ops > 0 && on.l3_backed_up_pages >= 4 * 2048);
-    assert_eq!(on.l3_backed_up_bytes, on.l3_backed_up_pages * 512);
-    assert_eq!(on.l3_failed_prefetches, 0);
+    assert!(on.l3_backup_ops > 0);
     assert!(on.prompt_tokens - on.hit_tokens < off.prompt_tokens / 2);
     assert!(
         on.virtual_s < off.virtual_s,

@@ -27,3 +27,19 @@ pub fn cache_off() -> ScenarioReport {
         ..longdoc()
     })
 }
+
+/// Asserts that `on` answered as the cache-off run `off` did, and that every question
+/// after the first of its document (4 documents × 3 questions, round-robin) found the
+/// whole document in L3, every page of it backed up first.
+pub fn assert_later_questions_came_from_l3(on: &ScenarioReport, off: &ScenarioReport) {
+    assert_eq!(
+        on.outputs, off.outputs,
+        "answers differ from the cache-off run"
+    );
+    assert_eq!(on.l3_prefetch_ops, 8, "{on:#?}");
+    assert_eq!(on.l3_prefetched_pages, 8 * 2048);
+    assert_eq!(on.hit_tokens_l3, 8 * 32_768);
+    assert_eq!(on.l3_failed_prefetches, 0);
+    assert!(on.l3_backed_up_pages >= 4 * 2048);
+    assert_eq!(on.l3_backed_up_bytes, on.l3_backed_up_pages * 512);
+}
