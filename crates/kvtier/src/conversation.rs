@@ -85,7 +85,7 @@ pub(crate) struct Conversation {
     stage: Stage,
     /// How many answers the mail last sent brings.
     waiting: usize,
-    /// The answers so far, in arrival order.
+    /// The answers so far but the last, in arrival order.
     answers: Vec<Answer>,
     span: tracing::Span,
 }
@@ -180,14 +180,17 @@ impl Front {
 
     /// Hands the conversation one answer to its mail; the last one completes the stage.
     pub fn answer(&mut self, conv: &mut Conversation, answer: Answer) -> Step {
-        conv.answers.push(answer);
-        if conv.answers.len() < conv.waiting {
+        if conv.answers.len() + 1 < conv.waiting {
+            conv.answers.push(answer);
             return Step::Wait;
         }
         let entered = conv.span.clone();
         let _entered = entered.enter();
         let stage = std::mem::replace(&mut conv.stage, Stage::Over);
-        let answers = std::mem::take(&mut conv.answers);
+        // The last answer is not stored: a single answer (most mail) allocates nothing.
+        let answers = std::mem::take(&mut conv.answers)
+            .into_iter()
+            .chain(std::iter::once(answer));
         match self.complete(conv, stage, answers) {
             Ok(step) => step,
             Err(error) => self.fault(conv, error),
@@ -352,13 +355,12 @@ impl Front {
         &mut self,
         conv: &mut Conversation,
         stage: Stage,
-        answers: Vec<Answer>,
+        mut answers: impl Iterator<Item = Answer>,
     ) -> Result<Step, KvError> {
         let unexpected = |a: &Answer| KvError::UnexpectedAnswer {
             from: a.from,
             answer: a.name,
         };
-        let mut answers = answers.into_iter();
         let outcome = match stage {
             Stage::Lookup => {
                 let answer = answers
