@@ -155,13 +155,14 @@ impl Handle {
     }
 
     /// Takes the device core out of the system (to read its model runner at the end of
-    /// a run). Later `execute` calls fail with [`KvError::ActorGone`].
+    /// a run). The system then has no device: `execute` without an L3 actor answers
+    /// [`KvError::NoDevice`].
     pub async fn take_device(&self) -> Result<Option<DeviceCore>, KvError> {
         self.take_core::<DeviceCore>().await
     }
 
     /// Takes an actor's core out of the system; `None` when the system has no such
-    /// actor. Later mail to it fails with [`KvError::ActorGone`].
+    /// actor. The system then has no such actor: `ask` answers [`KvError::NoActor`].
     pub async fn take_core<C: ActorCore>(&self) -> Result<Option<C>, KvError> {
         self.run(Call::TakeCore(C::NAME)).await?.core::<C>()
     }
