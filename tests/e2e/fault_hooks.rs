@@ -254,7 +254,7 @@ fn a_failed_delivery_fails_the_system_and_leaks_nothing() {
             assert_eq!(error, KvError::DeliveryFailed { to, message }, "{what}");
             assert_failed(&handle, &what);
             let report = handle.shutdown().expect("shutdown is still served");
-            assert_eq!(report.failure, Some(error.to_string()), "{what}");
+            assert_eq!(report.failure, Some(error), "{what}");
             assert_eq!(report.conservation, Ok(()), "{what}: pages leaked");
             assert_eq!(report.host.leased_pages, 0, "{what}");
             assert_eq!(report.host.free_pages, report.host.usable_pages, "{what}");

@@ -112,8 +112,7 @@ fn a_fault_during_shutdown_is_reported_not_raised() {
             Err(KvError::DeliveryFailed {
                 to: ActorName::RADIX,
                 message: "CheckPages"
-            }
-            .to_string()),
+            }),
             "{runtime:?}"
         );
     }

@@ -150,7 +150,7 @@ impl Scheduler {
     }
 
     /// Checks cache invariants and exact page conservation against every request.
-    pub fn check_invariants(&mut self) -> Result<(), String> {
+    pub fn check_invariants(&mut self) -> Result<(), kvtier_radix::RadixError> {
         let [device, host] = self.core.outside_pages();
         self.cache.check_invariants([&device, &host])
     }

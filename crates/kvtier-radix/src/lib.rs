@@ -36,7 +36,7 @@ pub use batch::{
 pub use cache::{
     CacheConfig, InsertResult, Match, Probe, RadixCache, TreeStats, WriteBackTicket, WrittenBack,
 };
-pub use error::RadixError;
+pub use error::{PageOwner, RadixError, Violation};
 pub use lock::NodeLock;
 pub use node::NodeId;
 pub use protocol::{RadixMsg, RadixReply};

@@ -2,7 +2,7 @@
 
 use kvtier_types::{ActorCore, ActorName, KvEvent, PageId};
 
-use crate::{CacheBatch, CacheReply, RadixCache, TreeStats};
+use crate::{CacheBatch, CacheReply, RadixCache, RadixError, TreeStats};
 
 /// A message to the Radix actor.
 #[derive(Debug)]
@@ -29,7 +29,7 @@ pub enum RadixReply {
     /// The KV-cache events.
     KvEvents(Vec<KvEvent>),
     /// `Err` names a page neither free nor in the tree, or a broken tree invariant.
-    Checked(Result<(), String>),
+    Checked(Result<(), RadixError>),
 }
 
 impl ActorCore for RadixCache {

@@ -126,7 +126,7 @@ enum Closing {
 pub(crate) struct Front {
     core: Option<SchedulerCore>,
     /// Set when a conversation broke off: only shutdown is served then.
-    failed: Option<String>,
+    failed: Option<KvError>,
     /// Every actor of the system but the scheduler.
     actors: BTreeSet<ActorName>,
     shut_down: bool,
@@ -147,7 +147,7 @@ impl Front {
             return Err(KvError::ShutDown);
         }
         match &self.failed {
-            Some(reason) => Err(KvError::Failed(reason.clone())),
+            Some(reason) => Err(KvError::Failed(Box::new(reason.clone()))),
             None => Ok(()),
         }
     }
@@ -202,9 +202,9 @@ impl Front {
         if let Stage::Shutdown(report, closing) = &mut conv.stage {
             // Shutdown goes on: what it could not learn is in the report.
             if *closing == Closing::Check {
-                report.conservation = Err(error.to_string());
+                report.conservation = Err(error.clone());
             }
-            report.failure.get_or_insert_with(|| error.to_string());
+            report.failure.get_or_insert(error);
             let closing = *closing;
             let Stage::Shutdown(report, _) = std::mem::replace(&mut conv.stage, Stage::Over) else {
                 unreachable!("matched above")
@@ -222,7 +222,7 @@ impl Front {
             && error.is_runtime_fault()
             && self.failed.is_none()
         {
-            self.failed = Some(error.to_string());
+            self.failed = Some(error.clone());
         }
         Step::Done(result)
     }
@@ -485,7 +485,7 @@ impl Front {
                     let understood = match (closing, answer.from) {
                         (Closing::Check, ActorName::RADIX) => match answer.reply::<RadixCache>() {
                             Ok(RadixReply::Checked(result)) => {
-                                report.conservation = result;
+                                report.conservation = result.map_err(KvError::Cache);
                                 true
                             }
                             _ => false,
@@ -502,7 +502,7 @@ impl Front {
                     };
                     // Shutdown goes on: what it could not learn is in the report.
                     if !understood {
-                        report.failure.get_or_insert_with(|| error.to_string());
+                        report.failure.get_or_insert(error);
                     }
                 }
                 return Ok(self.close(conv, report, closing));

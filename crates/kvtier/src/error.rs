@@ -59,9 +59,13 @@ pub enum KvError {
         /// The message.
         message: &'static str,
     },
-    /// An earlier call failed mid-conversation; only `shutdown` is accepted now.
+    /// The radix cache's structural check failed (a bug in kvtier, never bad input).
+    #[error(transparent)]
+    Cache(kvtier_radix::RadixError),
+    /// An earlier call failed mid-conversation; only `shutdown` is accepted now. Holds
+    /// the fault that failed it.
     #[error("the system failed earlier ({0}); shut it down")]
-    Failed(String),
+    Failed(Box<KvError>),
     /// The system was shut down.
     #[error("the system is shut down")]
     ShutDown,

@@ -6,6 +6,8 @@ use kvtier_host::HostStats;
 use kvtier_l3::L3TierStats;
 use kvtier_types::RequestId;
 
+use crate::KvError;
+
 /// Counters and gauges of the whole system.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SystemStats {
@@ -29,12 +31,13 @@ pub struct ShutdownReport {
     /// Pages held outside the tree by live requests (device, host).
     pub held_pages: [usize; 2],
     /// Page conservation after the scheduler let go of everything: `Err` names a page
-    /// that was neither free nor in the tree (a leak).
-    pub conservation: Result<(), String>,
+    /// that was neither free nor in the tree (a leak, as `KvError::Cache`), or the fault
+    /// that kept the check from running.
+    pub conservation: Result<(), KvError>,
     /// The host allocator once the cache returned its lease: every page free.
     pub host: HostStats,
-    /// The call that had failed the system, if any.
-    pub failure: Option<String>,
+    /// The fault that had failed the system, or that shutdown met, if any.
+    pub failure: Option<KvError>,
 }
 
 impl Default for ShutdownReport {
