@@ -37,6 +37,7 @@ fn kind(e: &SchedError) -> &'static str {
         SchedError::Unsupported(_) => "unsupported",
         SchedError::Busy => "busy",
         SchedError::UnexpectedReply => "unexpected reply",
+        other => panic!("a refusal this flood does not know yet: {other}"),
     }
 }
 

@@ -4,6 +4,7 @@ use kvtier_types::{PageId, Tier};
 
 /// Why a device operation was refused. Nothing was copied.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum DeviceError {
     /// The KV geometry is unusable.
     #[error("invalid KV geometry: {0}")]

@@ -7,6 +7,7 @@ use crate::StateKind;
 /// Why the scheduler refused a request or an event. The scheduler's state is unchanged
 /// by a refused item.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SchedError {
     /// The configuration is invalid.
     #[error(transparent)]

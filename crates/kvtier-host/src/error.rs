@@ -4,6 +4,7 @@ use kvtier_types::PageId;
 
 /// Errors raised by page pools.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum HostError {
     /// Two page sets from different pools were combined.
     #[error("page sets belong to different pools ({0} and {1})")]

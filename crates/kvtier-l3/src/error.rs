@@ -3,6 +3,7 @@
 /// Why an L3 operation failed. A failed L3 operation is a cache miss for the caller,
 /// never wrong KV.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum L3Error {
     /// A namespace component that cannot appear in a key.
     #[error("invalid key namespace: {0}")]

@@ -8,6 +8,7 @@ use crate::NodeId;
 
 /// Errors raised by the radix cache.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RadixError {
     /// Token count not a multiple of the page size.
     #[error("{tokens} tokens is not a whole number of {page_size}-token pages")]

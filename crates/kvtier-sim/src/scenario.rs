@@ -325,6 +325,7 @@ pub struct ScenarioReport {
 
 /// Why a scenario run failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ScenarioError {
     /// The scheduler refused the config.
     #[error(transparent)]

@@ -204,6 +204,7 @@ impl Report {
 
 /// Why a workload run failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum WorkloadError {
     /// The scheduler refused the config.
     #[error(transparent)]

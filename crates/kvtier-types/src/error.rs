@@ -2,6 +2,7 @@
 
 /// Errors raised by the shared types.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum TypesError {
     /// A configuration field has a value the scheduler cannot work with.
     #[error("invalid config: {field} {problem}")]

@@ -102,6 +102,7 @@ impl EngineEvent {
 
 /// A KV-cache event (vLLM-compatible content plus the tier it concerns).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum KvEvent {
     /// A page became resident.
     BlockStored {
