@@ -175,6 +175,10 @@ impl SchedulerCore {
             plan,
             seen,
             rows: Rows {
+                // Sized once: growing these row by row cost more than filling them.
+                decode: Vec::with_capacity(
+                    candidates.len().min(self.config.max_batch_size as usize),
+                ),
                 page_table: Vec::with_capacity(self.page_table_hint),
                 ..Rows::default()
             },
@@ -235,8 +239,14 @@ impl SchedulerCore {
         } = p;
         let forward = &mut plan.forward;
         forward.num_prefill_rows = rows.prefill.len();
-        forward.rows = rows.prefill;
-        forward.rows.append(&mut rows.decode);
+        // Prefill rows come first; a decode-only step (most steps) moves its rows in
+        // without copying them.
+        forward.rows = if rows.prefill.is_empty() {
+            rows.decode
+        } else {
+            rows.prefill.append(&mut rows.decode);
+            rows.prefill
+        };
         self.page_table_hint = rows.page_table.len();
         forward.page_table = rows.page_table;
         forward.input_ids = rows.input_ids;
@@ -385,16 +395,19 @@ impl SchedulerCore {
         }
     }
 
-    /// Candidates in scheduling order: priority class, then request id.
-    fn candidates(&self) -> Vec<usize> {
+    /// Candidates in scheduling order: priority class, then request id. One buffer
+    /// sized once; the stable sort keeps id order within a class and is linear when
+    /// one class dominates (a steady decode batch).
+    fn candidates(&self) -> Vec<(u8, usize)> {
         let mixed = self.config.enable_mixed_prefill_decode;
-        let mut buckets: [Vec<usize>; 10] = Default::default();
+        let mut ranked = Vec::with_capacity(self.index.len());
         for &key in self.index.values() {
             if let Some(c) = class(self.req(key).state.kind(), mixed) {
-                buckets[c as usize].push(key);
+                ranked.push((c, key));
             }
         }
-        buckets.concat()
+        ranked.sort_by_key(|&(c, _)| c);
+        ranked
     }
 
     /// The step's admission program: one intent per candidate that can run.
@@ -403,10 +416,10 @@ impl SchedulerCore {
         let ps = c.page_size;
         let prefetch_on = c.l3_prefetch_enabled();
         let threshold = c.prefetch_threshold;
-        let keys = self.candidates();
-        let mut intents = Vec::with_capacity(keys.len());
-        let mut candidates = Vec::with_capacity(keys.len());
-        for key in keys {
+        let ranked = self.candidates();
+        let mut intents = Vec::with_capacity(ranked.len());
+        let mut candidates = Vec::with_capacity(ranked.len());
+        for (_, key) in ranked {
             let r = self.req(key);
             let entry = match &r.state {
                 State::Prefilling(run) => {
