@@ -86,6 +86,16 @@ pub struct LocalStore {
     results: flume::Receiver<JobResult>,
     workers: Vec<std::thread::JoinHandle<()>>,
     stats: L3Stats,
+    /// Tests only: told each time a batch get starts waiting for promotions.
+    waiting: Option<flume::Sender<()>>,
+}
+
+/// Tests only: holds promotions in flight, and says when a get waits for them.
+struct Gate {
+    /// Each worker takes one token before each read.
+    open: flume::Receiver<()>,
+    /// A batch get sends one token when it starts waiting.
+    waiting: flume::Sender<()>,
 }
 
 fn io(path: &Path, source: std::io::Error) -> L3Error {
@@ -103,10 +113,8 @@ impl LocalStore {
 
     /// As `open`; with a gate, each worker waits for one token on it before each read
     /// (tests hold promotions in flight this way).
-    fn open_with_gate(
-        cfg: LocalStoreConfig,
-        gate: Option<flume::Receiver<()>>,
-    ) -> Result<Self, L3Error> {
+    fn open_with_gate(cfg: LocalStoreConfig, gate: Option<Gate>) -> Result<Self, L3Error> {
+        let (open, waiting) = gate.map(|g| (g.open, g.waiting)).unzip();
         if cfg.prefetch_workers == 0 || cfg.prefetch_queue == 0 {
             return Err(L3Error::Config(
                 "prefetch workers and queue must be positive".into(),
@@ -117,7 +125,7 @@ impl LocalStore {
         let (res_tx, res_rx) = flume::unbounded::<JobResult>();
         let workers = (0..cfg.prefetch_workers)
             .map(|_| {
-                let (jobs, results, gate) = (job_rx.clone(), res_tx.clone(), gate.clone());
+                let (jobs, results, gate) = (job_rx.clone(), res_tx.clone(), open.clone());
                 std::thread::spawn(move || {
                     for job in jobs.iter() {
                         if gate.as_ref().is_some_and(|g| g.recv().is_err()) {
@@ -147,6 +155,7 @@ impl LocalStore {
             results: res_rx,
             workers,
             stats: L3Stats::default(),
+            waiting,
         };
         store.load_index()?;
         Ok(store)
@@ -333,6 +342,9 @@ impl L3Backend for LocalStore {
         };
         if in_flight(self) {
             self.stats.get_waits += 1;
+            if let Some(waiting) = &self.waiting {
+                let _ = waiting.send(());
+            }
             let deadline = Instant::now() + self.cfg.get_deadline;
             while in_flight(self) {
                 match self.results.recv_deadline(deadline) {
@@ -454,14 +466,21 @@ mod tests {
             .collect()
     }
 
+    /// The payload of object `i`: never all zeros, so a buffer left untouched cannot
+    /// pass for it.
+    fn payload(i: usize) -> Vec<u8> {
+        vec![i as u8 + 1; 64]
+    }
+
     /// A store whose workers wait at a gate, filled with `n` objects that are on disk
-    /// only (the store is reopened, so its memory tier is empty).
+    /// only (the store is reopened, so its memory tier is empty). Returns the gate's
+    /// opener and the receiver told when a get starts waiting.
     fn gated(
         dir: &Path,
         n: usize,
         ttl: Duration,
         deadline: Duration,
-    ) -> (LocalStore, flume::Sender<()>) {
+    ) -> (LocalStore, flume::Sender<()>, flume::Receiver<()>) {
         let cfg = LocalStoreConfig {
             prefetch_ttl: ttl,
             get_deadline: deadline,
@@ -469,21 +488,20 @@ mod tests {
         };
         {
             let mut s = LocalStore::open(cfg.clone()).unwrap();
-            let payloads: Vec<Vec<u8>> = (0..n).map(|i| vec![i as u8; 64]).collect();
+            let payloads: Vec<Vec<u8>> = (0..n).map(payload).collect();
             let refs: Vec<&[u8]> = payloads.iter().map(Vec::as_slice).collect();
             s.put(&keys(n), &refs).unwrap();
         }
-        let (gate_tx, gate_rx) = flume::unbounded();
-        (
-            LocalStore::open_with_gate(cfg, Some(gate_rx)).unwrap(),
-            gate_tx,
-        )
+        let (open_tx, open) = flume::unbounded();
+        let (waiting, waiting_rx) = flume::unbounded();
+        let store = LocalStore::open_with_gate(cfg, Some(Gate { open, waiting })).unwrap();
+        (store, open_tx, waiting_rx)
     }
 
     #[test]
     fn in_flight_entries_are_never_swept_by_the_ttl() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut s, gate) = gated(dir.path(), 1, Duration::ZERO, Duration::from_secs(5));
+        let (mut s, gate, _) = gated(dir.path(), 1, Duration::ZERO, Duration::from_secs(5));
         assert_eq!(s.exists(&keys(1), true).unwrap(), 1);
         assert_eq!(s.stats().promotions_started, 1);
         // TTL 0 would sweep every finished entry; the in-flight one must stay, so the
@@ -494,23 +512,24 @@ mod tests {
         gate.send(()).unwrap();
         let mut buf = vec![0u8; 64];
         assert_eq!(s.get(&keys(1), &mut [&mut buf[..]]).unwrap(), [true]);
-        assert_eq!(buf, vec![0u8; 64]);
+        assert_eq!(buf, payload(0));
     }
 
     #[test]
     fn a_batch_get_waits_once_for_all_its_promotions() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut s, gate) = gated(
+        let (mut s, gate, waiting) = gated(
             dir.path(),
             4,
             Duration::from_secs(60),
             Duration::from_secs(10),
         );
         assert_eq!(s.exists(&keys(4), true).unwrap(), 4);
+        // The gate opens only once the get is waiting: no promotion can land before.
         let opener = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(20));
+            waiting.recv().expect("the get waits");
             for _ in 0..4 {
-                let _ = gate.send(());
+                gate.send(()).expect("the workers hold the gate");
             }
         });
         let mut bufs = vec![vec![0xffu8; 64]; 4];
@@ -529,14 +548,14 @@ mod tests {
             "the promotions landed in memory"
         );
         for (i, b) in bufs.iter().enumerate() {
-            assert_eq!(b, &vec![i as u8; 64]);
+            assert_eq!(b, &payload(i));
         }
     }
 
     #[test]
     fn promotions_not_done_by_the_deadline_are_read_from_disk() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut s, _gate) = gated(
+        let (mut s, _gate, _) = gated(
             dir.path(),
             2,
             Duration::from_secs(60),
@@ -551,7 +570,11 @@ mod tests {
             [true, true],
             "a stored object is never a miss for being slow"
         );
-        assert_eq!((a[0], b[0]), (0, 1), "read from disk, past the promotions");
+        assert_eq!(
+            (a.to_vec(), b.to_vec()),
+            (payload(0), payload(1)),
+            "read from disk, past the promotions"
+        );
         assert_eq!(s.stats().get_waits, 1, "waited once, for the whole batch");
     }
 
@@ -571,12 +594,13 @@ mod tests {
         };
         {
             let mut s = LocalStore::open(cfg.clone()).unwrap();
-            let payloads: Vec<Vec<u8>> = (0..4).map(|i| vec![i as u8; 64]).collect();
+            let payloads: Vec<Vec<u8>> = (0..4).map(payload).collect();
             let refs: Vec<&[u8]> = payloads.iter().map(Vec::as_slice).collect();
             s.put(&keys(4), &refs).unwrap();
         }
-        let (gate_tx, gate_rx) = flume::unbounded();
-        let mut s = LocalStore::open_with_gate(cfg, Some(gate_rx)).unwrap();
+        let (gate_tx, open) = flume::unbounded();
+        let (waiting, _) = flume::unbounded();
+        let mut s = LocalStore::open_with_gate(cfg, Some(Gate { open, waiting })).unwrap();
         // The worker takes one job and waits at the closed gate; the one-slot queue then
         // holds one more: at least two of the four hints are dropped.
         s.exists(&keys(4), true).unwrap();
@@ -590,13 +614,15 @@ mod tests {
         }
         let mut bufs = vec![vec![0u8; 64]; 4];
         let mut views: Vec<&mut [u8]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
-        s.get(&keys(4), &mut views).unwrap();
+        assert_eq!(s.get(&keys(4), &mut views).unwrap(), [true; 4]);
+        assert_eq!(bufs, (0..4).map(payload).collect::<Vec<_>>());
         // Second round: only the keys whose hints were dropped are promoted now.
-        for key in keys(4) {
+        for (i, key) in keys(4).into_iter().enumerate() {
             s.exists(std::slice::from_ref(&key), true).unwrap();
             let mut buf = [0u8; 64];
-            s.get(std::slice::from_ref(&key), &mut [&mut buf[..]])
-                .unwrap();
+            let got = s.get(std::slice::from_ref(&key), &mut [&mut buf[..]]);
+            assert_eq!(got.unwrap(), [true]);
+            assert_eq!(buf.to_vec(), payload(i));
         }
         assert_eq!(
             s.stats().promotions_started,
