@@ -193,21 +193,58 @@ fn system_stays_healthy_after_a_flood_of_bad_input() {
         });
         if flood {
             for i in 0..200 {
-                let _ = s.submit(vec![
-                    RequestSpec::new(format!("bad{i}"), vec![]),
-                    RequestSpec::new(format!("neg{i}"), vec![-1]),
-                    RequestSpec::new(format!("big{i}"), tokens(1, 100)),
-                ]);
-                let _ = s.advance(vec![
-                    finish("nobody"),
-                    wb_done(1000 + i, false),
-                    EngineEvent::PrefetchDone {
-                        op_id: i,
-                        request_id: rid("nobody"),
-                        success: true,
-                        completed_pages: 3,
-                    },
-                ]);
+                // Every item is refused, each for its own reason.
+                let refused = s
+                    .submit(vec![
+                        RequestSpec::new(format!("bad{i}"), vec![]),
+                        RequestSpec::new(format!("neg{i}"), vec![-1]),
+                        RequestSpec::new(format!("big{i}"), tokens(1, 100)),
+                    ])
+                    .expect_err("every spec is bad");
+                let reasons: Vec<_> = refused
+                    .rejected
+                    .iter()
+                    .map(|r| (r.index, &r.error))
+                    .collect();
+                assert!(
+                    matches!(
+                        reasons[..],
+                        [
+                            (0, SchedError::EmptyPrompt(_)),
+                            (1, SchedError::InvalidToken { .. }),
+                            (2, SchedError::PromptTooLong { .. })
+                        ]
+                    ),
+                    "{reasons:?}"
+                );
+                let refused = s
+                    .advance(vec![
+                        finish("nobody"),
+                        wb_done(1000 + i, false),
+                        EngineEvent::PrefetchDone {
+                            op_id: i,
+                            request_id: rid("nobody"),
+                            success: true,
+                            completed_pages: 3,
+                        },
+                    ])
+                    .expect_err("every event is bad");
+                let reasons: Vec<_> = refused
+                    .rejected
+                    .iter()
+                    .map(|r| (r.index, &r.error))
+                    .collect();
+                assert!(
+                    matches!(
+                        reasons[..],
+                        [
+                            (0, SchedError::UnknownRequest(_)),
+                            (1, SchedError::UnknownOp(_)),
+                            (2, SchedError::UnknownRequest(_))
+                        ]
+                    ),
+                    "{reasons:?}"
+                );
             }
         }
         for i in 0..6 {
