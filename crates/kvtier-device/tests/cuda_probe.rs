@@ -83,9 +83,9 @@ const CASES: &[Case] = &[
         run: gpu_arenas_move_across_threads,
     },
     Case {
-        name: "gpu_bandwidth_report",
+        name: "gpu_timed_copies_land_intact",
         gpu: true,
-        run: gpu_bandwidth_report,
+        run: gpu_timed_copies_land_intact,
     },
 ];
 
@@ -663,7 +663,7 @@ fn gpu_arenas_move_across_threads() {
     t.assert_same("after a write-back on another thread");
 }
 
-fn gpu_bandwidth_report() {
+fn gpu_timed_copies_land_intact() {
     // Llama-3-8B-class pages: 32 layers x K/V x 8 heads x 128 x bf16 x 16 tokens = 2 MiB.
     let g = KvGeometry {
         layers: 32,
@@ -680,9 +680,24 @@ fn gpu_bandwidth_report() {
     let half: Vec<TransferPair> = (1..=pages / 2)
         .map(|p| TransferPair::kv(p, p + pages / 2))
         .collect();
+    // Pages of the first half whose bytes are followed through the timed copies.
+    let followed = [1, 17, pages / 2];
+    let item = |page: u32, layer: u32, plane: u32| -> Vec<u8> {
+        (0..g.item_bytes() as usize)
+            .map(|i| pattern(5, page, layer, plane, i))
+            .collect()
+    };
     for host_copy in HOST_COPIES {
         let mut a =
             CudaArenas::with_host_copy(g, pages + 1, pages + 1, host_copy).expect("CUDA arenas");
+        for &page in &followed {
+            for layer in 0..g.layers {
+                for plane in 0..g.planes {
+                    a.write_item(Tier::Device, page, layer, plane, &item(page, layer, plane))
+                        .expect("write item");
+                }
+            }
+        }
         let mut best = [f64::MAX; 3];
         for _ in 0..5 {
             let t = Instant::now();
@@ -703,5 +718,28 @@ fn gpu_bandwidth_report() {
             bytes / best[1] / 1e9,
             bytes / 2.0 / best[2] / 1e9
         );
+        assert!(best.iter().all(|s| s.is_finite() && *s > 0.0), "{best:?}");
+        // Every round wrote the device back, loaded it again and copied the first half
+        // onto the second: a followed page's bytes are on host under both its ids, and
+        // on device in the second half.
+        for &page in &followed {
+            for layer in 0..g.layers {
+                for plane in 0..g.planes {
+                    let want = item(page, layer, plane);
+                    for (tier, at) in [
+                        (Tier::Host, page),
+                        (Tier::Host, page + pages / 2),
+                        (Tier::Device, page + pages / 2),
+                    ] {
+                        let got = a.read_item(tier, at, layer, plane).expect("read item");
+                        assert!(
+                            got == want,
+                            "{host_copy:?}: {tier:?} page {at} layer {layer} plane {plane} lost \
+                             page {page}'s bytes"
+                        );
+                    }
+                }
+            }
+        }
     }
 }
