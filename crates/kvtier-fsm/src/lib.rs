@@ -47,6 +47,7 @@ mod error;
 mod idmap;
 mod outbox;
 mod request;
+mod requests;
 mod scheduler;
 mod slots;
 mod step;

@@ -148,18 +148,18 @@ impl SchedulerCore {
             }
             (Target::KeepDevice { key, id }, OpResult::Acked { kept, backup }) => {
                 self.pending_backups.extend(backup);
-                if self.same(key, &id)
-                    && let State::Retracted(held) = &mut self.req_mut(key).state
+                if self.requests.holds(key, &id)
+                    && let State::Retracted(held) = &mut self.requests[key].state
                     && held.dref.is_none()
                 {
                     held.dref = kept;
                 }
             }
             (Target::Finish { key, id }, OpResult::Finished { write_back }) => {
-                let waiting =
-                    self.same(key, &id) && matches!(self.req(key).state, State::Draining(None));
+                let waiting = self.requests.holds(key, &id)
+                    && matches!(self.requests[key].state, State::Draining(None));
                 if waiting {
-                    self.req_mut(key).state = match write_back {
+                    self.requests[key].state = match write_back {
                         Some(attached) => State::Draining(Some(attached)),
                         None => State::Finished,
                     };
@@ -176,10 +176,10 @@ impl SchedulerCore {
                 },
                 OpResult::Published { lock, path_pages },
             ) => {
-                if !self.same(key, &id) {
+                if !self.requests.holds(key, &id) {
                     return;
                 }
-                let Some(run) = self.req_mut(key).state.running_mut() else {
+                let Some(run) = self.requests[key].state.running_mut() else {
                     return;
                 };
                 // The new lock replaces the old one, which is released after it: the

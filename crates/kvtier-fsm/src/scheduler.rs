@@ -1,19 +1,18 @@
-//! The scheduler core: request table, submit, advance and the finish / abort /
-//! write-back flows. The per-step planning lives in `step.rs`; the cache is reached only
+//! The scheduler core: submit, advance and the finish / abort / write-back flows. The
+//! requests live in their table (`requests.rs`). The per-step planning lives in `step.rs`; the cache is reached only
 //! through batches of ops (`outbox.rs`).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use kvtier_radix::{
     BackupSource, CacheConfig, CacheOp, NodeId, NodeLock, Publication, TokenRef, WriteBackTicket,
 };
 use kvtier_types::{EngineEvent, OpId, PageId, RequestId, RequestSpec, SchedulerConfig, Token};
-use slab::Slab;
 
-use crate::idmap::IdMap;
 use crate::outbox::{Outbox, Target};
 use crate::request::{LocalKv, Prefetch, Request, Retracted, Running, State, StateKind};
+use crate::requests::Requests;
 use crate::slots::SlotPool;
 use crate::step::PlanInProgress;
 use crate::{BatchError, Rejected, SchedError};
@@ -67,10 +66,6 @@ pub struct SchedulerStats {
     pub idle: bool,
 }
 
-/// How many plans a finished request's id is remembered, so late results for it (overlap
-/// scheduling delivers them one step late) are recognised as stale rather than unknown.
-const TOMBSTONE_PLANS: u64 = 2;
-
 /// The cache settings a scheduler config implies (the radix actor is built with them).
 pub fn cache_config(config: &SchedulerConfig) -> CacheConfig {
     CacheConfig {
@@ -104,19 +99,14 @@ pub(crate) enum Awaiting {
 pub struct SchedulerCore {
     pub(crate) config: SchedulerConfig,
     pub(crate) slots: SlotPool,
-    /// Requests by slab key; `index` gives the id order that reaches every decision.
-    pub(crate) requests: Slab<Request>,
-    pub(crate) index: BTreeMap<RequestId, usize>,
-    /// The same mapping, for lookups by id (never iterated).
-    pub(crate) by_id: IdMap,
+    /// Live requests and the ids of recently finished ones.
+    pub(crate) requests: Requests,
     pub(crate) ops: BTreeMap<OpId, Inflight>,
     /// Written-back host pages waiting for their L3 backup op, pinned on host.
     pub(crate) pending_backups: Vec<BackupSource>,
     /// Backups in flight: the host lock pinning each one's source pages until acked.
     pub(crate) backups: BTreeMap<OpId, NodeLock>,
     pub(crate) next_op: OpId,
-    pub(crate) tombstones: BTreeMap<RequestId, u64>,
-    pub(crate) tombstone_order: VecDeque<(u64, RequestId)>,
     pub(crate) stats: SchedulerStats,
     /// Page-table length of the last plan: the next one is usually about as long.
     pub(crate) page_table_hint: usize,
@@ -132,15 +122,11 @@ impl SchedulerCore {
         Ok(Self {
             slots: SlotPool::new(config.max_batch_size),
             config,
-            requests: Slab::new(),
-            index: BTreeMap::new(),
-            by_id: IdMap::default(),
+            requests: Requests::default(),
             ops: BTreeMap::new(),
             pending_backups: Vec::new(),
             backups: BTreeMap::new(),
             next_op: 1,
-            tombstones: BTreeMap::new(),
-            tombstone_order: VecDeque::new(),
             stats: SchedulerStats::default(),
             page_table_hint: 0,
             outbox: Outbox::default(),
@@ -151,60 +137,6 @@ impl SchedulerCore {
     /// The configuration.
     pub fn config(&self) -> &SchedulerConfig {
         &self.config
-    }
-
-    // ----- request table -----------------------------------------------------------
-
-    pub(crate) fn key_of(&self, id: &RequestId) -> Option<usize> {
-        self.by_id.get(id).copied()
-    }
-
-    pub(crate) fn req(&self, key: usize) -> &Request {
-        &self.requests[key]
-    }
-
-    pub(crate) fn req_mut(&mut self, key: usize) -> &mut Request {
-        &mut self.requests[key]
-    }
-
-    /// The request at `key` if it is still the one named `id`.
-    pub(crate) fn same(&self, key: usize, id: &RequestId) -> bool {
-        self.requests.get(key).is_some_and(|r| &r.id == id)
-    }
-
-    fn insert_request(&mut self, request: Request) {
-        let id = request.id.clone();
-        let key = self.requests.insert(request);
-        self.by_id.insert(id.clone(), key);
-        self.index.insert(id, key);
-    }
-
-    /// Forgets finished requests (their ids stay recognisable for a few plans).
-    pub(crate) fn erase_finished(&mut self) {
-        let plan = self.stats.plans;
-        let finished: Vec<RequestId> = self
-            .index
-            .iter()
-            .filter(|&(_, &k)| matches!(self.req(k).state, State::Finished))
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in finished {
-            self.by_id.remove(&id);
-            if let Some(key) = self.index.remove(&id) {
-                self.requests.remove(key);
-            }
-            self.tombstones.insert(id.clone(), plan);
-            self.tombstone_order.push_back((plan, id));
-        }
-        while let Some((at, _)) = self.tombstone_order.front() {
-            if at + TOMBSTONE_PLANS > plan {
-                break;
-            }
-            let (at, id) = self.tombstone_order.pop_front().expect("front exists");
-            if self.tombstones.get(&id) == Some(&at) {
-                self.tombstones.remove(&id);
-            }
-        }
     }
 
     // ----- submit ------------------------------------------------------------------
@@ -228,7 +160,7 @@ impl SchedulerCore {
 
     fn check_spec(&self, spec: &RequestSpec) -> Result<(), SchedError> {
         let id = &spec.id;
-        if self.by_id.contains_key(id) {
+        if self.requests.contains(id) {
             return Err(SchedError::DuplicateRequest(id.clone()));
         }
         if spec.tokens.is_empty() {
@@ -266,7 +198,6 @@ impl SchedulerCore {
     }
 
     fn queue(&mut self, spec: RequestSpec) {
-        self.tombstones.remove(&spec.id);
         let prefill_len = spec.tokens.len() as u32;
         let span = tracing::info_span!(
             "request",
@@ -276,7 +207,7 @@ impl SchedulerCore {
             generated_tokens = tracing::field::Empty,
         );
         tracing::debug!(parent: &span, phase = "queued");
-        self.insert_request(Request {
+        self.requests.insert(Request {
             id: spec.id,
             tokens: Arc::new(spec.tokens),
             prefill_len,
@@ -315,15 +246,15 @@ impl SchedulerCore {
     /// Looks up the request an event names. `Ok(None)`: a recently finished request, so
     /// the event is stale and ignored.
     fn lookup(&mut self, id: &RequestId) -> Result<Option<usize>, SchedError> {
-        if let Some(key) = self.key_of(id) {
-            if matches!(self.req(key).state, State::Finished) {
+        if let Some(key) = self.requests.key_of(id) {
+            if matches!(self.requests[key].state, State::Finished) {
                 // Finished but not yet erased: late results are stale like after erasure.
                 self.stats.stale_events += 1;
                 return Ok(None);
             }
             return Ok(Some(key));
         }
-        if self.tombstones.contains_key(id) {
+        if self.requests.recently_finished(id) {
             self.stats.stale_events += 1;
             return Ok(None);
         }
@@ -331,7 +262,7 @@ impl SchedulerCore {
     }
 
     fn invalid(&self, key: usize, event: &'static str) -> SchedError {
-        let r = self.req(key);
+        let r = &self.requests[key];
         SchedError::InvalidTransition {
             id: r.id.clone(),
             event,
@@ -353,12 +284,12 @@ impl SchedulerCore {
                 let Some(key) = self.lookup(&request_id)? else {
                     return Ok(());
                 };
-                match self.req(key).state.kind() {
+                match self.requests[key].state.kind() {
                     StateKind::PrefillDone
                     | StateKind::Decoding
                     | StateKind::Retracting
                     | StateKind::Retracted => {
-                        Arc::make_mut(&mut self.req_mut(key).tokens).extend_from_slice(&tokens);
+                        Arc::make_mut(&mut self.requests[key].tokens).extend_from_slice(&tokens);
                         Ok(())
                     }
                     _ => Err(self.invalid(key, name)),
@@ -381,7 +312,7 @@ impl SchedulerCore {
                 let Some(key) = self.lookup(&request_id)? else {
                     return Ok(());
                 };
-                match &mut self.req_mut(key).state {
+                match &mut self.requests[key].state {
                     State::Decoding(run) => {
                         run.reserve = tokens;
                         Ok(())
@@ -427,7 +358,7 @@ impl SchedulerCore {
         let Some(key) = self.lookup(id)? else {
             return Ok(());
         };
-        let (State::Prefetching(p) | State::Aborting(p)) = &self.req(key).state else {
+        let (State::Prefetching(p) | State::Aborting(p)) = &self.requests[key].state else {
             return self.stale_or_unknown_op(op_id);
         };
         if p.op != op_id {
@@ -442,7 +373,7 @@ impl SchedulerCore {
                 ),
             });
         }
-        let state = std::mem::replace(&mut self.req_mut(key).state, State::Finished);
+        let state = std::mem::replace(&mut self.requests[key].state, State::Finished);
         let next = match state {
             State::Prefetching(Prefetch {
                 href,
@@ -454,7 +385,7 @@ impl SchedulerCore {
                 match (done > 0, pages.take_first(done as usize)) {
                     (true, Ok(taken)) => {
                         let end = ((start_page + done) * self.config.page_size) as usize;
-                        let tokens = TokenRef::new(&self.req(key).tokens, end);
+                        let tokens = TokenRef::new(&self.requests[key].tokens, end);
                         self.outbox.push(
                             CacheOp::InsertPrefetched {
                                 tokens,
@@ -477,7 +408,7 @@ impl SchedulerCore {
             }
             other => other,
         };
-        self.req_mut(key).state = next;
+        self.requests[key].state = next;
         Ok(())
     }
 
@@ -493,14 +424,14 @@ impl SchedulerCore {
 
     /// Records the end of a request's life in its span.
     fn trace_end(&self, key: usize, phase: &'static str) {
-        let r = self.req(key);
+        let r = &self.requests[key];
         let generated = r.tokens.len().saturating_sub(r.prefill_len as usize);
         r.span.record("generated_tokens", generated);
         tracing::debug!(parent: &r.span, phase, generated_tokens = generated);
     }
 
     fn finish(&mut self, key: usize, name: &'static str) -> Result<(), SchedError> {
-        let state = std::mem::replace(&mut self.req_mut(key).state, State::Finished);
+        let state = std::mem::replace(&mut self.requests[key].state, State::Finished);
         let next = match state {
             State::PrefillDone(run) | State::Decoding(run) => {
                 self.trace_end(key, "finished");
@@ -516,11 +447,11 @@ impl SchedulerCore {
                 State::Finished
             }
             other => {
-                self.req_mut(key).state = other;
+                self.requests[key].state = other;
                 return Err(self.invalid(key, name));
             }
         };
-        self.req_mut(key).state = next;
+        self.requests[key].state = next;
         Ok(())
     }
 
@@ -534,7 +465,7 @@ impl SchedulerCore {
         let write_back = self.config.l2_enabled()
             && !self.config.disable_prefix_cache
             && !publication.tokens.is_empty();
-        let id = self.req(key).id.clone();
+        let id = self.requests[key].id.clone();
         self.outbox.push(
             CacheOp::Finish {
                 publication,
@@ -558,13 +489,13 @@ impl SchedulerCore {
         key: usize,
         mut run: Running,
     ) -> (Publication, NodeLock, LocalKv) {
-        let full = self.req(key).full_pages_except_last(self.config.page_size);
+        let full = self.requests[key].full_pages_except_last(self.config.page_size);
         let publication = self
             .publication(key, &mut run, full)
             .map(|(p, _)| p)
             .unwrap_or_else(|| Publication {
                 tokens: TokenRef::new(
-                    &self.req(key).tokens,
+                    &self.requests[key].tokens,
                     run.prefix_pages.len() * self.config.page_size as usize,
                 ),
                 prefix: run.prefix_pages.len() as u32,
@@ -593,7 +524,7 @@ impl SchedulerCore {
         }
         let taken = run.lka.pages.take_first((pages - prefix) as usize).ok()?;
         let own = taken.ids().to_vec();
-        let tokens = TokenRef::new(&self.req(key).tokens, (pages * ps) as usize);
+        let tokens = TokenRef::new(&self.requests[key].tokens, (pages * ps) as usize);
         Some((
             Publication {
                 tokens,
@@ -607,14 +538,14 @@ impl SchedulerCore {
     // ----- abort ---------------------------------------------------------------------
 
     pub(crate) fn abort_key(&mut self, key: usize) {
-        if !matches!(self.req(key).state, State::Finished) {
+        if !matches!(self.requests[key].state, State::Finished) {
             self.trace_end(key, "aborted");
         }
-        let state = std::mem::replace(&mut self.req_mut(key).state, State::Finished);
+        let state = std::mem::replace(&mut self.requests[key].state, State::Finished);
         match state {
             // The L3 transfer may still write these host pages: keep them until it ends.
             State::Prefetching(p) | State::Aborting(p) => {
-                self.req_mut(key).state = State::Aborting(p);
+                self.requests[key].state = State::Aborting(p);
             }
             // Host pages attached for a write-back that was never issued: roll them back.
             State::Draining(None) => {}
@@ -641,7 +572,7 @@ impl SchedulerCore {
             device_node,
             is_retract,
         } = op;
-        let key = request.and_then(|id| self.key_of(&id));
+        let key = request.and_then(|id| self.requests.key_of(&id));
         if !success {
             self.stats.failed_write_backs += 1;
         }
@@ -651,7 +582,7 @@ impl SchedulerCore {
         let target = match key {
             Some(key) if keep => Target::KeepDevice {
                 key,
-                id: self.req(key).id.clone(),
+                id: self.requests[key].id.clone(),
             },
             _ => Target::Backup,
         };
@@ -668,7 +599,7 @@ impl SchedulerCore {
         let Some(key) = key else {
             return Ok(());
         };
-        let state = std::mem::replace(&mut self.req_mut(key).state, State::Finished);
+        let state = std::mem::replace(&mut self.requests[key].state, State::Finished);
         let next = match state {
             State::WritingBack { .. } => State::Finished,
             State::Retracting {
@@ -681,7 +612,7 @@ impl SchedulerCore {
             }),
             other => other,
         };
-        self.req_mut(key).state = next;
+        self.requests[key].state = next;
         Ok(())
     }
 
@@ -695,22 +626,29 @@ impl SchedulerCore {
 
     /// Token count of a live request (prompt plus generated), if known.
     pub fn request_tokens(&self, id: &RequestId) -> Option<usize> {
-        self.key_of(id).map(|k| self.req(k).tokens.len())
+        self.requests
+            .key_of(id)
+            .map(|k| self.requests[k].tokens.len())
     }
 
     /// State of a live request, if known.
     pub fn request_state(&self, id: &RequestId) -> Option<StateKind> {
-        self.key_of(id).map(|k| self.req(k).state.kind())
+        self.requests
+            .key_of(id)
+            .map(|k| self.requests[k].state.kind())
     }
 
     /// Live request ids in id order.
     pub fn request_ids(&self) -> Vec<RequestId> {
-        self.index.keys().cloned().collect()
+        self.requests.ids().cloned().collect()
     }
 
     /// The device page table (tree prefix, then request-local pages) of a running request.
     pub fn occupied_pages(&self, id: &RequestId) -> Option<Vec<PageId>> {
-        let run = self.key_of(id).and_then(|k| self.req(k).state.running())?;
+        let run = self
+            .requests
+            .key_of(id)
+            .and_then(|k| self.requests[k].state.running())?;
         let mut pages = run.prefix_pages.clone();
         pages.extend_from_slice(run.lka.pages.ids());
         Some(pages)
@@ -721,7 +659,7 @@ impl SchedulerCore {
     pub fn outside_pages(&self) -> [Vec<PageId>; 2] {
         let mut device = Vec::new();
         let mut host = Vec::new();
-        for (_, r) in self.requests.iter() {
+        for r in self.requests.iter() {
             match &r.state {
                 State::Prefilling(run) | State::PrefillDone(run) | State::Decoding(run) => {
                     device.extend_from_slice(run.lka.pages.ids())
@@ -740,7 +678,7 @@ impl SchedulerCore {
     pub fn stats(&self) -> SchedulerStats {
         let mut s = self.stats.clone();
         s.idle = self.is_idle();
-        for (_, r) in self.requests.iter() {
+        for r in self.requests.iter() {
             match r.state.kind() {
                 StateKind::Submitted => s.waiting += 1,
                 StateKind::Prefilling | StateKind::PrefillDone => s.prefilling += 1,
@@ -759,7 +697,7 @@ impl SchedulerCore {
 
     /// Whether nothing is running, queued or in flight.
     pub fn is_idle(&self) -> bool {
-        self.index.is_empty()
+        self.requests.is_empty()
             && self.ops.is_empty()
             && self.pending_backups.is_empty()
             && self.backups.is_empty()

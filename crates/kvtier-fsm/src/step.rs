@@ -163,7 +163,7 @@ impl SchedulerCore {
         let mut seen = Seen::default();
         self.issue_finish_write_backs(&mut plan, &mut seen);
         self.issue_backups(&mut plan);
-        self.erase_finished();
+        self.requests.erase_finished(self.stats.plans);
         if self.config.publish_prefix_mid_flight {
             self.publish_computed_prompts();
         }
@@ -271,14 +271,13 @@ impl SchedulerCore {
 
     fn issue_finish_write_backs(&mut self, plan: &mut ExecutionPlan, seen: &mut Seen) {
         let draining: Vec<usize> = self
-            .index
-            .values()
-            .copied()
-            .filter(|&k| matches!(self.req(k).state, State::Draining(_)))
+            .requests
+            .keys()
+            .filter(|&k| matches!(self.requests[k].state, State::Draining(_)))
             .collect();
         for key in draining {
             let State::Draining(Some(attached)) =
-                std::mem::replace(&mut self.req_mut(key).state, State::Finished)
+                std::mem::replace(&mut self.requests[key].state, State::Finished)
             else {
                 debug_assert!(false, "a finish reply was not applied before the plan");
                 continue;
@@ -296,9 +295,9 @@ impl SchedulerCore {
                 );
                 continue;
             }
-            let id = self.req(key).id.clone();
+            let id = self.requests[key].id.clone();
             let op = self.issue_write_back(attached, id, false, plan, seen);
-            self.req_mut(key).state = State::WritingBack { op };
+            self.requests[key].state = State::WritingBack { op };
         }
     }
 
@@ -360,28 +359,27 @@ impl SchedulerCore {
     fn publish_computed_prompts(&mut self) {
         let ps = self.config.page_size;
         let prefilling: Vec<usize> = self
-            .index
-            .values()
-            .copied()
+            .requests
+            .keys()
             .filter(|&k| {
                 matches!(
-                    self.req(k).state,
+                    self.requests[k].state,
                     State::Prefilling(_) | State::PrefillDone(_)
                 )
             })
             .collect();
         for key in prefilling {
-            let mut state = std::mem::replace(&mut self.req_mut(key).state, State::Finished);
+            let mut state = std::mem::replace(&mut self.requests[key].state, State::Finished);
             let Some(run) = state.running_mut() else {
-                self.req_mut(key).state = state;
+                self.requests[key].state = state;
                 continue;
             };
             let computed = run.window_end() / ps;
             let prefix = run.prefix_pages.len() as u32;
             let publication = self.publication(key, run, computed);
-            self.req_mut(key).state = state;
+            self.requests[key].state = state;
             if let Some((publication, own)) = publication {
-                let id = self.req(key).id.clone();
+                let id = self.requests[key].id.clone();
                 self.outbox.push(
                     CacheOp::Publish(publication),
                     Target::Publish {
@@ -400,9 +398,9 @@ impl SchedulerCore {
     /// one class dominates (a steady decode batch).
     fn candidates(&self) -> Vec<(u8, usize)> {
         let mixed = self.config.enable_mixed_prefill_decode;
-        let mut ranked = Vec::with_capacity(self.index.len());
-        for &key in self.index.values() {
-            if let Some(c) = class(self.req(key).state.kind(), mixed) {
+        let mut ranked = Vec::with_capacity(self.requests.len());
+        for key in self.requests.keys() {
+            if let Some(c) = class(self.requests[key].state.kind(), mixed) {
                 ranked.push((c, key));
             }
         }
@@ -420,7 +418,7 @@ impl SchedulerCore {
         let mut intents = Vec::with_capacity(ranked.len());
         let mut candidates = Vec::with_capacity(ranked.len());
         for (_, key) in ranked {
-            let r = self.req(key);
+            let r = &self.requests[key];
             let entry = match &r.state {
                 State::Prefilling(run) => {
                     intents.push(Intent::NextChunk {
@@ -453,7 +451,7 @@ impl SchedulerCore {
                 }
                 State::Retracted(_) => {
                     let State::Retracted(held) =
-                        std::mem::replace(&mut self.req_mut(key).state, State::Finished)
+                        std::mem::replace(&mut self.requests[key].state, State::Finished)
                     else {
                         unreachable!("matched above");
                     };
@@ -463,7 +461,7 @@ impl SchedulerCore {
                         lka,
                         pages,
                     } = held;
-                    let r = self.req(key);
+                    let r = &self.requests[key];
                     intents.push(Intent::Recovery {
                         tokens: TokenRef::new(&r.tokens, (pages * ps) as usize),
                         tail_pages: lka.pages.len() as u32,
@@ -526,7 +524,7 @@ impl SchedulerCore {
                 (Entry::Recovery { lka, pages }, Outcome::Waits { held }) => {
                     let mut held = held.into_iter();
                     if let Some(href) = held.next() {
-                        self.req_mut(key).state = State::Retracted(Retracted {
+                        self.requests[key].state = State::Retracted(Retracted {
                             href,
                             dref: held.next(),
                             lka,
@@ -539,7 +537,7 @@ impl SchedulerCore {
                 (Entry::Recovery { lka, .. }, Outcome::TooBig) => {
                     // Even an empty device pool could not hold it again: give up, and say so.
                     drop(lka);
-                    let id = self.req(key).id.clone();
+                    let id = self.requests[key].id.clone();
                     self.abort_notice(id, AbortReason::ExceedsDevicePool, &mut p.plan);
                 }
                 (_, Outcome::Waits { .. }) => {}
@@ -563,9 +561,9 @@ impl SchedulerCore {
 
     fn next_chunk(&mut self, key: usize, t: u32, pages: kvtier_host::OwnedPages, rows: &mut Rows) {
         let ps = self.config.page_size;
-        let prefill_len = self.req(key).prefill_len;
+        let prefill_len = self.requests[key].prefill_len;
         let State::Prefilling(mut run) =
-            std::mem::replace(&mut self.req_mut(key).state, State::Finished)
+            std::mem::replace(&mut self.requests[key].state, State::Finished)
         else {
             debug_assert!(false, "next chunk of a request not prefilling");
             return;
@@ -577,7 +575,7 @@ impl SchedulerCore {
         run.reserve = self.config.decode_input_tokens;
         self.push_prefill_row(key, &run, begin, rows);
         let done = run.window_end() == prefill_len;
-        self.req_mut(key).state = if done {
+        self.requests[key].state = if done {
             State::PrefillDone(run)
         } else {
             State::Prefilling(run)
@@ -602,19 +600,19 @@ impl SchedulerCore {
         let end = ((host + n) * ps) as usize;
         let page_hashes = kvtier_types::hash::rolling_page_hashes(
             None,
-            &self.req(key).tokens[..end],
+            &self.requests[key].tokens[..end],
             ps as usize,
         )
         .split_off(host as usize);
         let op = self.next_op_id();
         plan.prefetches.push(PrefetchOp {
             op_id: op,
-            request_id: self.req(key).id.clone(),
+            request_id: self.requests[key].id.clone(),
             dst_pages: pages.ids().to_vec(),
             page_hashes,
         });
-        tracing::debug!(parent: &self.req(key).span, phase = "prefetching", pages = n);
-        self.req_mut(key).state = State::Prefetching(Prefetch {
+        tracing::debug!(parent: &self.requests[key].span, phase = "prefetching", pages = n);
+        self.requests[key].state = State::Prefetching(Prefetch {
             op,
             href,
             pages,
@@ -630,7 +628,7 @@ impl SchedulerCore {
             debug_assert!(false, "the program counted a free slot");
             return;
         };
-        let prefill_len = self.req(key).prefill_len;
+        let prefill_len = self.requests[key].prefill_len;
         let run = Running {
             dref: a.dref,
             href: a.href,
@@ -646,11 +644,11 @@ impl SchedulerCore {
             table_changed_from: None,
         };
         self.push_prefill_row(key, &run, 0, &mut p.rows);
-        let r = self.req(key);
+        let r = &self.requests[key];
         r.span.record("cached_tokens", run.window_begin);
         tracing::debug!(parent: &r.span, phase = "prefilling", cached_tokens = run.window_begin);
         let done = run.window_end() == prefill_len;
-        self.req_mut(key).state = if done {
+        self.requests[key].state = if done {
             State::PrefillDone(run)
         } else {
             State::Prefilling(run)
@@ -659,7 +657,7 @@ impl SchedulerCore {
     }
 
     fn push_prefill_row(&self, key: usize, run: &Running, begin: u32, rows: &mut Rows) {
-        let r = self.req(key);
+        let r = &self.requests[key];
         let (wb, ws) = (run.window_begin as usize, run.window_size as usize);
         let (pages_start, pages_len) = rows.push_page_table(run);
         let input_ids_start = rows.input_ids.len() as u32;
@@ -727,7 +725,7 @@ impl SchedulerCore {
         }
         if from_prefill_done {
             tracing::debug!(parent: &r.span, phase = "decoding");
-            let state = &mut self.req_mut(key).state;
+            let state = &mut self.requests[key].state;
             if let State::PrefillDone(run) = std::mem::replace(state, State::Finished) {
                 *state = State::Decoding(run);
             }
@@ -742,7 +740,7 @@ impl SchedulerCore {
     fn retract_one(&mut self, p: &mut PlanInProgress) -> Option<CacheBatch> {
         let mut victim: Option<(usize, usize)> = None;
         for &(key, _) in &p.candidates {
-            let r = self.req(key);
+            let r = &self.requests[key];
             if matches!(r.state.kind(), StateKind::Decoding | StateKind::PrefillDone)
                 && victim.is_none_or(|(_, len)| r.tokens.len() > len)
             {
@@ -753,15 +751,15 @@ impl SchedulerCore {
             self.requeue_for_recompute(p);
             return None;
         };
-        let run = match std::mem::replace(&mut self.req_mut(key).state, State::Finished) {
+        let run = match std::mem::replace(&mut self.requests[key].state, State::Finished) {
             State::PrefillDone(run) | State::Decoding(run) => run,
             other => {
-                self.req_mut(key).state = other;
+                self.requests[key].state = other;
                 return None;
             }
         };
         self.stats.retractions += 1;
-        tracing::debug!(parent: &self.req(key).span, phase = "retracted");
+        tracing::debug!(parent: &self.requests[key].span, phase = "retracted");
         let (publication, dref, lka) = self.settle(key, run);
         let pages = (publication.tokens.len() / self.config.page_size as usize) as u32;
         p.retract = Some((key, lka, pages));
@@ -778,14 +776,14 @@ impl SchedulerCore {
         pages: u32,
         outcome: RetractOutcome,
     ) {
-        let id = self.req(key).id.clone();
+        let id = self.requests[key].id.clone();
         match outcome {
             RetractOutcome::Kept {
                 href,
                 write_back: Some(attached),
             } => {
                 let op = self.issue_write_back(attached, id, true, &mut p.plan, &mut p.seen);
-                self.req_mut(key).state = State::Retracting {
+                self.requests[key].state = State::Retracting {
                     op,
                     href,
                     lka,
@@ -796,7 +794,7 @@ impl SchedulerCore {
                 href,
                 write_back: None,
             } => {
-                self.req_mut(key).state = State::Retracted(Retracted {
+                self.requests[key].state = State::Retracted(Retracted {
                     href,
                     dref: None,
                     lka,
@@ -819,7 +817,7 @@ impl SchedulerCore {
     fn requeue_for_recompute(&mut self, p: &PlanInProgress) {
         let mut victim: Option<(usize, usize)> = None;
         for &(key, _) in &p.candidates {
-            if let State::Retracted(held) = &self.req(key).state {
+            if let State::Retracted(held) = &self.requests[key].state {
                 let tail = held.lka.pages.len();
                 if tail > 0 && victim.is_none_or(|(_, most)| tail > most) {
                     victim = Some((key, tail));
@@ -827,12 +825,12 @@ impl SchedulerCore {
             }
         }
         let Some((key, _)) = victim else { return };
-        let state = std::mem::replace(&mut self.req_mut(key).state, State::Submitted);
+        let state = std::mem::replace(&mut self.requests[key].state, State::Submitted);
         drop(state);
-        let r = self.req_mut(key);
+        let r = &mut self.requests[key];
         r.prefill_len = r.tokens.len() as u32;
         self.stats.recomputes += 1;
-        tracing::debug!(parent: &self.req(key).span, phase = "recomputing");
+        tracing::debug!(parent: &self.requests[key].span, phase = "recomputing");
     }
 
     /// Resumes a retracted request: its prefix reloaded onto device, a new slot, one
@@ -845,7 +843,7 @@ impl SchedulerCore {
             return;
         };
         lka.absorb(a.pages, d, ps);
-        let r = self.req(key);
+        let r = &self.requests[key];
         let run = Running {
             dref: a.dref,
             href: a.href,
@@ -858,7 +856,7 @@ impl SchedulerCore {
             table_changed_from: None,
         };
         p.rows.push_decode_row(r, &run, RowKind::Recovery, 0, d);
-        self.req_mut(key).state = State::Decoding(run);
+        self.requests[key].state = State::Decoding(run);
         self.push_load_back(a.load_back, &mut p.plan, &mut p.seen);
     }
 }
