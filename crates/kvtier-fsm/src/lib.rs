@@ -45,6 +45,7 @@
 mod direct;
 mod error;
 mod idmap;
+mod ops;
 mod outbox;
 mod request;
 mod requests;

@@ -144,10 +144,10 @@ impl SchedulerCore {
         match (target, result) {
             (Target::Backup, OpResult::Acked { kept, backup }) => {
                 drop(kept);
-                self.pending_backups.extend(backup);
+                self.ops.queue_backups(backup);
             }
             (Target::KeepDevice { key, id }, OpResult::Acked { kept, backup }) => {
-                self.pending_backups.extend(backup);
+                self.ops.queue_backups(backup);
                 if self.requests.holds(key, &id)
                     && let State::Retracted(held) = &mut self.requests[key].state
                     && held.dref.is_none()

@@ -1,33 +1,20 @@
 //! The scheduler core: submit, advance and the finish / abort / write-back flows. The
-//! requests live in their table (`requests.rs`). The per-step planning lives in `step.rs`; the cache is reached only
-//! through batches of ops (`outbox.rs`).
+//! requests live in their table (`requests.rs`), ops in flight in theirs (`ops.rs`).
+//! The per-step planning lives in `step.rs`; the cache is reached only through batches
+//! of ops (`outbox.rs`).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use kvtier_radix::{
-    BackupSource, CacheConfig, CacheOp, NodeId, NodeLock, Publication, TokenRef, WriteBackTicket,
-};
+use kvtier_radix::{CacheConfig, CacheOp, NodeLock, Publication, TokenRef};
 use kvtier_types::{EngineEvent, OpId, PageId, RequestId, RequestSpec, SchedulerConfig, Token};
 
+use crate::ops::{OpTable, WriteBackInFlight};
 use crate::outbox::{Outbox, Target};
 use crate::request::{LocalKv, Prefetch, Request, Retracted, Running, State, StateKind};
 use crate::requests::Requests;
 use crate::slots::SlotPool;
 use crate::step::PlanInProgress;
 use crate::{BatchError, Rejected, SchedError};
-
-/// A write-back in flight. Its cache ticket pins the copy's source and destination pages
-/// until acknowledged, so it survives the request that issued it (an abort cannot free
-/// pages that a copy is still reading or writing).
-#[derive(Debug)]
-pub(crate) struct Inflight {
-    pub request: Option<RequestId>,
-    /// Pins the copy's source and destination pages until acknowledged.
-    pub ticket: WriteBackTicket,
-    pub device_node: NodeId,
-    pub is_retract: bool,
-}
 
 /// Counters and gauges of the scheduler.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -101,12 +88,8 @@ pub struct SchedulerCore {
     pub(crate) slots: SlotPool,
     /// Live requests and the ids of recently finished ones.
     pub(crate) requests: Requests,
-    pub(crate) ops: BTreeMap<OpId, Inflight>,
-    /// Written-back host pages waiting for their L3 backup op, pinned on host.
-    pub(crate) pending_backups: Vec<BackupSource>,
-    /// Backups in flight: the host lock pinning each one's source pages until acked.
-    pub(crate) backups: BTreeMap<OpId, NodeLock>,
-    pub(crate) next_op: OpId,
+    /// Write-backs and backups in flight, and the op id counter.
+    pub(crate) ops: OpTable,
     pub(crate) stats: SchedulerStats,
     /// Page-table length of the last plan: the next one is usually about as long.
     pub(crate) page_table_hint: usize,
@@ -123,10 +106,7 @@ impl SchedulerCore {
             slots: SlotPool::new(config.max_batch_size),
             config,
             requests: Requests::default(),
-            ops: BTreeMap::new(),
-            pending_backups: Vec::new(),
-            backups: BTreeMap::new(),
-            next_op: 1,
+            ops: OpTable::default(),
             stats: SchedulerStats::default(),
             page_table_hint: 0,
             outbox: Outbox::default(),
@@ -328,15 +308,13 @@ impl SchedulerCore {
                 success,
                 completed_pages,
             } => self.prefetch_done(op_id, &request_id, success, completed_pages),
-            EngineEvent::BackupDone { op_id, .. } => match self.backups.remove(&op_id) {
-                // Done or failed, the source pages are free to go: a failed backup is
-                // only a future L3 miss.
-                Some(pin) => {
-                    drop(pin);
+            EngineEvent::BackupDone { op_id, .. } => {
+                if self.ops.backup_done(op_id) {
                     Ok(())
+                } else {
+                    self.stale_or_unknown_op(op_id)
                 }
-                None => self.stale_or_unknown_op(op_id),
-            },
+            }
             EngineEvent::Bootstrapped { .. } | EngineEvent::RemotePrefillDone { .. } => {
                 Err(SchedError::Unsupported("prefill/decode disaggregation"))
             }
@@ -412,8 +390,9 @@ impl SchedulerCore {
         Ok(())
     }
 
-    pub(crate) fn stale_or_unknown_op(&mut self, op_id: OpId) -> Result<(), SchedError> {
-        if op_id != 0 && op_id < self.next_op {
+    /// An answer for an op not in flight: stale if it was issued, else unknown.
+    fn stale_or_unknown_op(&mut self, op_id: OpId) -> Result<(), SchedError> {
+        if self.ops.was_issued(op_id) {
             self.stats.stale_events += 1;
             return Ok(());
         }
@@ -552,9 +531,7 @@ impl SchedulerCore {
             State::Draining(Some(attached)) => self.outbox.roll_back(attached.ticket),
             // The in-flight copy stays pinned by its ticket in the op table until acknowledged.
             State::WritingBack { op } | State::Retracting { op, .. } => {
-                if let Some(inflight) = self.ops.get_mut(&op) {
-                    inflight.request = None;
-                }
+                self.ops.detach_request(op);
             }
             other => drop(other),
         }
@@ -563,10 +540,10 @@ impl SchedulerCore {
     // ----- write-back completion ---------------------------------------------------
 
     fn write_back_done(&mut self, op_id: OpId, success: bool) -> Result<(), SchedError> {
-        let Some(op) = self.ops.remove(&op_id) else {
+        let Some(op) = self.ops.take_write_back(op_id) else {
             return self.stale_or_unknown_op(op_id);
         };
-        let Inflight {
+        let WriteBackInFlight {
             request,
             ticket,
             device_node,
@@ -614,12 +591,6 @@ impl SchedulerCore {
         };
         self.requests[key].state = next;
         Ok(())
-    }
-
-    pub(crate) fn next_op_id(&mut self) -> OpId {
-        let id = self.next_op;
-        self.next_op = self.next_op.wrapping_add(1).max(1);
-        id
     }
 
     // ----- queries -----------------------------------------------------------------
@@ -692,16 +663,12 @@ impl SchedulerCore {
 
     /// Write-backs and L3 backups issued and not yet acknowledged.
     pub fn ops_in_flight(&self) -> usize {
-        self.ops.len() + self.backups.len() + self.pending_backups.len()
+        self.ops.in_flight()
     }
 
     /// Whether nothing is running, queued or in flight.
     pub fn is_idle(&self) -> bool {
-        self.requests.is_empty()
-            && self.ops.is_empty()
-            && self.pending_backups.is_empty()
-            && self.backups.is_empty()
-            && self.outbox.is_empty()
+        self.requests.is_empty() && self.ops.is_empty() && self.outbox.is_empty()
     }
 
     /// Rolling page hashes of the full pages of `tokens`, chained from the root.

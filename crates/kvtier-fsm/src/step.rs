@@ -25,13 +25,14 @@ use kvtier_radix::{
     Outcome, PrefetchCheck, RetractOutcome, TokenRef,
 };
 use kvtier_types::{
-    AbortNotice, AbortReason, BackupOp, ExecutionPlan, ForwardRow, LoadBackOp, OpId, PrefetchOp,
-    RequestId, RowKind, Token, TransferPair, WriteBackOp,
+    AbortNotice, AbortReason, ExecutionPlan, ForwardRow, LoadBackOp, OpId, PrefetchOp, RequestId,
+    RowKind, Token, TransferPair, WriteBackOp,
 };
 
+use crate::ops::WriteBackInFlight;
 use crate::outbox::{FamilyMail, Progress, Target};
 use crate::request::{LocalKv, Prefetch, Request, Retracted, Running, State, StateKind};
-use crate::scheduler::{Awaiting, Inflight};
+use crate::scheduler::Awaiting;
 use crate::{SchedError, SchedulerCore};
 
 /// Rows and flat buffers of the forward batch under construction.
@@ -162,7 +163,7 @@ impl SchedulerCore {
         let mut plan = ExecutionPlan::default();
         let mut seen = Seen::default();
         self.issue_finish_write_backs(&mut plan, &mut seen);
-        self.issue_backups(&mut plan);
+        self.ops.issue_backups(&mut plan.backups);
         self.requests.erase_finished(self.stats.plans);
         if self.config.publish_prefix_mid_flight {
             self.publish_computed_prompts();
@@ -301,20 +302,6 @@ impl SchedulerCore {
         }
     }
 
-    /// Emits the L3 backups queued by acknowledged write-backs; each keeps its source
-    /// pages pinned until `BackupDone`.
-    fn issue_backups(&mut self, plan: &mut ExecutionPlan) {
-        for backup in std::mem::take(&mut self.pending_backups) {
-            let op_id = self.next_op_id();
-            plan.backups.push(BackupOp {
-                op_id,
-                src_pages: backup.pages,
-                page_hashes: backup.hashes,
-            });
-            self.backups.insert(op_id, backup.pin);
-        }
-    }
-
     /// Emits a write-back op for attached copies; the op table keeps its ticket (which
     /// pins the copy) until the engine acknowledges it.
     fn issue_write_back(
@@ -325,20 +312,18 @@ impl SchedulerCore {
         plan: &mut ExecutionPlan,
         seen: &mut Seen,
     ) -> OpId {
-        let op_id = self.next_op_id();
+        let op_id = self.ops.issue_write_back(WriteBackInFlight {
+            request: Some(request),
+            ticket: attached.ticket,
+            device_node: attached.device_node,
+            is_retract,
+        });
         let pairs = dedup(&mut seen.write_back, attached.pairs);
         plan.write_backs.push(WriteBackOp {
             op_id,
             pairs,
             is_retract,
         });
-        let inflight = Inflight {
-            request: Some(request),
-            ticket: attached.ticket,
-            device_node: attached.device_node,
-            is_retract,
-        };
-        self.ops.insert(op_id, inflight);
         op_id
     }
 
@@ -604,7 +589,7 @@ impl SchedulerCore {
             ps as usize,
         )
         .split_off(host as usize);
-        let op = self.next_op_id();
+        let op = self.ops.next_id();
         plan.prefetches.push(PrefetchOp {
             op_id: op,
             request_id: self.requests[key].id.clone(),
@@ -693,7 +678,7 @@ impl SchedulerCore {
         if pairs.is_empty() {
             return;
         }
-        let op_id = self.next_op_id();
+        let op_id = self.ops.next_id();
         let pairs = dedup(&mut seen.load_back, pairs);
         plan.load_backs.push(LoadBackOp { op_id, pairs });
     }

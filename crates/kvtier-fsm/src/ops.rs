@@ -1,0 +1,131 @@
+//! The op table: engine ops in flight, keyed by op id, and the id counter.
+//!
+//! Write-backs and L3 backups keep cache handles (a write-back ticket, a host pin) until
+//! the engine acknowledges them, so they outlive the request that issued them.
+//! Prefetches and load-backs take ids here too, but their bookkeeping lives elsewhere
+//! (a prefetch in its request's state; a load-back needs none).
+
+use std::collections::BTreeMap;
+
+use kvtier_radix::{BackupSource, NodeId, NodeLock, WriteBackTicket};
+use kvtier_types::{BackupOp, OpId, RequestId};
+
+/// A write-back in flight. Its cache ticket pins the copy's source and destination pages
+/// until acknowledged, so it survives the request that issued it (an abort cannot free
+/// pages that a copy is still reading or writing).
+#[derive(Debug)]
+pub(crate) struct WriteBackInFlight {
+    /// The request that issued it; `None` once that request is aborted.
+    pub request: Option<RequestId>,
+    /// Pins the copy's source and destination pages until acknowledged.
+    pub ticket: WriteBackTicket,
+    /// The device node whose path is copied (demoted on success, kept on a failed
+    /// retract copy).
+    pub device_node: NodeId,
+    pub is_retract: bool,
+}
+
+/// Ops in flight and the next op id.
+#[derive(Debug)]
+pub(crate) struct OpTable {
+    write_backs: BTreeMap<OpId, WriteBackInFlight>,
+    /// Written-back host pages waiting for their L3 backup op, pinned on host.
+    pending_backups: Vec<BackupSource>,
+    /// Backups in flight: the host lock pinning each one's source pages until acked.
+    backups: BTreeMap<OpId, NodeLock>,
+    /// The id the next op gets; ids below it (and above 0) were issued.
+    next: OpId,
+}
+
+impl Default for OpTable {
+    fn default() -> Self {
+        Self {
+            write_backs: BTreeMap::new(),
+            pending_backups: Vec::new(),
+            backups: BTreeMap::new(),
+            // 0 is never issued: an acknowledgement for op 0 is always unknown.
+            next: 1,
+        }
+    }
+}
+
+impl OpTable {
+    /// A fresh op id (never 0).
+    pub fn next_id(&mut self) -> OpId {
+        let id = self.next;
+        self.next = self.next.wrapping_add(1).max(1);
+        id
+    }
+
+    /// Whether `op_id` was issued: an answer for an issued op that is no longer in
+    /// flight is stale (late or repeated), any other is unknown.
+    pub fn was_issued(&self, op_id: OpId) -> bool {
+        op_id != 0 && op_id < self.next
+    }
+
+    /// Records a write-back under a fresh id, which it returns.
+    pub fn issue_write_back(&mut self, write_back: WriteBackInFlight) -> OpId {
+        let op_id = self.next_id();
+        self.debug_check_free(op_id);
+        self.write_backs.insert(op_id, write_back);
+        op_id
+    }
+
+    /// The write-back `op_id` on its acknowledgement; `None` if it is not in flight.
+    pub fn take_write_back(&mut self, op_id: OpId) -> Option<WriteBackInFlight> {
+        self.write_backs.remove(&op_id)
+    }
+
+    /// The request of write-back `op_id` is gone; the copy stays pinned by its ticket
+    /// until acknowledged.
+    pub fn detach_request(&mut self, op_id: OpId) {
+        if let Some(write_back) = self.write_backs.get_mut(&op_id) {
+            write_back.request = None;
+        }
+    }
+
+    /// Queues the backup sources of acknowledged write-backs for the next plan.
+    pub fn queue_backups(&mut self, sources: impl IntoIterator<Item = BackupSource>) {
+        self.pending_backups.extend(sources);
+    }
+
+    /// Emits the queued backups into `out`; each keeps its source pages pinned until
+    /// `BackupDone`.
+    pub fn issue_backups(&mut self, out: &mut Vec<BackupOp>) {
+        for backup in std::mem::take(&mut self.pending_backups) {
+            let op_id = self.next_id();
+            out.push(BackupOp {
+                op_id,
+                src_pages: backup.pages,
+                page_hashes: backup.hashes,
+            });
+            self.debug_check_free(op_id);
+            self.backups.insert(op_id, backup.pin);
+        }
+    }
+
+    /// Backup `op_id` is done. Done or failed, its source pages are free to go: a
+    /// failed backup is only a future L3 miss. `false` if it is not in flight.
+    pub fn backup_done(&mut self, op_id: OpId) -> bool {
+        self.backups.remove(&op_id).is_some()
+    }
+
+    /// Write-backs and backups issued and not acknowledged, and backups queued.
+    pub fn in_flight(&self) -> usize {
+        self.write_backs.len() + self.backups.len() + self.pending_backups.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.write_backs.is_empty() && self.pending_backups.is_empty() && self.backups.is_empty()
+    }
+
+    /// Debug builds: a fresh id names no op in flight (one table entry per op).
+    fn debug_check_free(&self, op_id: OpId) {
+        debug_assert!(
+            op_id != 0
+                && !self.write_backs.contains_key(&op_id)
+                && !self.backups.contains_key(&op_id),
+            "op id {op_id} issued twice"
+        );
+    }
+}
