@@ -42,9 +42,12 @@
 //! an RAII handle inside its state, so leaving a state by any path releases exactly what
 //! that state held.
 
+mod advance;
 mod direct;
+mod draft;
 mod error;
 mod idmap;
+mod mail;
 mod ops;
 mod outbox;
 mod request;

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use kvtier_host::OwnedPages;
-use kvtier_radix::{Attached, NodeLock, grow};
+use kvtier_radix::{Attached, NodeLock, Publication, TokenRef, grow};
 use kvtier_types::{OpId, PageId, RequestId, Token};
 
 use crate::slots::Slot;
@@ -89,6 +89,15 @@ impl Running {
 
     pub fn occupied_len(&self) -> usize {
         self.prefix_pages.len() + self.lka.pages.len()
+    }
+
+    /// Where the next row's page table is new from: the end of the table, or the first
+    /// entry swapped for the tree's copy since the last row.
+    pub fn take_row_begin(&mut self) -> u32 {
+        let occupied = self.occupied_len() as u32;
+        self.table_changed_from
+            .take()
+            .map_or(occupied, |i| i.min(occupied))
     }
 }
 
@@ -190,5 +199,52 @@ impl Request {
     /// Full pages of the token container except the newest token (which has no KV yet).
     pub fn full_pages_except_last(&self, page_size: u32) -> u32 {
         (self.tokens.len().saturating_sub(1) / page_size as usize) as u32
+    }
+
+    /// The request stops running (finish or retraction): its full pages except the
+    /// newest token's are to go into the tree. Returns that publication (possibly empty),
+    /// the device lock on its prefix and its remaining own pages; the rest of what it
+    /// held while running (its slot, a load-back source lock) is released.
+    pub fn settle(&self, mut run: Running, page_size: u32) -> (Publication, NodeLock, LocalKv) {
+        let full = self.full_pages_except_last(page_size);
+        let publication = self
+            .publication(&mut run, full, page_size)
+            .map(|(p, _)| p)
+            .unwrap_or_else(|| Publication {
+                tokens: TokenRef::new(&self.tokens, run.prefix_pages.len() * page_size as usize),
+                prefix: run.prefix_pages.len() as u32,
+                pages: Default::default(),
+            });
+        let Running { dref, lka, .. } = run;
+        (publication, dref, lka)
+    }
+
+    /// Takes the request's computed full pages (up to `pages`, clamped to what it holds)
+    /// out of its own pages for publication. Also returns their ids, to spot which ones
+    /// the tree replaces with its own copies. `None` when there is nothing new.
+    pub fn publication(
+        &self,
+        run: &mut Running,
+        pages: u32,
+        page_size: u32,
+    ) -> Option<(Publication, Vec<PageId>)> {
+        let prefix = run.prefix_pages.len() as u32;
+        // Overlap scheduling can grow tokens past allocated slots: never take more pages
+        // than the request holds.
+        let pages = pages.min(prefix + run.lka.pages.len() as u32);
+        if pages <= prefix {
+            return None;
+        }
+        let taken = run.lka.pages.take_first((pages - prefix) as usize).ok()?;
+        let own = taken.ids().to_vec();
+        let tokens = TokenRef::new(&self.tokens, (pages * page_size) as usize);
+        Some((
+            Publication {
+                tokens,
+                prefix,
+                pages: taken,
+            },
+            own,
+        ))
     }
 }

@@ -1,4 +1,5 @@
-//! One scheduling step: `next_plan`.
+//! One scheduling step: [`SchedulerCore::plan`], and `resume_plan` when its batch is
+//! answered.
 //!
 //! Order of work (spec/fsm-scheduler.md §5):
 //! 1. issue the write-backs of requests that finished since the last plan;
@@ -17,86 +18,22 @@
 //! A plan is one batch: the queued ops, the mid-flight publications and the admission
 //! program. Only when nothing could run does a second batch retract a request.
 
-use std::collections::HashSet;
 use std::time::Instant;
 
 use kvtier_radix::{
-    Admission, AdmitProgram, Attached, CacheBatch, CacheOp, CacheReply, Intent, NodeLock, OpResult,
-    Outcome, PrefetchCheck, RetractOutcome, TokenRef,
+    Admission, AdmitProgram, Attached, CacheBatch, CacheOp, Intent, NodeLock, OpResult, Outcome,
+    PrefetchCheck, RetractOutcome, TokenRef,
 };
 use kvtier_types::{
-    AbortNotice, AbortReason, ExecutionPlan, ForwardRow, LoadBackOp, OpId, PrefetchOp, RequestId,
-    RowKind, Token, TransferPair, WriteBackOp,
+    AbortNotice, AbortReason, ExecutionPlan, LoadBackOp, OpId, PrefetchOp, RequestId, RowKind,
+    TransferPair, WriteBackOp,
 };
 
+use crate::draft::{Awaiting, Entry, PlanInProgress, Rows, Seen};
 use crate::ops::WriteBackInFlight;
 use crate::outbox::{FamilyMail, Progress, Target};
-use crate::request::{LocalKv, Prefetch, Request, Retracted, Running, State, StateKind};
-use crate::scheduler::Awaiting;
+use crate::request::{LocalKv, Prefetch, Retracted, Running, State, StateKind};
 use crate::{SchedError, SchedulerCore};
-
-/// Rows and flat buffers of the forward batch under construction.
-#[derive(Debug, Default)]
-struct Rows {
-    prefill: Vec<ForwardRow>,
-    decode: Vec<ForwardRow>,
-    page_table: Vec<u32>,
-    input_ids: Vec<Token>,
-    shifted_input_ids: Vec<Token>,
-}
-
-impl Rows {
-    /// Appends a running request's page table (tree prefix, then its own pages); returns
-    /// where it starts and its length.
-    fn push_page_table(&mut self, run: &Running) -> (u32, u32) {
-        let start = self.page_table.len() as u32;
-        self.page_table.extend_from_slice(&run.prefix_pages);
-        self.page_table.extend_from_slice(run.lka.pages.ids());
-        (start, run.occupied_len() as u32)
-    }
-
-    /// A decode row of `d` input tokens over the request's whole page table, new from
-    /// `begin`. A recovery row (new slot after retraction) also names its input token and
-    /// history length, and reports prefill length 0 as the reference does.
-    fn push_decode_row(&mut self, r: &Request, run: &Running, kind: RowKind, begin: u32, d: u32) {
-        let (pages_start, pages_len) = self.push_page_table(run);
-        let recovery = kind == RowKind::Recovery;
-        self.decode.push(ForwardRow {
-            request_id: r.id.clone(),
-            kind,
-            slot: run.slot.id(),
-            input_length: d,
-            prefill_length: if recovery { 0 } else { r.prefill_len },
-            pages_start,
-            pages_len,
-            begin,
-            size: pages_len - begin,
-            extend_prefix_len: 0,
-            input_ids_start: 0,
-            decode_input_id: if recovery {
-                r.tokens.last().copied().unwrap_or(-1)
-            } else {
-                -1
-            },
-            hist_token_len: if recovery {
-                r.tokens.len() as i32 - 1
-            } else {
-                -1
-            },
-        });
-    }
-}
-
-/// Transfer pairs already emitted in this plan, per direction (a pair is emitted once).
-#[derive(Debug, Default)]
-struct Seen {
-    write_back: HashSet<TransferPair>,
-    load_back: HashSet<TransferPair>,
-}
-
-fn dedup(seen: &mut HashSet<TransferPair>, pairs: Vec<TransferPair>) -> Vec<TransferPair> {
-    pairs.into_iter().filter(|p| seen.insert(*p)).collect()
-}
 
 /// Priority class of a state (lower runs first).
 fn class(kind: StateKind, mixed: bool) -> Option<u8> {
@@ -119,36 +56,6 @@ fn class(kind: StateKind, mixed: bool) -> Option<u8> {
         | StateKind::WritingBack
         | StateKind::Finished => return None,
     })
-}
-
-/// A candidate of the step and what it asked the cache for.
-#[derive(Debug)]
-enum Entry {
-    /// No intent (a state that waits this step).
-    None,
-    NextChunk,
-    FirstChunk,
-    Decode,
-    /// A retracted request: its state is out while its locks travel with the intent.
-    Recovery {
-        lka: LocalKv,
-        pages: u32,
-    },
-}
-
-/// A plan between its batches.
-#[derive(Debug)]
-pub(crate) struct PlanInProgress {
-    plan: ExecutionPlan,
-    seen: Seen,
-    rows: Rows,
-    /// Candidates in scheduling order, with their entries.
-    candidates: Vec<(usize, Entry)>,
-    /// Targets of the ops before the step's own op.
-    targets: Vec<Target>,
-    /// The retraction in flight, if this is the second batch.
-    retract: Option<(usize, LocalKv, u32)>,
-    started: Option<Instant>,
 }
 
 impl SchedulerCore {
@@ -191,17 +98,14 @@ impl SchedulerCore {
         Ok(vec![FamilyMail::Radix(batch)])
     }
 
+    /// Goes on with a plan once its batch is answered: `step` is the result of the
+    /// batch's last op (the admission program, or the retraction); the other results
+    /// are already delivered.
     pub(crate) fn resume_plan(
         &mut self,
         mut p: PlanInProgress,
-        reply: CacheReply,
+        step: OpResult,
     ) -> Result<Progress, SchedError> {
-        let mut results = reply.results.into_iter();
-        for target in std::mem::take(&mut p.targets) {
-            let result = results.next().ok_or(SchedError::UnexpectedReply)?;
-            self.deliver(target, result);
-        }
-        let step = results.next().ok_or(SchedError::UnexpectedReply)?;
         match (p.retract.take(), step) {
             (None, OpResult::Admitted(outcomes)) => {
                 if outcomes.len()
@@ -318,7 +222,7 @@ impl SchedulerCore {
             device_node: attached.device_node,
             is_retract,
         });
-        let pairs = dedup(&mut seen.write_back, attached.pairs);
+        let pairs = seen.new_write_back_pairs(attached.pairs);
         plan.write_backs.push(WriteBackOp {
             op_id,
             pairs,
@@ -361,7 +265,7 @@ impl SchedulerCore {
             };
             let computed = run.window_end() / ps;
             let prefix = run.prefix_pages.len() as u32;
-            let publication = self.publication(key, run, computed);
+            let publication = self.requests[key].publication(run, computed, ps);
             self.requests[key].state = state;
             if let Some((publication, own)) = publication {
                 let id = self.requests[key].id.clone();
@@ -534,14 +438,6 @@ impl SchedulerCore {
         p.candidates = candidates;
     }
 
-    /// Entries swapped for the tree's copies since the last row count as new.
-    fn row_begin(run: &mut Running) -> u32 {
-        let occupied = run.occupied_len() as u32;
-        run.table_changed_from
-            .take()
-            .map_or(occupied, |i| i.min(occupied))
-    }
-
     // ----- Prefilling → next chunk -----------------------------------------------------
 
     fn next_chunk(&mut self, key: usize, t: u32, pages: kvtier_host::OwnedPages, rows: &mut Rows) {
@@ -553,12 +449,12 @@ impl SchedulerCore {
             debug_assert!(false, "next chunk of a request not prefilling");
             return;
         };
-        let begin = Self::row_begin(&mut run);
+        let begin = run.take_row_begin();
         run.lka.absorb(pages, t, ps);
         run.window_begin = run.window_end();
         run.window_size = t;
         run.reserve = self.config.decode_input_tokens;
-        self.push_prefill_row(key, &run, begin, rows);
+        rows.push_prefill_row(&self.requests[key], &run, begin);
         let done = run.window_end() == prefill_len;
         self.requests[key].state = if done {
             State::PrefillDone(run)
@@ -628,7 +524,7 @@ impl SchedulerCore {
             reserve: self.config.decode_input_tokens,
             table_changed_from: None,
         };
-        self.push_prefill_row(key, &run, 0, &mut p.rows);
+        p.rows.push_prefill_row(&self.requests[key], &run, 0);
         let r = &self.requests[key];
         r.span.record("cached_tokens", run.window_begin);
         tracing::debug!(parent: &r.span, phase = "prefilling", cached_tokens = run.window_begin);
@@ -641,34 +537,6 @@ impl SchedulerCore {
         self.push_load_back(a.load_back, &mut p.plan, &mut p.seen);
     }
 
-    fn push_prefill_row(&self, key: usize, run: &Running, begin: u32, rows: &mut Rows) {
-        let r = &self.requests[key];
-        let (wb, ws) = (run.window_begin as usize, run.window_size as usize);
-        let (pages_start, pages_len) = rows.push_page_table(run);
-        let input_ids_start = rows.input_ids.len() as u32;
-        rows.input_ids.extend_from_slice(&r.tokens[wb..wb + ws]);
-        let shifted_end = (wb + 1 + ws).min(r.prefill_len as usize);
-        let shifted = &r.tokens[(wb + 1).min(shifted_end)..shifted_end];
-        rows.shifted_input_ids.extend_from_slice(shifted);
-        rows.shifted_input_ids
-            .extend(std::iter::repeat_n(-1, ws - shifted.len()));
-        rows.prefill.push(ForwardRow {
-            request_id: r.id.clone(),
-            kind: RowKind::Prefill,
-            slot: run.slot.id(),
-            input_length: run.window_size,
-            prefill_length: r.prefill_len,
-            pages_start,
-            pages_len,
-            begin,
-            size: pages_len - begin,
-            extend_prefix_len: run.window_begin,
-            input_ids_start,
-            decode_input_id: -1,
-            hist_token_len: -1,
-        });
-    }
-
     fn push_load_back(
         &mut self,
         pairs: Vec<TransferPair>,
@@ -679,7 +547,7 @@ impl SchedulerCore {
             return;
         }
         let op_id = self.ops.next_id();
-        let pairs = dedup(&mut seen.load_back, pairs);
+        let pairs = seen.new_load_back_pairs(pairs);
         plan.load_backs.push(LoadBackOp { op_id, pairs });
     }
 
@@ -701,7 +569,7 @@ impl SchedulerCore {
             debug_assert!(false, "decode of a request not running");
             return;
         };
-        let begin = Self::row_begin(run);
+        let begin = run.take_row_begin();
         run.lka.absorb(pages, reserve, ps);
         run.reserve = d;
         let r = &self.requests[key];
@@ -745,7 +613,7 @@ impl SchedulerCore {
         };
         self.stats.retractions += 1;
         tracing::debug!(parent: &self.requests[key].span, phase = "retracted");
-        let (publication, dref, lka) = self.settle(key, run);
+        let (publication, dref, lka) = self.requests[key].settle(run, self.config.page_size);
         let pages = (publication.tokens.len() / self.config.page_size as usize) as u32;
         p.retract = Some((key, lka, pages));
         Some(CacheBatch {

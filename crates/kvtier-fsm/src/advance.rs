@@ -1,0 +1,444 @@
+//! Requests in, events in: `submit`, `advance` and `abort`, and the flows they start
+//! (prefetch completion, finish, abort, write-back completion). Each call queues its
+//! cache work in the outbox; the caller takes it with `take_mail` (`mail.rs`).
+
+use std::sync::Arc;
+
+use kvtier_radix::{CacheOp, TokenRef};
+use kvtier_types::{EngineEvent, OpId, RequestId, RequestSpec, Token};
+
+use crate::ops::WriteBackInFlight;
+use crate::outbox::Target;
+use crate::request::{Prefetch, Request, Retracted, Running, State, StateKind};
+use crate::{BatchError, Rejected, SchedError, SchedulerCore};
+
+impl SchedulerCore {
+    // ----- submit ------------------------------------------------------------------
+
+    /// Submits requests. Each spec is checked on its own: valid ones are queued, invalid
+    /// ones are returned in the error with their index and reason.
+    pub fn submit(&mut self, specs: Vec<RequestSpec>) -> Result<(), BatchError> {
+        let mut rejected = Vec::new();
+        for (index, spec) in specs.into_iter().enumerate() {
+            match self.check_spec(&spec) {
+                Ok(()) => self.queue(spec),
+                Err(error) => rejected.push(Rejected { index, error }),
+            }
+        }
+        if rejected.is_empty() {
+            Ok(())
+        } else {
+            Err(BatchError { rejected })
+        }
+    }
+
+    fn check_spec(&self, spec: &RequestSpec) -> Result<(), SchedError> {
+        let id = &spec.id;
+        if self.requests.contains(id) {
+            return Err(SchedError::DuplicateRequest(id.clone()));
+        }
+        if spec.tokens.is_empty() {
+            return Err(SchedError::EmptyPrompt(id.clone()));
+        }
+        if let Some(token) = first_negative(&spec.tokens) {
+            return Err(SchedError::InvalidToken {
+                id: id.clone(),
+                token,
+            });
+        }
+        let ps = u64::from(self.config.page_size);
+        let need =
+            (spec.tokens.len() as u64 + u64::from(self.config.decode_input_tokens)).div_ceil(ps);
+        let usable = self.config.usable_device_pages();
+        if need > u64::from(usable) || spec.tokens.len() >= u32::MAX as usize {
+            return Err(SchedError::PromptTooLong {
+                id: id.clone(),
+                tokens: spec.tokens.len(),
+                pages: need,
+                usable,
+            });
+        }
+        let full_pages = (spec.tokens.len() - 1) as u64 / ps;
+        if u64::from(spec.storage_hit_pages) > full_pages {
+            return Err(SchedError::InvalidStorageInfo {
+                id: id.clone(),
+                problem: format!(
+                    "storage_hit_pages {} exceeds the prompt's {full_pages} full pages",
+                    spec.storage_hit_pages
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn queue(&mut self, spec: RequestSpec) {
+        let prefill_len = spec.tokens.len() as u32;
+        let span = tracing::info_span!(
+            "request",
+            id = %spec.id,
+            prompt_tokens = prefill_len,
+            cached_tokens = tracing::field::Empty,
+            generated_tokens = tracing::field::Empty,
+        );
+        tracing::debug!(parent: &span, phase = "queued");
+        self.requests.insert(Request {
+            id: spec.id,
+            tokens: Arc::new(spec.tokens),
+            prefill_len,
+            state: State::Submitted,
+            storage_hit_pages: spec.storage_hit_pages,
+            span,
+        });
+    }
+
+    // ----- advance -----------------------------------------------------------------
+
+    /// Applies engine events in order. Each event is applied or refused on its own; a
+    /// refused event changes nothing and is reported with its index. The cache work the
+    /// events need is queued: take it with [`Self::take_mail`].
+    pub fn advance(&mut self, events: Vec<EngineEvent>) -> Result<(), BatchError> {
+        let mut rejected = Vec::new();
+        for (index, event) in events.into_iter().enumerate() {
+            if let Err(error) = self.apply(event) {
+                rejected.push(Rejected { index, error });
+            }
+        }
+        if rejected.is_empty() {
+            Ok(())
+        } else {
+            Err(BatchError { rejected })
+        }
+    }
+
+    /// Aborts one request, whatever its state (cache work queued as for `advance`).
+    pub fn abort(&mut self, id: &RequestId) -> Result<(), SchedError> {
+        self.apply(EngineEvent::Abort {
+            request_id: id.clone(),
+        })
+    }
+
+    /// Looks up the request an event names. `Ok(None)`: a recently finished request, so
+    /// the event is stale and ignored.
+    fn lookup(&mut self, id: &RequestId) -> Result<Option<usize>, SchedError> {
+        if let Some(key) = self.requests.key_of(id) {
+            if matches!(self.requests[key].state, State::Finished) {
+                // Finished but not yet erased: late results are stale like after erasure.
+                self.stats.stale_events += 1;
+                return Ok(None);
+            }
+            return Ok(Some(key));
+        }
+        if self.requests.recently_finished(id) {
+            self.stats.stale_events += 1;
+            return Ok(None);
+        }
+        Err(SchedError::UnknownRequest(id.clone()))
+    }
+
+    fn invalid(&self, key: usize, event: &'static str) -> SchedError {
+        let r = &self.requests[key];
+        SchedError::InvalidTransition {
+            id: r.id.clone(),
+            event,
+            state: r.state.kind(),
+        }
+    }
+
+    fn apply(&mut self, event: EngineEvent) -> Result<(), SchedError> {
+        let name = event.name();
+        match event {
+            EngineEvent::ExtendResult { request_id, tokens } => {
+                // A malformed payload is refused whatever the request's state.
+                if let Some(token) = first_negative(&tokens) {
+                    return Err(SchedError::InvalidToken {
+                        id: request_id,
+                        token,
+                    });
+                }
+                let Some(key) = self.lookup(&request_id)? else {
+                    return Ok(());
+                };
+                match self.requests[key].state.kind() {
+                    StateKind::PrefillDone
+                    | StateKind::Decoding
+                    | StateKind::Retracting
+                    | StateKind::Retracted => {
+                        Arc::make_mut(&mut self.requests[key].tokens).extend_from_slice(&tokens);
+                        Ok(())
+                    }
+                    _ => Err(self.invalid(key, name)),
+                }
+            }
+            EngineEvent::Finish { request_id } => {
+                let Some(key) = self.lookup(&request_id)? else {
+                    return Ok(());
+                };
+                self.finish(key, name)
+            }
+            EngineEvent::Abort { request_id } => {
+                let Some(key) = self.lookup(&request_id)? else {
+                    return Ok(());
+                };
+                self.abort_key(key);
+                Ok(())
+            }
+            EngineEvent::UpdateReserve { request_id, tokens } => {
+                let Some(key) = self.lookup(&request_id)? else {
+                    return Ok(());
+                };
+                match &mut self.requests[key].state {
+                    State::Decoding(run) => {
+                        run.reserve = tokens;
+                        Ok(())
+                    }
+                    State::Retracting { .. } | State::Retracted(_) | State::Finished => Ok(()),
+                    _ => Err(self.invalid(key, name)),
+                }
+            }
+            EngineEvent::WriteBackDone { op_id, success } => self.write_back_done(op_id, success),
+            EngineEvent::PrefetchDone {
+                op_id,
+                request_id,
+                success,
+                completed_pages,
+            } => self.prefetch_done(op_id, &request_id, success, completed_pages),
+            EngineEvent::BackupDone { op_id, .. } => {
+                if self.ops.backup_done(op_id) {
+                    Ok(())
+                } else {
+                    self.stale_or_unknown_op(op_id)
+                }
+            }
+            EngineEvent::Bootstrapped { .. } | EngineEvent::RemotePrefillDone { .. } => {
+                Err(SchedError::Unsupported("prefill/decode disaggregation"))
+            }
+        }
+    }
+
+    // ----- prefetch -------------------------------------------------------------------
+
+    /// An L3 prefetch finished. The first `completed_pages` pages (none on failure) enter
+    /// the tree at their absolute offsets after the locked host prefix, with the
+    /// request's own pages; the rest go back to the pool.
+    fn prefetch_done(
+        &mut self,
+        op_id: OpId,
+        id: &RequestId,
+        success: bool,
+        completed: u32,
+    ) -> Result<(), SchedError> {
+        let Some(key) = self.lookup(id)? else {
+            return Ok(());
+        };
+        let (State::Prefetching(p) | State::Aborting(p)) = &self.requests[key].state else {
+            return self.stale_or_unknown_op(op_id);
+        };
+        if p.op != op_id {
+            return self.stale_or_unknown_op(op_id);
+        }
+        if completed as usize > p.pages.len() {
+            return Err(SchedError::InvalidStorageInfo {
+                id: id.clone(),
+                problem: format!(
+                    "completed_pages {completed} exceeds the {} pages prefetched",
+                    p.pages.len()
+                ),
+            });
+        }
+        let state = std::mem::replace(&mut self.requests[key].state, State::Finished);
+        let next = match state {
+            State::Prefetching(Prefetch {
+                href,
+                mut pages,
+                start_page,
+                ..
+            }) => {
+                let done = if success { completed } else { 0 };
+                match (done > 0, pages.take_first(done as usize)) {
+                    (true, Ok(taken)) => {
+                        let end = ((start_page + done) * self.config.page_size) as usize;
+                        let tokens = TokenRef::new(&self.requests[key].tokens, end);
+                        self.outbox.push(
+                            CacheOp::InsertPrefetched {
+                                tokens,
+                                start_page,
+                                pages: taken,
+                                href,
+                            },
+                            Target::Ignore,
+                        );
+                    }
+                    _ => drop(href),
+                }
+                drop(pages);
+                State::PrefetchDone
+            }
+            // The transfer has ended: an aborted request's pages can go now.
+            State::Aborting(held) => {
+                drop(held);
+                State::Finished
+            }
+            other => other,
+        };
+        self.requests[key].state = next;
+        Ok(())
+    }
+
+    /// An answer for an op not in flight: stale if it was issued, else unknown.
+    fn stale_or_unknown_op(&mut self, op_id: OpId) -> Result<(), SchedError> {
+        if self.ops.was_issued(op_id) {
+            self.stats.stale_events += 1;
+            return Ok(());
+        }
+        Err(SchedError::UnknownOp(op_id))
+    }
+
+    // ----- finish -------------------------------------------------------------------
+
+    /// Records the end of a request's life in its span.
+    fn trace_end(&self, key: usize, phase: &'static str) {
+        let r = &self.requests[key];
+        let generated = r.tokens.len().saturating_sub(r.prefill_len as usize);
+        r.span.record("generated_tokens", generated);
+        tracing::debug!(parent: &r.span, phase, generated_tokens = generated);
+    }
+
+    fn finish(&mut self, key: usize, name: &'static str) -> Result<(), SchedError> {
+        let state = std::mem::replace(&mut self.requests[key].state, State::Finished);
+        let next = match state {
+            State::PrefillDone(run) | State::Decoding(run) => {
+                self.trace_end(key, "finished");
+                self.finish_running(key, run)
+            }
+            // The copy in flight completes on its own; the tail pages go now.
+            State::Retracting { op, href, lka, .. } => {
+                drop((href, lka));
+                State::WritingBack { op }
+            }
+            State::Retracted(held) => {
+                drop(held);
+                State::Finished
+            }
+            other => {
+                self.requests[key].state = other;
+                return Err(self.invalid(key, name));
+            }
+        };
+        self.requests[key].state = next;
+        Ok(())
+    }
+
+    /// Publishes a finished request's full pages and, with L2 on, asks the cache to
+    /// attach host pages for the write-back of whatever is not on host yet. With a
+    /// write-back possible the request is `Draining` until the reply says whether one
+    /// was attached.
+    fn finish_running(&mut self, key: usize, run: Running) -> State {
+        let (publication, dref, lka) = self.requests[key].settle(run, self.config.page_size);
+        drop(lka);
+        let write_back = self.config.l2_enabled()
+            && !self.config.disable_prefix_cache
+            && !publication.tokens.is_empty();
+        let id = self.requests[key].id.clone();
+        self.outbox.push(
+            CacheOp::Finish {
+                publication,
+                dref,
+                write_back,
+            },
+            Target::Finish { key, id },
+        );
+        if write_back {
+            State::Draining(None)
+        } else {
+            State::Finished
+        }
+    }
+
+    // ----- abort ---------------------------------------------------------------------
+
+    pub(crate) fn abort_key(&mut self, key: usize) {
+        if !matches!(self.requests[key].state, State::Finished) {
+            self.trace_end(key, "aborted");
+        }
+        let state = std::mem::replace(&mut self.requests[key].state, State::Finished);
+        match state {
+            // The L3 transfer may still write these host pages: keep them until it ends.
+            State::Prefetching(p) | State::Aborting(p) => {
+                self.requests[key].state = State::Aborting(p);
+            }
+            // Host pages attached for a write-back that was never issued: roll them back.
+            State::Draining(None) => {}
+            State::Draining(Some(attached)) => self.outbox.roll_back(attached.ticket),
+            // The in-flight copy stays pinned by its ticket in the op table until acknowledged.
+            State::WritingBack { op } | State::Retracting { op, .. } => {
+                self.ops.detach_request(op);
+            }
+            other => drop(other),
+        }
+    }
+
+    // ----- write-back completion ---------------------------------------------------
+
+    fn write_back_done(&mut self, op_id: OpId, success: bool) -> Result<(), SchedError> {
+        let Some(op) = self.ops.take_write_back(op_id) else {
+            return self.stale_or_unknown_op(op_id);
+        };
+        let WriteBackInFlight {
+            request,
+            ticket,
+            device_node,
+            is_retract,
+        } = op;
+        let key = request.and_then(|id| self.requests.key_of(&id));
+        if !success {
+            self.stats.failed_write_backs += 1;
+        }
+        // After a failed retract copy the device copy is the only one: the cache pins it
+        // for the retracted request before the ticket lets go of it.
+        let keep = !success && is_retract && key.is_some();
+        let target = match key {
+            Some(key) if keep => Target::KeepDevice {
+                key,
+                id: self.requests[key].id.clone(),
+            },
+            _ => Target::Backup,
+        };
+        self.outbox.push(
+            CacheOp::WriteBackAck {
+                ticket,
+                success,
+                keep_device: keep.then_some(device_node),
+                backup: self.config.enable_l3_storage,
+                demote: success.then_some(device_node),
+            },
+            target,
+        );
+        let Some(key) = key else {
+            return Ok(());
+        };
+        let state = std::mem::replace(&mut self.requests[key].state, State::Finished);
+        let next = match state {
+            State::WritingBack { .. } => State::Finished,
+            State::Retracting {
+                href, lka, pages, ..
+            } => State::Retracted(Retracted {
+                href,
+                dref: None,
+                lka,
+                pages,
+            }),
+            other => other,
+        };
+        self.requests[key].state = next;
+        Ok(())
+    }
+}
+
+/// The first negative token, if any. Token ids are non-negative; OR-ing sign bits
+/// vectorises, so the common all-valid case costs a fraction of a per-token search.
+fn first_negative(tokens: &[Token]) -> Option<Token> {
+    if tokens.iter().fold(0, |acc, &t| acc | t) >= 0 {
+        return None;
+    }
+    tokens.iter().copied().find(|&t| t < 0)
+}

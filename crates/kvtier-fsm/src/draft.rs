@@ -1,0 +1,163 @@
+//! A plan under construction: the rows of its forward batch, the transfer pairs it has
+//! emitted, its candidates and what each asked the cache for. [`Awaiting`] holds it
+//! between the plan's batches; `step.rs` fills it.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use kvtier_types::{ExecutionPlan, ForwardRow, RowKind, Token, TransferPair};
+
+use crate::outbox::Target;
+use crate::request::{LocalKv, Request, Running};
+
+/// Rows and flat buffers of the forward batch under construction.
+#[derive(Debug, Default)]
+pub(crate) struct Rows {
+    pub prefill: Vec<ForwardRow>,
+    pub decode: Vec<ForwardRow>,
+    pub page_table: Vec<u32>,
+    pub input_ids: Vec<Token>,
+    pub shifted_input_ids: Vec<Token>,
+}
+
+impl Rows {
+    /// Appends a running request's page table (tree prefix, then its own pages); returns
+    /// where it starts and its length.
+    fn push_page_table(&mut self, run: &Running) -> (u32, u32) {
+        let start = self.page_table.len() as u32;
+        self.page_table.extend_from_slice(&run.prefix_pages);
+        self.page_table.extend_from_slice(run.lka.pages.ids());
+        (start, run.occupied_len() as u32)
+    }
+
+    /// A decode row of `d` input tokens over the request's whole page table, new from
+    /// `begin`. A recovery row (new slot after retraction) also names its input token and
+    /// history length, and reports prefill length 0 as the reference does.
+    pub fn push_decode_row(
+        &mut self,
+        r: &Request,
+        run: &Running,
+        kind: RowKind,
+        begin: u32,
+        d: u32,
+    ) {
+        let (pages_start, pages_len) = self.push_page_table(run);
+        let recovery = kind == RowKind::Recovery;
+        self.decode.push(ForwardRow {
+            request_id: r.id.clone(),
+            kind,
+            slot: run.slot.id(),
+            input_length: d,
+            prefill_length: if recovery { 0 } else { r.prefill_len },
+            pages_start,
+            pages_len,
+            begin,
+            size: pages_len - begin,
+            extend_prefix_len: 0,
+            input_ids_start: 0,
+            decode_input_id: if recovery {
+                r.tokens.last().copied().unwrap_or(-1)
+            } else {
+                -1
+            },
+            hist_token_len: if recovery {
+                r.tokens.len() as i32 - 1
+            } else {
+                -1
+            },
+        });
+    }
+
+    /// A prefill row for the request's current window, its page table new from `begin`.
+    pub fn push_prefill_row(&mut self, r: &Request, run: &Running, begin: u32) {
+        let (wb, ws) = (run.window_begin as usize, run.window_size as usize);
+        let (pages_start, pages_len) = self.push_page_table(run);
+        let input_ids_start = self.input_ids.len() as u32;
+        self.input_ids.extend_from_slice(&r.tokens[wb..wb + ws]);
+        let shifted_end = (wb + 1 + ws).min(r.prefill_len as usize);
+        let shifted = &r.tokens[(wb + 1).min(shifted_end)..shifted_end];
+        self.shifted_input_ids.extend_from_slice(shifted);
+        self.shifted_input_ids
+            .extend(std::iter::repeat_n(-1, ws - shifted.len()));
+        self.prefill.push(ForwardRow {
+            request_id: r.id.clone(),
+            kind: RowKind::Prefill,
+            slot: run.slot.id(),
+            input_length: run.window_size,
+            prefill_length: r.prefill_len,
+            pages_start,
+            pages_len,
+            begin,
+            size: pages_len - begin,
+            extend_prefix_len: run.window_begin,
+            input_ids_start,
+            decode_input_id: -1,
+            hist_token_len: -1,
+        });
+    }
+}
+
+/// Transfer pairs already emitted in this plan, per direction (a pair is emitted once).
+#[derive(Debug, Default)]
+pub(crate) struct Seen {
+    write_back: HashSet<TransferPair>,
+    load_back: HashSet<TransferPair>,
+}
+
+impl Seen {
+    /// The pairs of a write-back not yet emitted by this plan's earlier write-backs.
+    pub fn new_write_back_pairs(&mut self, pairs: Vec<TransferPair>) -> Vec<TransferPair> {
+        dedup(&mut self.write_back, pairs)
+    }
+
+    /// The pairs of a load-back not yet emitted by this plan's earlier load-backs.
+    pub fn new_load_back_pairs(&mut self, pairs: Vec<TransferPair>) -> Vec<TransferPair> {
+        dedup(&mut self.load_back, pairs)
+    }
+}
+
+fn dedup(seen: &mut HashSet<TransferPair>, pairs: Vec<TransferPair>) -> Vec<TransferPair> {
+    pairs.into_iter().filter(|p| seen.insert(*p)).collect()
+}
+
+/// A candidate of the step and what it asked the cache for.
+#[derive(Debug)]
+pub(crate) enum Entry {
+    /// No intent (a state that waits this step).
+    None,
+    NextChunk,
+    FirstChunk,
+    Decode,
+    /// A retracted request: its state is out while its locks travel with the intent.
+    Recovery {
+        lka: LocalKv,
+        pages: u32,
+    },
+}
+
+/// A plan between its batches.
+#[derive(Debug)]
+pub(crate) struct PlanInProgress {
+    pub plan: ExecutionPlan,
+    pub seen: Seen,
+    pub rows: Rows,
+    /// Candidates in scheduling order, with their entries.
+    pub candidates: Vec<(usize, Entry)>,
+    /// Targets of the ops before the step's own op.
+    pub targets: Vec<Target>,
+    /// The retraction in flight, if this is the second batch.
+    pub retract: Option<(usize, LocalKv, u32)>,
+    pub started: Option<Instant>,
+}
+
+/// What the core is waiting for.
+#[derive(Debug, Default)]
+pub(crate) enum Awaiting {
+    /// Nothing: the next call may start.
+    #[default]
+    Nothing,
+    /// The reply to a batch of advance ops.
+    Ops(Vec<Target>),
+    /// The reply to a plan's batch.
+    Plan(Box<PlanInProgress>),
+}
