@@ -248,7 +248,7 @@ impl SchedulerCore {
         let state = std::mem::replace(&mut self.requests[key].state, State::Finished);
         let next = match state {
             State::Prefetching(Prefetch {
-                href,
+                host_lock,
                 mut pages,
                 start_page,
                 ..
@@ -263,12 +263,12 @@ impl SchedulerCore {
                                 tokens,
                                 start_page,
                                 pages: taken,
-                                href,
+                                host_lock,
                             },
                             Target::Ignore,
                         );
                     }
-                    _ => drop(href),
+                    _ => drop(host_lock),
                 }
                 drop(pages);
                 State::PrefetchDone
@@ -311,8 +311,13 @@ impl SchedulerCore {
                 self.finish_running(key, run)
             }
             // The copy in flight completes on its own; the tail pages go now.
-            State::Retracting { op, href, lka, .. } => {
-                drop((href, lka));
+            State::Retracting {
+                op,
+                host_lock,
+                local_kv,
+                ..
+            } => {
+                drop((host_lock, local_kv));
                 State::WritingBack { op }
             }
             State::Retracted(held) => {
@@ -333,8 +338,9 @@ impl SchedulerCore {
     /// write-back possible the request is `Draining` until the reply says whether one
     /// was attached.
     fn finish_running(&mut self, key: usize, run: Running) -> State {
-        let (publication, dref, lka) = self.requests[key].settle(run, self.config.page_size);
-        drop(lka);
+        let (publication, device_lock, local_kv) =
+            self.requests[key].settle(run, self.config.page_size);
+        drop(local_kv);
         let write_back = self.config.l2_enabled()
             && !self.config.disable_prefix_cache
             && !publication.tokens.is_empty();
@@ -342,7 +348,7 @@ impl SchedulerCore {
         self.outbox.push(
             CacheOp::Finish {
                 publication,
-                dref,
+                device_lock,
                 write_back,
             },
             Target::Finish { key, id },
@@ -420,11 +426,14 @@ impl SchedulerCore {
         let next = match state {
             State::WritingBack { .. } => State::Finished,
             State::Retracting {
-                href, lka, pages, ..
+                host_lock,
+                local_kv,
+                pages,
+                ..
             } => State::Retracted(Retracted {
-                href,
-                dref: None,
-                lka,
+                host_lock,
+                device_lock: None,
+                local_kv,
                 pages,
             }),
             other => other,

@@ -26,7 +26,7 @@ impl Rows {
     fn push_page_table(&mut self, run: &Running) -> (u32, u32) {
         let start = self.page_table.len() as u32;
         self.page_table.extend_from_slice(&run.prefix_pages);
-        self.page_table.extend_from_slice(run.lka.pages.ids());
+        self.page_table.extend_from_slice(run.local_kv.pages.ids());
         (start, run.occupied_len() as u32)
     }
 
@@ -130,7 +130,7 @@ pub(crate) enum Entry {
     Decode,
     /// A retracted request: its state is out while its locks travel with the intent.
     Recovery {
-        lka: LocalKv,
+        local_kv: LocalKv,
         pages: u32,
     },
 }

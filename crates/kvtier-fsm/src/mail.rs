@@ -67,9 +67,9 @@ impl SchedulerCore {
                 self.ops.queue_backups(backup);
                 if self.requests.holds(key, &id)
                     && let State::Retracted(held) = &mut self.requests[key].state
-                    && held.dref.is_none()
+                    && held.device_lock.is_none()
                 {
-                    held.dref = kept;
+                    held.device_lock = kept;
                 }
             }
             (Target::Finish { key, id }, OpResult::Finished { write_back }) => {
@@ -101,7 +101,7 @@ impl SchedulerCore {
                 };
                 // The new lock replaces the old one, which is released after it: the
                 // path is never unpinned.
-                run.dref = lock;
+                run.device_lock = lock;
                 run.prefix_pages = path_pages;
                 // Pages another request published first replace the request's own copies.
                 let first_changed = run.prefix_pages[prefix as usize..]

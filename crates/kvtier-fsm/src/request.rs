@@ -65,13 +65,13 @@ impl LocalKv {
 #[derive(Debug)]
 pub(crate) struct Running {
     /// Device lock on the published prefix (the tree part of the page table).
-    pub dref: NodeLock,
+    pub device_lock: NodeLock,
     /// Host lock on a load-back source, kept until the request leaves the running states.
     #[allow(dead_code, reason = "held for its Drop: pins the load-back source")]
-    pub href: Option<NodeLock>,
-    /// Device pages of the tree path root→`dref` (cached: locked pages never move).
+    pub host_lock: Option<NodeLock>,
+    /// Device pages of the tree path root→`device_lock` (cached: locked pages never move).
     pub prefix_pages: Vec<PageId>,
-    pub lka: LocalKv,
+    pub local_kv: LocalKv,
     pub slot: Slot,
     pub window_begin: u32,
     pub window_size: u32,
@@ -88,7 +88,7 @@ impl Running {
     }
 
     pub fn occupied_len(&self) -> usize {
-        self.prefix_pages.len() + self.lka.pages.len()
+        self.prefix_pages.len() + self.local_kv.pages.len()
     }
 
     /// Where the next row's page table is new from: the end of the table, or the first
@@ -106,7 +106,7 @@ impl Running {
 #[derive(Debug)]
 pub(crate) struct Prefetch {
     pub op: OpId,
-    pub href: NodeLock,
+    pub host_lock: NodeLock,
     pub pages: OwnedPages,
     pub start_page: u32,
 }
@@ -114,10 +114,10 @@ pub(crate) struct Prefetch {
 /// A preempted request whose prefix waits on host.
 #[derive(Debug)]
 pub(crate) struct Retracted {
-    pub href: NodeLock,
+    pub host_lock: NodeLock,
     /// Kept when the retract write-back failed: the device copy stays authoritative.
-    pub dref: Option<NodeLock>,
-    pub lka: LocalKv,
+    pub device_lock: Option<NodeLock>,
+    pub local_kv: LocalKv,
     /// Pages of the request published in the tree; its tail pages follow them.
     pub pages: u32,
 }
@@ -141,8 +141,8 @@ pub(crate) enum State {
     },
     Retracting {
         op: OpId,
-        href: NodeLock,
-        lka: LocalKv,
+        host_lock: NodeLock,
+        local_kv: LocalKv,
         pages: u32,
     },
     Retracted(Retracted),
@@ -215,8 +215,12 @@ impl Request {
                 prefix: run.prefix_pages.len() as u32,
                 pages: Default::default(),
             });
-        let Running { dref, lka, .. } = run;
-        (publication, dref, lka)
+        let Running {
+            device_lock,
+            local_kv,
+            ..
+        } = run;
+        (publication, device_lock, local_kv)
     }
 
     /// Takes the request's computed full pages (up to `pages`, clamped to what it holds)
@@ -231,11 +235,15 @@ impl Request {
         let prefix = run.prefix_pages.len() as u32;
         // Overlap scheduling can grow tokens past allocated slots: never take more pages
         // than the request holds.
-        let pages = pages.min(prefix + run.lka.pages.len() as u32);
+        let pages = pages.min(prefix + run.local_kv.pages.len() as u32);
         if pages <= prefix {
             return None;
         }
-        let taken = run.lka.pages.take_first((pages - prefix) as usize).ok()?;
+        let taken = run
+            .local_kv
+            .pages
+            .take_first((pages - prefix) as usize)
+            .ok()?;
         let own = taken.ids().to_vec();
         let tokens = TokenRef::new(&self.tokens, (pages * page_size) as usize);
         Some((

@@ -133,7 +133,7 @@ impl SchedulerCore {
             .key_of(id)
             .and_then(|k| self.requests[k].state.running())?;
         let mut pages = run.prefix_pages.clone();
-        pages.extend_from_slice(run.lka.pages.ids());
+        pages.extend_from_slice(run.local_kv.pages.ids());
         Some(pages)
     }
 
@@ -145,10 +145,11 @@ impl SchedulerCore {
         for r in self.requests.iter() {
             match &r.state {
                 State::Prefilling(run) | State::PrefillDone(run) | State::Decoding(run) => {
-                    device.extend_from_slice(run.lka.pages.ids())
+                    device.extend_from_slice(run.local_kv.pages.ids())
                 }
-                State::Retracting { lka, .. } | State::Retracted(Retracted { lka, .. }) => {
-                    device.extend_from_slice(lka.pages.ids())
+                State::Retracting { local_kv, .. }
+                | State::Retracted(Retracted { local_kv, .. }) => {
+                    device.extend_from_slice(local_kv.pages.ids())
                 }
                 State::Prefetching(p) | State::Aborting(p) => host.extend_from_slice(p.pages.ids()),
                 _ => {}

@@ -127,8 +127,8 @@ impl SchedulerCore {
                     return Ok(Progress::Send(vec![FamilyMail::Radix(batch)]));
                 }
             }
-            (Some((key, lka, pages)), OpResult::Retracted(outcome)) => {
-                self.apply_retraction(&mut p, key, lka, pages, outcome);
+            (Some((key, local_kv, pages)), OpResult::Retracted(outcome)) => {
+                self.apply_retraction(&mut p, key, local_kv, pages, outcome);
             }
             _ => return Err(SchedError::UnexpectedReply),
         }
@@ -312,7 +312,7 @@ impl SchedulerCore {
                 State::Prefilling(run) => {
                     intents.push(Intent::NextChunk {
                         remaining: r.prefill_len - run.window_end(),
-                        tail_free: run.lka.tail_free,
+                        tail_free: run.local_kv.tail_free,
                     });
                     Entry::NextChunk
                 }
@@ -334,7 +334,7 @@ impl SchedulerCore {
                 State::PrefillDone(run) | State::Decoding(run) => {
                     intents.push(Intent::Decode {
                         reserve: run.reserve,
-                        tail_free: run.lka.tail_free,
+                        tail_free: run.local_kv.tail_free,
                     });
                     Entry::Decode
                 }
@@ -345,19 +345,19 @@ impl SchedulerCore {
                         unreachable!("matched above");
                     };
                     let Retracted {
-                        href,
-                        dref,
-                        lka,
+                        host_lock,
+                        device_lock,
+                        local_kv,
                         pages,
                     } = held;
                     let r = &self.requests[key];
                     intents.push(Intent::Recovery {
                         tokens: TokenRef::new(&r.tokens, (pages * ps) as usize),
-                        tail_pages: lka.pages.len() as u32,
-                        tail_free: lka.tail_free,
-                        held: std::iter::once(href).chain(dref).collect(),
+                        tail_pages: local_kv.pages.len() as u32,
+                        tail_free: local_kv.tail_free,
+                        held: std::iter::once(host_lock).chain(device_lock).collect(),
                     });
-                    Entry::Recovery { lka, pages }
+                    Entry::Recovery { local_kv, pages }
                 }
                 _ => Entry::None,
             };
@@ -394,12 +394,12 @@ impl SchedulerCore {
                 (
                     Entry::FirstChunk,
                     Outcome::Prefetch {
-                        href,
+                        host_lock,
                         pages,
                         start_page,
                     },
                 ) => {
-                    self.start_prefetch(key, href, pages, start_page, &mut p.plan);
+                    self.start_prefetch(key, host_lock, pages, start_page, &mut p.plan);
                 }
                 (Entry::FirstChunk, Outcome::Admitted(a)) => {
                     self.first_chunk(key, *a, p);
@@ -407,25 +407,25 @@ impl SchedulerCore {
                 (Entry::Decode, Outcome::Grown { tokens, pages }) => {
                     self.decode(key, tokens, pages, &mut p.rows);
                 }
-                (Entry::Recovery { lka, .. }, Outcome::Admitted(a)) => {
-                    self.recovery(key, lka, *a, p);
+                (Entry::Recovery { local_kv, .. }, Outcome::Admitted(a)) => {
+                    self.recovery(key, local_kv, *a, p);
                 }
-                (Entry::Recovery { lka, pages }, Outcome::Waits { held }) => {
+                (Entry::Recovery { local_kv, pages }, Outcome::Waits { held }) => {
                     let mut held = held.into_iter();
-                    if let Some(href) = held.next() {
+                    if let Some(host_lock) = held.next() {
                         self.requests[key].state = State::Retracted(Retracted {
-                            href,
-                            dref: held.next(),
-                            lka,
+                            host_lock,
+                            device_lock: held.next(),
+                            local_kv,
                             pages,
                         });
                     } else {
                         debug_assert!(false, "a recovery's locks did not come back");
                     }
                 }
-                (Entry::Recovery { lka, .. }, Outcome::TooBig) => {
+                (Entry::Recovery { local_kv, .. }, Outcome::TooBig) => {
                     // Even an empty device pool could not hold it again: give up, and say so.
-                    drop(lka);
+                    drop(local_kv);
                     let id = self.requests[key].id.clone();
                     self.abort_notice(id, AbortReason::ExceedsDevicePool, &mut p.plan);
                 }
@@ -450,7 +450,7 @@ impl SchedulerCore {
             return;
         };
         let begin = run.take_row_begin();
-        run.lka.absorb(pages, t, ps);
+        run.local_kv.absorb(pages, t, ps);
         run.window_begin = run.window_end();
         run.window_size = t;
         run.reserve = self.config.decode_input_tokens;
@@ -471,7 +471,7 @@ impl SchedulerCore {
     fn start_prefetch(
         &mut self,
         key: usize,
-        href: NodeLock,
+        host_lock: NodeLock,
         pages: kvtier_host::OwnedPages,
         host: u32,
         plan: &mut ExecutionPlan,
@@ -495,7 +495,7 @@ impl SchedulerCore {
         tracing::debug!(parent: &self.requests[key].span, phase = "prefetching", pages = n);
         self.requests[key].state = State::Prefetching(Prefetch {
             op,
-            href,
+            host_lock,
             pages,
             start_page: host,
         });
@@ -511,10 +511,10 @@ impl SchedulerCore {
         };
         let prefill_len = self.requests[key].prefill_len;
         let run = Running {
-            dref: a.dref,
-            href: a.href,
+            device_lock: a.device_lock,
+            host_lock: a.host_lock,
             prefix_pages: a.prefix_pages,
-            lka: LocalKv {
+            local_kv: LocalKv {
                 pages: a.pages,
                 tail_free: a.tail_free,
             },
@@ -570,7 +570,7 @@ impl SchedulerCore {
             return;
         };
         let begin = run.take_row_begin();
-        run.lka.absorb(pages, reserve, ps);
+        run.local_kv.absorb(pages, reserve, ps);
         run.reserve = d;
         let r = &self.requests[key];
         if let Some(run) = r.state.running() {
@@ -613,11 +613,15 @@ impl SchedulerCore {
         };
         self.stats.retractions += 1;
         tracing::debug!(parent: &self.requests[key].span, phase = "retracted");
-        let (publication, dref, lka) = self.requests[key].settle(run, self.config.page_size);
+        let (publication, device_lock, local_kv) =
+            self.requests[key].settle(run, self.config.page_size);
         let pages = (publication.tokens.len() / self.config.page_size as usize) as u32;
-        p.retract = Some((key, lka, pages));
+        p.retract = Some((key, local_kv, pages));
         Some(CacheBatch {
-            ops: vec![CacheOp::Retract { publication, dref }],
+            ops: vec![CacheOp::Retract {
+                publication,
+                device_lock,
+            }],
         })
     }
 
@@ -625,38 +629,38 @@ impl SchedulerCore {
         &mut self,
         p: &mut PlanInProgress,
         key: usize,
-        lka: LocalKv,
+        local_kv: LocalKv,
         pages: u32,
         outcome: RetractOutcome,
     ) {
         let id = self.requests[key].id.clone();
         match outcome {
             RetractOutcome::Kept {
-                href,
+                host_lock,
                 write_back: Some(attached),
             } => {
                 let op = self.issue_write_back(attached, id, true, &mut p.plan, &mut p.seen);
                 self.requests[key].state = State::Retracting {
                     op,
-                    href,
-                    lka,
+                    host_lock,
+                    local_kv,
                     pages,
                 };
             }
             RetractOutcome::Kept {
-                href,
+                host_lock,
                 write_back: None,
             } => {
                 self.requests[key].state = State::Retracted(Retracted {
-                    href,
-                    dref: None,
-                    lka,
+                    host_lock,
+                    device_lock: None,
+                    local_kv,
                     pages,
                 });
             }
             RetractOutcome::HostExhausted => {
                 // The host pool cannot take the prefix: give up on the request, and say so.
-                drop(lka);
+                drop(local_kv);
                 self.abort_notice(id, AbortReason::HostPoolExhausted, &mut p.plan);
             }
         }
@@ -671,7 +675,7 @@ impl SchedulerCore {
         let mut victim: Option<(usize, usize)> = None;
         for &(key, _) in &p.candidates {
             if let State::Retracted(held) = &self.requests[key].state {
-                let tail = held.lka.pages.len();
+                let tail = held.local_kv.pages.len();
                 if tail > 0 && victim.is_none_or(|(_, most)| tail > most) {
                     victim = Some((key, tail));
                 }
@@ -688,20 +692,26 @@ impl SchedulerCore {
 
     /// Resumes a retracted request: its prefix reloaded onto device, a new slot, one
     /// decode row covering its whole page table.
-    fn recovery(&mut self, key: usize, mut lka: LocalKv, a: Admission, p: &mut PlanInProgress) {
+    fn recovery(
+        &mut self,
+        key: usize,
+        mut local_kv: LocalKv,
+        a: Admission,
+        p: &mut PlanInProgress,
+    ) {
         let ps = self.config.page_size;
         let d = self.config.decode_input_tokens;
         let Some(slot) = self.slots.allocate() else {
             debug_assert!(false, "the program counted a free slot");
             return;
         };
-        lka.absorb(a.pages, d, ps);
+        local_kv.absorb(a.pages, d, ps);
         let r = &self.requests[key];
         let run = Running {
-            dref: a.dref,
-            href: a.href,
+            device_lock: a.device_lock,
+            host_lock: a.host_lock,
             prefix_pages: a.prefix_pages,
-            lka,
+            local_kv,
             slot,
             window_begin: r.prefill_len,
             window_size: 0,

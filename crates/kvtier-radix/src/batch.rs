@@ -133,7 +133,7 @@ pub enum CacheOp {
         /// What to publish (may be empty).
         publication: Publication,
         /// The request's device lock on its prefix.
-        dref: NodeLock,
+        device_lock: NodeLock,
         /// Attach a write-back for the device-only part.
         write_back: bool,
     },
@@ -143,7 +143,7 @@ pub enum CacheOp {
         /// What to publish (may be empty).
         publication: Publication,
         /// The request's device lock on its prefix.
-        dref: NodeLock,
+        device_lock: NodeLock,
     },
     /// Prefetched host pages land: insert them after the locked host prefix.
     InsertPrefetched {
@@ -154,7 +154,7 @@ pub enum CacheOp {
         /// The filled pages.
         pages: OwnedPages,
         /// Lock on the host prefix they extend (released after the insert).
-        href: NodeLock,
+        host_lock: NodeLock,
     },
     /// One scheduling step's admissions.
     Admit(AdmitProgram),
@@ -193,10 +193,10 @@ pub enum OpResult {
 /// What a retraction did.
 #[derive(Debug)]
 pub enum RetractOutcome {
-    /// The prefix is kept on host (`href`); `write_back` copies its device-only part.
+    /// The prefix is kept on host (`host_lock`); `write_back` copies its device-only part.
     Kept {
         /// Host lock on the published prefix.
-        href: NodeLock,
+        host_lock: NodeLock,
         /// The copy to issue, if the prefix was not fully on host.
         write_back: Option<Attached>,
     },
@@ -294,7 +294,7 @@ pub enum Outcome {
     /// An L3 prefetch starts instead of the first chunk.
     Prefetch {
         /// Lock on the host prefix the prefetched pages extend.
-        href: NodeLock,
+        host_lock: NodeLock,
         /// Host pages to fill.
         pages: OwnedPages,
         /// Host pages already resident (the prefetch starts there).
@@ -312,9 +312,9 @@ pub struct Admission {
     /// Prefix pages reused (device or host).
     pub begin_pages: u32,
     /// Device lock on the prefix the request reads.
-    pub dref: NodeLock,
+    pub device_lock: NodeLock,
     /// Host lock on the load-back source.
-    pub href: Option<NodeLock>,
+    pub host_lock: Option<NodeLock>,
     /// Load-back copies (host page → device page).
     pub load_back: Vec<TransferPair>,
     /// Device pages allocated for the chunk and the decode reserve.
@@ -373,11 +373,11 @@ impl RadixCache {
             }
             CacheOp::Finish {
                 publication,
-                dref,
+                device_lock,
                 write_back,
             } => {
                 let tokens = publication.tokens.clone();
-                let (lock, pages) = self.publish(publication, Some(dref));
+                let (lock, pages) = self.publish(publication, Some(device_lock));
                 if let Some(lock) = lock {
                     self.unlock(lock);
                 }
@@ -392,33 +392,36 @@ impl RadixCache {
                 };
                 OpResult::Finished { write_back }
             }
-            CacheOp::Retract { publication, dref } => {
+            CacheOp::Retract {
+                publication,
+                device_lock,
+            } => {
                 let tokens = publication.tokens.clone();
-                let (lock, pages) = self.publish(publication, Some(dref));
-                let dref = lock.expect("publish with a lock returns one");
+                let (lock, pages) = self.publish(publication, Some(device_lock));
+                let device_lock = lock.expect("publish with a lock returns one");
                 let m = self.match_prefix(&tokens[..pages as usize * self.page_size() as usize]);
                 debug_assert_eq!(m.device_pages, pages, "the retracted prefix is locked");
                 let outcome = if m.device_pages > m.host_pages {
                     match self.attach_write_back(m.device, m.host) {
                         Some(attached) => {
-                            let href = self.lock(m.device, Tier::Host);
-                            self.unlock(dref);
+                            let host_lock = self.lock(m.device, Tier::Host);
+                            self.unlock(device_lock);
                             RetractOutcome::Kept {
-                                href,
+                                host_lock,
                                 write_back: Some(attached),
                             }
                         }
                         None => {
-                            self.unlock(dref);
+                            self.unlock(device_lock);
                             RetractOutcome::HostExhausted
                         }
                     }
                 } else {
-                    let href = self.lock(m.device, Tier::Host);
-                    self.unlock(dref);
+                    let host_lock = self.lock(m.device, Tier::Host);
+                    self.unlock(device_lock);
                     self.demote(m.device);
                     RetractOutcome::Kept {
-                        href,
+                        host_lock,
                         write_back: None,
                     }
                 };
@@ -428,11 +431,11 @@ impl RadixCache {
                 tokens,
                 start_page,
                 pages,
-                href,
+                host_lock,
             } => {
                 let inserted = self.insert(Tier::Host, &tokens, start_page, pages);
                 debug_assert!(inserted.is_ok(), "prefetch insert: {inserted:?}");
-                self.unlock(href);
+                self.unlock(host_lock);
                 OpResult::Inserted
             }
             CacheOp::Admit(program) => OpResult::Admitted(self.admit(program)),
@@ -633,17 +636,17 @@ impl RadixCache {
         }
         let m = self.match_prefix(&check.tokens);
         debug_assert_eq!(m.host_pages, host);
-        let href = self.lock(m.host, Tier::Host);
+        let host_lock = self.lock(m.host, Tier::Host);
         if !self.ensure_free(Tier::Host, n) {
-            self.unlock(href);
+            self.unlock(host_lock);
             return None;
         }
         let Some(pages) = self.allocate(Tier::Host, n as usize) else {
-            self.unlock(href);
+            self.unlock(host_lock);
             return None;
         };
         Some(Outcome::Prefetch {
-            href,
+            host_lock,
             pages,
             start_page: host,
         })
@@ -690,7 +693,7 @@ impl RadixCache {
             (m.device_pages, if use_host { m.host_pages } else { 0 }),
             (dev, host)
         );
-        let Some((dref, href, load_back)) = self.pin_prefix(m, need, use_host) else {
+        let Some((device_lock, host_lock, load_back)) = self.pin_prefix(m, need, use_host) else {
             return Outcome::Waits { held: Vec::new() };
         };
         let Some(pages) = self.allocate(Tier::Device, (chunk_pages + reserve_pages) as usize)
@@ -699,12 +702,12 @@ impl RadixCache {
             return Outcome::Waits { held: Vec::new() };
         };
         let mut prefix_pages = Vec::with_capacity((begin_pages + t.div_ceil(ps)) as usize);
-        self.device_path_pages(dref.node(), &mut prefix_pages);
+        self.device_path_pages(device_lock.node(), &mut prefix_pages);
         Outcome::Admitted(Box::new(Admission {
             tokens: t,
             begin_pages,
-            dref,
-            href,
+            device_lock,
+            host_lock,
             load_back,
             pages,
             tail_free,
@@ -735,7 +738,7 @@ impl RadixCache {
             return Outcome::Waits { held };
         }
         let m = self.match_prefix(tokens);
-        let Some((dref, href, load_back)) = self.pin_prefix(m, need, true) else {
+        let Some((device_lock, host_lock, load_back)) = self.pin_prefix(m, need, true) else {
             return Outcome::Waits { held };
         };
         for lock in held {
@@ -746,12 +749,12 @@ impl RadixCache {
             return Outcome::Waits { held: Vec::new() };
         };
         let mut prefix_pages = Vec::new();
-        self.device_path_pages(dref.node(), &mut prefix_pages);
+        self.device_path_pages(device_lock.node(), &mut prefix_pages);
         Outcome::Admitted(Box::new(Admission {
             tokens: 0,
             begin_pages: m.device_pages.max(m.host_pages),
-            dref,
-            href,
+            device_lock,
+            host_lock,
             load_back,
             pages,
             tail_free: new_tail_free,
@@ -775,12 +778,12 @@ impl RadixCache {
             return None;
         }
         let pinned = if use_host && m.host_pages > m.device_pages {
-            let href = self.lock(m.host, Tier::Host);
+            let host_lock = self.lock(m.host, Tier::Host);
             let nodes = self.nodes_without(Tier::Device, m.host);
             match self.attach_for_load_back(&nodes) {
-                Some(pairs) => Some((self.lock(m.host, Tier::Device), Some(href), pairs)),
+                Some(pairs) => Some((self.lock(m.host, Tier::Device), Some(host_lock), pairs)),
                 None => {
-                    self.unlock(href);
+                    self.unlock(host_lock);
                     None
                 }
             }
