@@ -428,13 +428,13 @@ impl SchedulerCore {
             State::Retracting {
                 host_lock,
                 local_kv,
-                pages,
+                published_pages,
                 ..
             } => State::Retracted(Retracted {
                 host_lock,
                 device_lock: None,
                 local_kv,
-                pages,
+                published_pages,
             }),
             other => other,
         };

@@ -30,25 +30,25 @@ impl Rows {
         (start, run.occupied_len() as u32)
     }
 
-    /// A decode row of `d` input tokens over the request's whole page table, new from
+    /// A decode row of `input_length` tokens over the request's whole page table, new from
     /// `begin`. A recovery row (new slot after retraction) also names its input token and
     /// history length, and reports prefill length 0 as the reference does.
     pub fn push_decode_row(
         &mut self,
-        r: &Request,
+        request: &Request,
         run: &Running,
         kind: RowKind,
         begin: u32,
-        d: u32,
+        input_length: u32,
     ) {
         let (pages_start, pages_len) = self.push_page_table(run);
         let recovery = kind == RowKind::Recovery;
         self.decode.push(ForwardRow {
-            request_id: r.id.clone(),
+            request_id: request.id.clone(),
             kind,
             slot: run.slot.id(),
-            input_length: d,
-            prefill_length: if recovery { 0 } else { r.prefill_len },
+            input_length,
+            prefill_length: if recovery { 0 } else { request.prefill_len },
             pages_start,
             pages_len,
             begin,
@@ -56,12 +56,12 @@ impl Rows {
             extend_prefix_len: 0,
             input_ids_start: 0,
             decode_input_id: if recovery {
-                r.tokens.last().copied().unwrap_or(-1)
+                request.tokens.last().copied().unwrap_or(-1)
             } else {
                 -1
             },
             hist_token_len: if recovery {
-                r.tokens.len() as i32 - 1
+                request.tokens.len() as i32 - 1
             } else {
                 -1
             },
@@ -69,22 +69,23 @@ impl Rows {
     }
 
     /// A prefill row for the request's current window, its page table new from `begin`.
-    pub fn push_prefill_row(&mut self, r: &Request, run: &Running, begin: u32) {
+    pub fn push_prefill_row(&mut self, request: &Request, run: &Running, begin: u32) {
         let (wb, ws) = (run.window_begin as usize, run.window_size as usize);
         let (pages_start, pages_len) = self.push_page_table(run);
         let input_ids_start = self.input_ids.len() as u32;
-        self.input_ids.extend_from_slice(&r.tokens[wb..wb + ws]);
-        let shifted_end = (wb + 1 + ws).min(r.prefill_len as usize);
-        let shifted = &r.tokens[(wb + 1).min(shifted_end)..shifted_end];
+        self.input_ids
+            .extend_from_slice(&request.tokens[wb..wb + ws]);
+        let shifted_end = (wb + 1 + ws).min(request.prefill_len as usize);
+        let shifted = &request.tokens[(wb + 1).min(shifted_end)..shifted_end];
         self.shifted_input_ids.extend_from_slice(shifted);
         self.shifted_input_ids
             .extend(std::iter::repeat_n(-1, ws - shifted.len()));
         self.prefill.push(ForwardRow {
-            request_id: r.id.clone(),
+            request_id: request.id.clone(),
             kind: RowKind::Prefill,
             slot: run.slot.id(),
             input_length: run.window_size,
-            prefill_length: r.prefill_len,
+            prefill_length: request.prefill_len,
             pages_start,
             pages_len,
             begin,
@@ -131,7 +132,7 @@ pub(crate) enum Entry {
     /// A retracted request: its state is out while its locks travel with the intent.
     Recovery {
         local_kv: LocalKv,
-        pages: u32,
+        published_pages: u32,
     },
 }
 
@@ -146,8 +147,19 @@ pub(crate) struct PlanInProgress {
     /// Targets of the ops before the step's own op.
     pub targets: Vec<Target>,
     /// The retraction in flight, if this is the second batch.
-    pub retract: Option<(usize, LocalKv, u32)>,
+    pub retract: Option<Retraction>,
     pub started: Option<Instant>,
+}
+
+/// A request being retracted by a plan's second batch: what it keeps while the cache
+/// publishes its pages and moves its prefix to host.
+#[derive(Debug)]
+pub(crate) struct Retraction {
+    pub key: usize,
+    /// Its own device pages past the published ones.
+    pub local_kv: LocalKv,
+    /// Its pages published in the tree.
+    pub published_pages: u32,
 }
 
 /// What the core is waiting for.

@@ -88,8 +88,8 @@ impl SchedulerCore {
                 Target::Publish {
                     key,
                     id,
-                    prefix,
-                    own,
+                    published_from,
+                    own_pages,
                 },
                 OpResult::Published { lock, path_pages },
             ) => {
@@ -104,11 +104,11 @@ impl SchedulerCore {
                 run.device_lock = lock;
                 run.prefix_pages = path_pages;
                 // Pages another request published first replace the request's own copies.
-                let first_changed = run.prefix_pages[prefix as usize..]
+                let first_changed = run.prefix_pages[published_from as usize..]
                     .iter()
-                    .zip(&own)
+                    .zip(&own_pages)
                     .position(|(tree, mine)| tree != mine)
-                    .map(|i| prefix + i as u32);
+                    .map(|i| published_from + i as u32);
                 if let Some(i) = first_changed {
                     run.table_changed_from = Some(run.table_changed_from.map_or(i, |c| c.min(i)));
                 }

@@ -20,8 +20,11 @@ pub(crate) enum Target {
     Publish {
         key: usize,
         id: RequestId,
-        prefix: u32,
-        own: Vec<PageId>,
+        /// Page-table index of the first published page (the prefix length before).
+        published_from: u32,
+        /// The request's own copies of the published pages, to spot those the tree
+        /// replaced with another request's.
+        own_pages: Vec<PageId>,
     },
 }
 

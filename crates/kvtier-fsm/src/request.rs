@@ -46,10 +46,10 @@ pub(crate) struct LocalKv {
 }
 
 impl LocalKv {
-    /// Takes the pages the cache allocated for `n` more token slots (see
+    /// Takes the pages the cache allocated for `tokens` more token slots (see
     /// [`kvtier_radix::grow`], which both sides use).
-    pub fn absorb(&mut self, mut fresh: OwnedPages, n: u32, page_size: u32) {
-        let (pages, tail_free) = grow(self.tail_free, n, page_size);
+    pub fn absorb(&mut self, mut fresh: OwnedPages, tokens: u32, page_size: u32) {
+        let (pages, tail_free) = grow(self.tail_free, tokens, page_size);
         debug_assert_eq!(
             pages as usize,
             fresh.len(),
@@ -119,7 +119,7 @@ pub(crate) struct Retracted {
     pub device_lock: Option<NodeLock>,
     pub local_kv: LocalKv,
     /// Pages of the request published in the tree; its tail pages follow them.
-    pub pages: u32,
+    pub published_pages: u32,
 }
 
 #[derive(Debug)]
@@ -143,7 +143,7 @@ pub(crate) enum State {
         op: OpId,
         host_lock: NodeLock,
         local_kv: LocalKv,
-        pages: u32,
+        published_pages: u32,
     },
     Retracted(Retracted),
     Finished,

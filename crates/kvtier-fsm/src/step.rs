@@ -29,7 +29,7 @@ use kvtier_types::{
     TransferPair, WriteBackOp,
 };
 
-use crate::draft::{Awaiting, Entry, PlanInProgress, Rows, Seen};
+use crate::draft::{Awaiting, Entry, PlanInProgress, Retraction, Rows, Seen};
 use crate::ops::WriteBackInFlight;
 use crate::outbox::{FamilyMail, Progress, Target};
 use crate::request::{LocalKv, Prefetch, Retracted, Running, State, StateKind};
@@ -103,45 +103,46 @@ impl SchedulerCore {
     /// are already delivered.
     pub(crate) fn resume_plan(
         &mut self,
-        mut p: PlanInProgress,
+        mut draft: PlanInProgress,
         step: OpResult,
     ) -> Result<Progress, SchedError> {
-        match (p.retract.take(), step) {
+        match (draft.retract.take(), step) {
             (None, OpResult::Admitted(outcomes)) => {
                 if outcomes.len()
-                    != p.candidates
+                    != draft
+                        .candidates
                         .iter()
                         .filter(|(_, e)| !matches!(e, Entry::None))
                         .count()
                 {
                     return Err(SchedError::UnexpectedReply);
                 }
-                self.apply_admissions(&mut p, outcomes);
-                let nothing_ran = p.rows.prefill.is_empty() && p.rows.decode.is_empty();
+                self.apply_admissions(&mut draft, outcomes);
+                let nothing_ran = draft.rows.prefill.is_empty() && draft.rows.decode.is_empty();
                 if nothing_ran
-                    && !p.candidates.is_empty()
-                    && let Some(batch) = self.retract_one(&mut p)
+                    && !draft.candidates.is_empty()
+                    && let Some(batch) = self.retract_one(&mut draft)
                 {
                     self.stats.cache_batches += 1;
-                    self.awaiting = Awaiting::Plan(Box::new(p));
+                    self.awaiting = Awaiting::Plan(Box::new(draft));
                     return Ok(Progress::Send(vec![FamilyMail::Radix(batch)]));
                 }
             }
-            (Some((key, local_kv, pages)), OpResult::Retracted(outcome)) => {
-                self.apply_retraction(&mut p, key, local_kv, pages, outcome);
+            (Some(retraction), OpResult::Retracted(outcome)) => {
+                self.apply_retraction(&mut draft, retraction, outcome);
             }
             _ => return Err(SchedError::UnexpectedReply),
         }
-        Ok(Progress::Plan(self.finish_plan(p)))
+        Ok(Progress::Plan(self.finish_plan(draft)))
     }
 
-    fn finish_plan(&mut self, p: PlanInProgress) -> ExecutionPlan {
+    fn finish_plan(&mut self, draft: PlanInProgress) -> ExecutionPlan {
         let PlanInProgress {
             mut plan,
             mut rows,
             started,
             ..
-        } = p;
+        } = draft;
         let forward = &mut plan.forward;
         forward.num_prefill_rows = rows.prefill.len();
         // Prefill rows come first; a decode-only step (most steps) moves its rows in
@@ -264,18 +265,18 @@ impl SchedulerCore {
                 continue;
             };
             let computed = run.window_end() / ps;
-            let prefix = run.prefix_pages.len() as u32;
+            let published_from = run.prefix_pages.len() as u32;
             let publication = self.requests[key].publication(run, computed, ps);
             self.requests[key].state = state;
-            if let Some((publication, own)) = publication {
+            if let Some((publication, own_pages)) = publication {
                 let id = self.requests[key].id.clone();
                 self.outbox.push(
                     CacheOp::Publish(publication),
                     Target::Publish {
                         key,
                         id,
-                        prefix,
-                        own,
+                        published_from,
+                        own_pages,
                     },
                 );
             }
@@ -348,16 +349,19 @@ impl SchedulerCore {
                         host_lock,
                         device_lock,
                         local_kv,
-                        pages,
+                        published_pages,
                     } = held;
                     let r = &self.requests[key];
                     intents.push(Intent::Recovery {
-                        tokens: TokenRef::new(&r.tokens, (pages * ps) as usize),
+                        tokens: TokenRef::new(&r.tokens, (published_pages * ps) as usize),
                         tail_pages: local_kv.pages.len() as u32,
                         tail_free: local_kv.tail_free,
                         held: std::iter::once(host_lock).chain(device_lock).collect(),
                     });
-                    Entry::Recovery { local_kv, pages }
+                    Entry::Recovery {
+                        local_kv,
+                        published_pages,
+                    }
                 }
                 _ => Entry::None,
             };
@@ -377,9 +381,9 @@ impl SchedulerCore {
     }
 
     /// Applies the admission outcomes in candidate order.
-    fn apply_admissions(&mut self, p: &mut PlanInProgress, outcomes: Vec<Outcome>) {
+    fn apply_admissions(&mut self, draft: &mut PlanInProgress, outcomes: Vec<Outcome>) {
         let mut outcomes = outcomes.into_iter();
-        let mut candidates = std::mem::take(&mut p.candidates);
+        let mut candidates = std::mem::take(&mut draft.candidates);
         for (key, slot) in &mut candidates {
             let key = *key;
             if matches!(slot, Entry::None) {
@@ -389,7 +393,7 @@ impl SchedulerCore {
             let outcome = outcomes.next().expect("one outcome per intent");
             match (entry, outcome) {
                 (Entry::NextChunk, Outcome::Grown { tokens, pages }) => {
-                    self.next_chunk(key, tokens, pages, &mut p.rows);
+                    self.next_chunk(key, tokens, pages, &mut draft.rows);
                 }
                 (
                     Entry::FirstChunk,
@@ -399,25 +403,31 @@ impl SchedulerCore {
                         start_page,
                     },
                 ) => {
-                    self.start_prefetch(key, host_lock, pages, start_page, &mut p.plan);
+                    self.start_prefetch(key, host_lock, pages, start_page, &mut draft.plan);
                 }
-                (Entry::FirstChunk, Outcome::Admitted(a)) => {
-                    self.first_chunk(key, *a, p);
+                (Entry::FirstChunk, Outcome::Admitted(admission)) => {
+                    self.first_chunk(key, *admission, draft);
                 }
                 (Entry::Decode, Outcome::Grown { tokens, pages }) => {
-                    self.decode(key, tokens, pages, &mut p.rows);
+                    self.decode(key, tokens, pages, &mut draft.rows);
                 }
-                (Entry::Recovery { local_kv, .. }, Outcome::Admitted(a)) => {
-                    self.recovery(key, local_kv, *a, p);
+                (Entry::Recovery { local_kv, .. }, Outcome::Admitted(admission)) => {
+                    self.recovery(key, local_kv, *admission, draft);
                 }
-                (Entry::Recovery { local_kv, pages }, Outcome::Waits { held }) => {
+                (
+                    Entry::Recovery {
+                        local_kv,
+                        published_pages,
+                    },
+                    Outcome::Waits { held },
+                ) => {
                     let mut held = held.into_iter();
                     if let Some(host_lock) = held.next() {
                         self.requests[key].state = State::Retracted(Retracted {
                             host_lock,
                             device_lock: held.next(),
                             local_kv,
-                            pages,
+                            published_pages,
                         });
                     } else {
                         debug_assert!(false, "a recovery's locks did not come back");
@@ -427,7 +437,7 @@ impl SchedulerCore {
                     // Even an empty device pool could not hold it again: give up, and say so.
                     drop(local_kv);
                     let id = self.requests[key].id.clone();
-                    self.abort_notice(id, AbortReason::ExceedsDevicePool, &mut p.plan);
+                    self.abort_notice(id, AbortReason::ExceedsDevicePool, &mut draft.plan);
                 }
                 (_, Outcome::Waits { .. }) => {}
                 (entry, outcome) => {
@@ -435,12 +445,18 @@ impl SchedulerCore {
                 }
             }
         }
-        p.candidates = candidates;
+        draft.candidates = candidates;
     }
 
     // ----- Prefilling → next chunk -----------------------------------------------------
 
-    fn next_chunk(&mut self, key: usize, t: u32, pages: kvtier_host::OwnedPages, rows: &mut Rows) {
+    fn next_chunk(
+        &mut self,
+        key: usize,
+        tokens: u32,
+        pages: kvtier_host::OwnedPages,
+        rows: &mut Rows,
+    ) {
         let ps = self.config.page_size;
         let prefill_len = self.requests[key].prefill_len;
         let State::Prefilling(mut run) =
@@ -450,9 +466,9 @@ impl SchedulerCore {
             return;
         };
         let begin = run.take_row_begin();
-        run.local_kv.absorb(pages, t, ps);
+        run.local_kv.absorb(pages, tokens, ps);
         run.window_begin = run.window_end();
-        run.window_size = t;
+        run.window_size = tokens;
         run.reserve = self.config.decode_input_tokens;
         rows.push_prefill_row(&self.requests[key], &run, begin);
         let done = run.window_end() == prefill_len;
@@ -473,18 +489,18 @@ impl SchedulerCore {
         key: usize,
         host_lock: NodeLock,
         pages: kvtier_host::OwnedPages,
-        host: u32,
+        start_page: u32,
         plan: &mut ExecutionPlan,
     ) {
         let ps = self.config.page_size;
         let n = pages.len() as u32;
-        let end = ((host + n) * ps) as usize;
+        let end = ((start_page + n) * ps) as usize;
         let page_hashes = kvtier_types::hash::rolling_page_hashes(
             None,
             &self.requests[key].tokens[..end],
             ps as usize,
         )
-        .split_off(host as usize);
+        .split_off(start_page as usize);
         let op = self.ops.next_id();
         plan.prefetches.push(PrefetchOp {
             op_id: op,
@@ -497,13 +513,13 @@ impl SchedulerCore {
             op,
             host_lock,
             pages,
-            start_page: host,
+            start_page,
         });
     }
 
     // ----- Submitted → first chunk -----------------------------------------------------
 
-    fn first_chunk(&mut self, key: usize, a: Admission, p: &mut PlanInProgress) {
+    fn first_chunk(&mut self, key: usize, admission: Admission, draft: &mut PlanInProgress) {
         let ps = self.config.page_size;
         let Some(slot) = self.slots.allocate() else {
             debug_assert!(false, "the program counted a free slot");
@@ -511,20 +527,20 @@ impl SchedulerCore {
         };
         let prefill_len = self.requests[key].prefill_len;
         let run = Running {
-            device_lock: a.device_lock,
-            host_lock: a.host_lock,
-            prefix_pages: a.prefix_pages,
+            device_lock: admission.device_lock,
+            host_lock: admission.host_lock,
+            prefix_pages: admission.prefix_pages,
             local_kv: LocalKv {
-                pages: a.pages,
-                tail_free: a.tail_free,
+                pages: admission.pages,
+                tail_free: admission.tail_free,
             },
             slot,
-            window_begin: a.begin_pages * ps,
-            window_size: a.tokens,
+            window_begin: admission.begin_pages * ps,
+            window_size: admission.tokens,
             reserve: self.config.decode_input_tokens,
             table_changed_from: None,
         };
-        p.rows.push_prefill_row(&self.requests[key], &run, 0);
+        draft.rows.push_prefill_row(&self.requests[key], &run, 0);
         let r = &self.requests[key];
         r.span.record("cached_tokens", run.window_begin);
         tracing::debug!(parent: &r.span, phase = "prefilling", cached_tokens = run.window_begin);
@@ -534,7 +550,7 @@ impl SchedulerCore {
         } else {
             State::Prefilling(run)
         };
-        self.push_load_back(a.load_back, &mut p.plan, &mut p.seen);
+        self.push_load_back(admission.load_back, &mut draft.plan, &mut draft.seen);
     }
 
     fn push_load_back(
@@ -590,9 +606,9 @@ impl SchedulerCore {
     /// Preempts the running request with the most tokens (ties: scheduling order): the
     /// batch that retracts it. `None` when there is none to preempt (then a retracted
     /// request may be requeued to recompute).
-    fn retract_one(&mut self, p: &mut PlanInProgress) -> Option<CacheBatch> {
+    fn retract_one(&mut self, draft: &mut PlanInProgress) -> Option<CacheBatch> {
         let mut victim: Option<(usize, usize)> = None;
-        for &(key, _) in &p.candidates {
+        for &(key, _) in &draft.candidates {
             let r = &self.requests[key];
             if matches!(r.state.kind(), StateKind::Decoding | StateKind::PrefillDone)
                 && victim.is_none_or(|(_, len)| r.tokens.len() > len)
@@ -601,7 +617,7 @@ impl SchedulerCore {
             }
         }
         let Some((key, _)) = victim else {
-            self.requeue_for_recompute(p);
+            self.requeue_for_recompute(draft);
             return None;
         };
         let run = match std::mem::replace(&mut self.requests[key].state, State::Finished) {
@@ -615,8 +631,12 @@ impl SchedulerCore {
         tracing::debug!(parent: &self.requests[key].span, phase = "retracted");
         let (publication, device_lock, local_kv) =
             self.requests[key].settle(run, self.config.page_size);
-        let pages = (publication.tokens.len() / self.config.page_size as usize) as u32;
-        p.retract = Some((key, local_kv, pages));
+        let published_pages = (publication.tokens.len() / self.config.page_size as usize) as u32;
+        draft.retract = Some(Retraction {
+            key,
+            local_kv,
+            published_pages,
+        });
         Some(CacheBatch {
             ops: vec![CacheOp::Retract {
                 publication,
@@ -627,24 +647,28 @@ impl SchedulerCore {
 
     fn apply_retraction(
         &mut self,
-        p: &mut PlanInProgress,
-        key: usize,
-        local_kv: LocalKv,
-        pages: u32,
+        draft: &mut PlanInProgress,
+        retraction: Retraction,
         outcome: RetractOutcome,
     ) {
+        let Retraction {
+            key,
+            local_kv,
+            published_pages,
+        } = retraction;
         let id = self.requests[key].id.clone();
         match outcome {
             RetractOutcome::Kept {
                 host_lock,
                 write_back: Some(attached),
             } => {
-                let op = self.issue_write_back(attached, id, true, &mut p.plan, &mut p.seen);
+                let op =
+                    self.issue_write_back(attached, id, true, &mut draft.plan, &mut draft.seen);
                 self.requests[key].state = State::Retracting {
                     op,
                     host_lock,
                     local_kv,
-                    pages,
+                    published_pages,
                 };
             }
             RetractOutcome::Kept {
@@ -655,13 +679,13 @@ impl SchedulerCore {
                     host_lock,
                     device_lock: None,
                     local_kv,
-                    pages,
+                    published_pages,
                 });
             }
             RetractOutcome::HostExhausted => {
                 // The host pool cannot take the prefix: give up on the request, and say so.
                 drop(local_kv);
-                self.abort_notice(id, AbortReason::HostPoolExhausted, &mut p.plan);
+                self.abort_notice(id, AbortReason::HostPoolExhausted, &mut draft.plan);
             }
         }
     }
@@ -671,9 +695,9 @@ impl SchedulerCore {
     /// The retracted request holding the most tail pages (ties: scheduling order) gives
     /// them back and is requeued to recompute: its whole history becomes its prompt, its
     /// cached prefix is reused, and the last prefill chunk yields its next token.
-    fn requeue_for_recompute(&mut self, p: &PlanInProgress) {
+    fn requeue_for_recompute(&mut self, draft: &PlanInProgress) {
         let mut victim: Option<(usize, usize)> = None;
-        for &(key, _) in &p.candidates {
+        for &(key, _) in &draft.candidates {
             if let State::Retracted(held) = &self.requests[key].state {
                 let tail = held.local_kv.pages.len();
                 if tail > 0 && victim.is_none_or(|(_, most)| tail > most) {
@@ -696,8 +720,8 @@ impl SchedulerCore {
         &mut self,
         key: usize,
         mut local_kv: LocalKv,
-        a: Admission,
-        p: &mut PlanInProgress,
+        admission: Admission,
+        draft: &mut PlanInProgress,
     ) {
         let ps = self.config.page_size;
         let d = self.config.decode_input_tokens;
@@ -705,12 +729,12 @@ impl SchedulerCore {
             debug_assert!(false, "the program counted a free slot");
             return;
         };
-        local_kv.absorb(a.pages, d, ps);
+        local_kv.absorb(admission.pages, d, ps);
         let r = &self.requests[key];
         let run = Running {
-            device_lock: a.device_lock,
-            host_lock: a.host_lock,
-            prefix_pages: a.prefix_pages,
+            device_lock: admission.device_lock,
+            host_lock: admission.host_lock,
+            prefix_pages: admission.prefix_pages,
             local_kv,
             slot,
             window_begin: r.prefill_len,
@@ -718,8 +742,8 @@ impl SchedulerCore {
             reserve: d,
             table_changed_from: None,
         };
-        p.rows.push_decode_row(r, &run, RowKind::Recovery, 0, d);
+        draft.rows.push_decode_row(r, &run, RowKind::Recovery, 0, d);
         self.requests[key].state = State::Decoding(run);
-        self.push_load_back(a.load_back, &mut p.plan, &mut p.seen);
+        self.push_load_back(admission.load_back, &mut draft.plan, &mut draft.seen);
     }
 }
