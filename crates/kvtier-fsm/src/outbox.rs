@@ -58,7 +58,10 @@ impl Outbox {
         self.ops.is_empty()
     }
 
+    /// The queued ops as a batch, and their targets: the reply's results match them by
+    /// position.
     pub fn take(&mut self) -> (CacheBatch, Vec<Target>) {
+        debug_assert_eq!(self.ops.len(), self.targets.len(), "one target per op");
         let ops = std::mem::take(&mut self.ops);
         (CacheBatch { ops }, std::mem::take(&mut self.targets))
     }
