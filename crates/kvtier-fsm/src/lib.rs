@@ -41,6 +41,33 @@
 //! Every resource a request holds (node locks, device pages, its request-pool slot) is
 //! an RAII handle inside its state, so leaving a state by any path releases exactly what
 //! that state held.
+//!
+//! # Modules
+//!
+//! Each module owns its types and their methods. `SchedulerCore` is defined in
+//! `scheduler` and its methods are split by concern over `advance` (submit and engine
+//! events), `step` (plans) and `mail` (the family mail and the cache's replies); the
+//! modules below `scheduler` never import it. Each module imports only modules listed
+//! below it (`use crate::` lines), so the graph has no cycle:
+//!
+//! ```text
+//! direct ────► scheduler, outbox, request, error   Scheduler: the core + a cache it owns
+//! advance ───► scheduler, ops, outbox, request, error
+//! step ──────► scheduler, draft, ops, outbox, request, error
+//! mail ──────► scheduler, draft, outbox, request, error
+//! scheduler ─► draft, requests, ops, outbox, request, slots, error
+//! draft ─────► outbox, request      a plan under construction; Awaiting, which holds it
+//! requests ──► request, idmap       the request table: slab, id order, id map, tombstones
+//! ops                               the op table: write-backs and backups in flight, op ids
+//! outbox                            queued cache ops and their targets; family mail types
+//! error ─────► request              SchedError (names a StateKind)
+//! request ───► slots                a request and its states, each owning what it holds
+//! idmap, slots                      id hashing; request-pool slots
+//! ```
+//!
+//! Across the `impl SchedulerCore` files, calls go one way too: `mail::resume` hands a
+//! plan's reply to `step`'s `resume_plan`, and `step` and `mail` ask `scheduler` whether
+//! a reply is awaited.
 
 mod advance;
 mod direct;
