@@ -73,17 +73,11 @@ impl Requests {
     /// Forgets finished requests; their ids stay recognisable for a few plans, counted
     /// from `plan`.
     pub fn erase_finished(&mut self, plan: u64) {
-        let finished: Vec<RequestId> = self
-            .order
-            .iter()
-            .filter(|&(_, &k)| matches!(self.slab[k].state, State::Finished))
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in finished {
+        let finished = self.keys_where(|r| matches!(r.state, State::Finished));
+        for key in finished {
+            let id = self.slab.remove(key).id;
             self.by_id.remove(&id);
-            if let Some(key) = self.order.remove(&id) {
-                self.slab.remove(key);
-            }
+            self.order.remove(&id);
             self.tombstones.insert(id.clone(), plan);
             self.tombstone_order.push_back((plan, id));
         }
@@ -97,6 +91,20 @@ impl Requests {
             }
         }
         self.debug_check();
+    }
+
+    /// Keys of the live requests that `pred` picks, in id order. Scans the dense slab,
+    /// not the id order, and sorts only what it picked: a plan asks this twice for
+    /// states few requests are in.
+    pub fn keys_where(&self, pred: impl Fn(&Request) -> bool) -> Vec<usize> {
+        let mut picked: Vec<usize> = self
+            .slab
+            .iter()
+            .filter(|(_, r)| pred(r))
+            .map(|(key, _)| key)
+            .collect();
+        picked.sort_unstable_by(|&a, &b| self.slab[a].id.cmp(&self.slab[b].id));
+        picked
     }
 
     /// Keys of the live requests, in id order.

@@ -176,11 +176,9 @@ impl SchedulerCore {
     }
 
     fn issue_finish_write_backs(&mut self, plan: &mut ExecutionPlan, seen: &mut Seen) {
-        let draining: Vec<usize> = self
+        let draining = self
             .requests
-            .keys()
-            .filter(|&k| matches!(self.requests[k].state, State::Draining(_)))
-            .collect();
+            .keys_where(|r| matches!(r.state, State::Draining(_)));
         for key in draining {
             let State::Draining(Some(attached)) =
                 std::mem::replace(&mut self.requests[key].state, State::Finished)
