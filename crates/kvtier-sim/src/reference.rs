@@ -36,6 +36,30 @@ pub enum Verify {
     Off,
 }
 
+impl Verify {
+    /// `Sampled` at the interval a bare `sampled` means (the command line's): every 16th
+    /// position.
+    pub const SAMPLED: Verify = Verify::Sampled(16);
+}
+
+/// `full`, `sampled` ([`Verify::SAMPLED`]) or `off`. Written out because `Sampled`
+/// carries its interval, which the derive cannot.
+#[cfg(feature = "clap")]
+impl clap::ValueEnum for Verify {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[Verify::Full, Verify::SAMPLED, Verify::Off]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        let name = match self {
+            Verify::Full => "full",
+            Verify::Sampled(_) => "sampled",
+            Verify::Off => "off",
+        };
+        Some(clap::builder::PossibleValue::new(name))
+    }
+}
+
 /// Where a device page's bytes last came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Provenance {

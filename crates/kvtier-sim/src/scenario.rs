@@ -31,6 +31,7 @@ use crate::tokens::{gen_tokens, tag};
 
 /// Which scenario.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Scenario {
     /// Multi-turn conversations under device pressure.
     Chat,
@@ -53,6 +54,7 @@ impl Scenario {
 
 /// The L3 store a scenario runs with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum L3Store {
     /// No L3 tier.
     Off,

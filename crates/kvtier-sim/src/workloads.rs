@@ -13,6 +13,7 @@ use crate::tokens::{gen_tokens, tag};
 
 /// Which workload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum WorkloadKind {
     /// Prefix-cache ops: 200 system prompts × 50 suffixes, two passes.
     W1,

@@ -1,0 +1,308 @@
+//! `kvtier replay`: the main job.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::LazyLock;
+
+use anyhow::{Context, Result, bail};
+use clap::ValueEnum;
+use clap::builder::PossibleValue;
+use kvtier_sim::reference::Verify;
+use kvtier_sim::scenario::{
+    CostModel, L3Store, Scenario, ScenarioOptions, run_scenario_with_progress,
+};
+use kvtier_sim::{Path, WorkloadKind, WorkloadOptions, run_workload};
+use serde::de::{self, Deserializer, EnumAccess, VariantAccess, Visitor};
+
+use crate::{ReplayArgs, report};
+
+/// What `replay` runs: a scenario through the reference engine, or a benchmark workload
+/// through the core. Its names are the library's: the scenarios', then the workloads'.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayWorkload {
+    Scenario(Scenario),
+    Bench(WorkloadKind),
+}
+
+impl ValueEnum for ReplayWorkload {
+    fn value_variants<'a>() -> &'a [Self] {
+        static ALL: LazyLock<Vec<ReplayWorkload>> = LazyLock::new(|| {
+            let scenarios = Scenario::value_variants()
+                .iter()
+                .map(|&s| ReplayWorkload::Scenario(s));
+            let benches = WorkloadKind::value_variants()
+                .iter()
+                .map(|&k| ReplayWorkload::Bench(k));
+            scenarios.chain(benches).collect()
+        });
+        &ALL
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        match self {
+            ReplayWorkload::Scenario(s) => s.to_possible_value(),
+            ReplayWorkload::Bench(k) => k.to_possible_value(),
+        }
+    }
+}
+
+/// A replay config file (`--config`); every field is optional. See
+/// docs/replay.example.toml.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplayFile {
+    #[serde(default, deserialize_with = "by_name")]
+    workload: Option<ReplayWorkload>,
+    cache: Option<bool>,
+    publish: Option<bool>,
+    #[serde(default, deserialize_with = "by_name")]
+    verify: Option<Verify>,
+    fail_every_nth_write_back: Option<u64>,
+    #[serde(default, deserialize_with = "by_name")]
+    l3: Option<L3Store>,
+    l3_dir: Option<std::path::PathBuf>,
+    cost: Option<CostFile>,
+}
+
+/// A config value named as on the command line. It is read the way serde reads a unit
+/// enum variant, so the file takes exactly the flags' words and a bad one is refused as
+/// any unknown variant is.
+fn by_name<'de, D: Deserializer<'de>, T: ValueEnum>(d: D) -> Result<Option<T>, D::Error> {
+    struct Name<T>(PhantomData<T>);
+    impl<'de, T: ValueEnum> Visitor<'de> for Name<T> {
+        type Value = T;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a name")
+        }
+
+        fn visit_enum<A: EnumAccess<'de>>(self, data: A) -> Result<T, A::Error> {
+            let (name, variant): (String, _) = data.variant()?;
+            variant.unit_variant()?;
+            T::from_str(&name, false).map_err(|_| {
+                let names: Vec<String> = T::value_variants()
+                    .iter()
+                    .filter_map(|v| Some(format!("`{}`", v.to_possible_value()?.get_name())))
+                    .collect();
+                de::Error::custom(format_args!(
+                    "unknown variant `{name}`, expected one of {}",
+                    names.join(", ")
+                ))
+            })
+        }
+    }
+    d.deserialize_enum("", &[], Name(PhantomData)).map(Some)
+}
+
+/// The virtual clock's cost model; unset fields keep their defaults.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CostFile {
+    step_us: Option<f64>,
+    prefill_us_per_token: Option<f64>,
+    decode_us_per_row: Option<f64>,
+    kv_bytes_per_token: Option<f64>,
+    h2d_gbps: Option<f64>,
+    l3_gbps: Option<f64>,
+}
+
+impl CostFile {
+    fn apply(&self, mut cost: CostModel) -> Result<CostModel> {
+        let fields = [
+            ("step_us", self.step_us, &mut cost.step_us),
+            (
+                "prefill_us_per_token",
+                self.prefill_us_per_token,
+                &mut cost.prefill_us_per_token,
+            ),
+            (
+                "decode_us_per_row",
+                self.decode_us_per_row,
+                &mut cost.decode_us_per_row,
+            ),
+            (
+                "kv_bytes_per_token",
+                self.kv_bytes_per_token,
+                &mut cost.kv_bytes_per_token,
+            ),
+        ];
+        for (name, value, slot) in fields {
+            if let Some(v) = value {
+                if !(v.is_finite() && v >= 0.0) {
+                    bail!("cost.{name} must be a finite number ≥ 0, got {v}");
+                }
+                *slot = v;
+            }
+        }
+        let bandwidths = [
+            ("h2d_gbps", self.h2d_gbps, &mut cost.h2d_gbps),
+            ("l3_gbps", self.l3_gbps, &mut cost.l3_gbps),
+        ];
+        for (name, value, slot) in bandwidths {
+            if let Some(v) = value {
+                if !(v.is_finite() && v > 0.0) {
+                    bail!("cost.{name} must be a finite number > 0, got {v}");
+                }
+                *slot = v;
+            }
+        }
+        Ok(cost)
+    }
+}
+
+fn read_replay_file(path: &std::path::Path) -> Result<ReplayFile> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("invalid replay config {}", path.display()))
+}
+
+/// The path a replay drives: the actor system unless told otherwise.
+fn replay_path(args: &ReplayArgs) -> Path {
+    match (args.deterministic, args.runtime) {
+        (true, _) => Path::Deterministic,
+        (false, Some(runtime)) => runtime,
+        (false, None) => Path::Actors,
+    }
+}
+
+/// `kvtier replay`.
+pub fn run(args: ReplayArgs) -> Result<()> {
+    let file = match &args.config {
+        Some(path) => read_replay_file(path)?,
+        None => ReplayFile::default(),
+    };
+    let workload = args
+        .workload
+        .or(file.workload)
+        .unwrap_or(ReplayWorkload::Scenario(Scenario::Chat));
+    let scenario = match workload {
+        ReplayWorkload::Scenario(scenario) => scenario,
+        ReplayWorkload::Bench(kind) => {
+            if args.no_cache || args.l3.is_some() || args.l3_dir.is_some() {
+                bail!(
+                    "--no-cache, --l3 and --l3-dir apply to the chat, rollout and longdoc scenarios"
+                );
+            }
+            let options = WorkloadOptions {
+                path: replay_path(&args),
+                ..WorkloadOptions::new(kind)
+            };
+            let report = run_workload(&options).context("replay failed")?;
+            report::workload(&report);
+            return report::write_json(args.json.as_deref(), &report);
+        }
+    };
+    let cost = match &file.cost {
+        Some(c) => c.apply(CostModel::default())?,
+        None => CostModel::default(),
+    };
+    let options = ScenarioOptions {
+        cache: !args.no_cache && file.cache.unwrap_or(true),
+        publish: file.publish.unwrap_or(true),
+        verify: args.verify.or(file.verify).unwrap_or(Verify::Full),
+        fail_every_nth_write_back: file.fail_every_nth_write_back.unwrap_or(0),
+        cost,
+        path: replay_path(&args),
+        ..ScenarioOptions::new(scenario)
+    };
+    let l3 = args.l3.or(file.l3).unwrap_or(options.l3);
+    let l3_dir = args.l3_dir.clone().or(file.l3_dir);
+    if l3_dir.is_some() && l3 != L3Store::Local {
+        bail!("--l3-dir applies to the local L3 store (--l3 local)");
+    }
+    let options = ScenarioOptions {
+        l3,
+        l3_dir,
+        ..options
+    };
+    let bar = indicatif::ProgressBar::new(0).with_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} requests")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_message(format!("replay {}", scenario.name()));
+    let report = run_scenario_with_progress(&options, |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })
+    .context("replay failed")?;
+    bar.finish_and_clear();
+    report::scenario(&report);
+    report::write_json(args.json.as_deref(), &report)?;
+    if report.integrity_errors > 0 {
+        bail!(
+            "{} integrity errors; first: {:?}",
+            report.integrity_errors,
+            report.first_errors.first()
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_replay_config_parses() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/replay.example.toml"
+        );
+        let file = read_replay_file(std::path::Path::new(path)).expect("example parses");
+        assert_eq!(
+            file.workload,
+            Some(ReplayWorkload::Scenario(Scenario::Rollout))
+        );
+        let cost = file
+            .cost
+            .expect("cost section")
+            .apply(CostModel::default())
+            .expect("valid");
+        assert_eq!(cost.h2d_gbps, 50.0);
+    }
+
+    #[test]
+    fn config_values_take_the_flags_names() {
+        let file: ReplayFile =
+            toml::from_str("workload = \"w2\"\nverify = \"sampled\"\nl3 = \"mooncake\"")
+                .expect("parses");
+        assert_eq!(file.workload, Some(ReplayWorkload::Bench(WorkloadKind::W2)));
+        assert_eq!(file.verify, Some(Verify::SAMPLED));
+        assert_eq!(file.l3, Some(L3Store::Mooncake));
+        let names: Vec<String> = ReplayWorkload::value_variants()
+            .iter()
+            .filter_map(|w| Some(w.to_possible_value()?.get_name().to_string()))
+            .collect();
+        assert_eq!(names, ["chat", "rollout", "longdoc", "w1", "w2", "w3"]);
+    }
+
+    #[test]
+    fn bad_replay_configs_are_refused_clearly() {
+        let unknown: Result<ReplayFile, _> = toml::from_str("worklaod = \"chat\"");
+        assert!(
+            unknown
+                .unwrap_err()
+                .to_string()
+                .contains("unknown field `worklaod`")
+        );
+        let bad_enum = toml::from_str::<ReplayFile>("verify = \"most\"").unwrap_err();
+        assert!(
+            bad_enum
+                .to_string()
+                .contains("unknown variant `most`, expected one of `full`, `sampled`, `off`"),
+            "{bad_enum}"
+        );
+        let bad_type = toml::from_str::<ReplayFile>("l3 = true").unwrap_err();
+        assert!(
+            bad_type.to_string().contains("wanted string or table"),
+            "{bad_type}"
+        );
+        let cost: ReplayFile = toml::from_str("[cost]\nh2d_gbps = 0").expect("parses");
+        let err = cost
+            .cost
+            .expect("cost")
+            .apply(CostModel::default())
+            .unwrap_err();
+        assert!(err.to_string().contains("h2d_gbps"), "{err}");
+    }
+}

@@ -1,0 +1,319 @@
+//! What the commands print and write: the text tables and the JSON of their results.
+
+use anyhow::{Context, Result};
+use kvtier_device::bench::CopyBench;
+use kvtier_sim::Report;
+use kvtier_sim::l3_bench::{L3BenchOptions, L3BenchReport};
+use kvtier_sim::scenario::ScenarioReport;
+
+/// Writes `report` as pretty JSON to `path`, if one is given.
+pub fn write_json(path: Option<&std::path::Path>, report: &impl serde::Serialize) -> Result<()> {
+    if let Some(path) = path {
+        std::fs::write(path, serde_json::to_string_pretty(report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The report of a scenario replay.
+pub fn scenario(r: &ScenarioReport) {
+    let pct = |n: u64, d: u64| {
+        if d == 0 {
+            0.0
+        } else {
+            100.0 * n as f64 / d as f64
+        }
+    };
+    println!(
+        "replay {} (prefix cache and host tier {})",
+        r.workload,
+        if r.cache { "on" } else { "off" }
+    );
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let rows: Vec<(&str, String)> = vec![
+        (
+            "requests",
+            format!(
+                "{} ({} finished, {} aborted)",
+                r.requests, r.finished, r.aborted
+            ),
+        ),
+        ("prompt tokens", r.prompt_tokens.to_string()),
+        ("generated tokens", r.generated_tokens.to_string()),
+        (
+            "hit ratio",
+            format!(
+                "{:.1} % ({} of {} ideal)",
+                pct(r.hit_tokens, r.prompt_tokens),
+                r.hit_tokens,
+                r.ideal_hit_tokens
+            ),
+        ),
+        (
+            "  from device",
+            format!(
+                "{:.1} %",
+                pct(r.hit_tokens - r.hit_tokens_host, r.prompt_tokens)
+            ),
+        ),
+        (
+            "  from host",
+            format!("{:.1} %", pct(r.hit_tokens_host, r.prompt_tokens)),
+        ),
+        (
+            "write-backs",
+            format!("{} ops, {} pages", r.writeback_ops, r.writeback_pages),
+        ),
+        (
+            "load-backs",
+            format!("{} ops, {} pages", r.loadback_ops, r.loadback_pages),
+        ),
+        ("bytes moved", format!("{:.1} MiB", mib(r.moved_bytes))),
+        ("L3 store", r.l3.clone()),
+    ];
+    let l3_rows: Vec<(&str, String)> = vec![
+        (
+            "  from L3",
+            format!(
+                "{:.1} % (part of the host hits)",
+                pct(r.hit_tokens_l3, r.prompt_tokens)
+            ),
+        ),
+        (
+            "  prefetched",
+            format!(
+                "{} ops, {} pages, {:.1} MiB ({} failed, {} pages found at submit)",
+                r.l3_prefetch_ops,
+                r.l3_prefetched_pages,
+                mib(r.l3_prefetched_bytes),
+                r.l3_failed_prefetches,
+                r.l3_lookup_hit_pages
+            ),
+        ),
+        (
+            "  backed up",
+            format!(
+                "{} ops, {} pages, {:.1} MiB",
+                r.l3_backup_ops,
+                r.l3_backed_up_pages,
+                mib(r.l3_backed_up_bytes)
+            ),
+        ),
+        ("  corrupt objects", r.l3_corrupt_objects.to_string()),
+    ];
+    let tail_rows: Vec<(&str, String)> = vec![
+        ("retractions", r.retractions.to_string()),
+        ("integrity errors", r.integrity_errors.to_string()),
+        (
+            "virtual time",
+            format!("{:.2} s (cost model: docs/data-plane.md)", r.virtual_s),
+        ),
+        (
+            "TTFT",
+            format!(
+                "{:.1} ms mean, {:.1} ms median",
+                r.ttft_mean_ms, r.ttft_p50_ms
+            ),
+        ),
+        ("time per token", format!("{:.1} ms", r.tpot_mean_ms)),
+        (
+            "throughput",
+            format!("{:.0} tokens/s", r.throughput_tokens_per_s),
+        ),
+        ("steps", r.steps.to_string()),
+        (
+            "scheduler time",
+            format!(
+                "{:.1} µs per step",
+                r.scheduler_ns as f64 / 1e3 / r.steps.max(1) as f64
+            ),
+        ),
+    ];
+    let l3_on = r.l3 != "off";
+    let rows = rows
+        .into_iter()
+        .chain(l3_rows.into_iter().filter(|_| l3_on))
+        .chain(tail_rows);
+    for (name, value) in rows {
+        println!("  {name:<20} {value}");
+    }
+}
+
+/// The counters and timings of a benchmark workload.
+pub fn workload(r: &Report) {
+    let c = &r.counters;
+    let ratio = |n: u64| {
+        if c.prompt_tokens == 0 {
+            0.0
+        } else {
+            n as f64 / c.prompt_tokens as f64
+        }
+    };
+    println!(
+        "workload {} (page size {}, host tier {})",
+        r.workload,
+        r.page_size,
+        if r.l2 { "on" } else { "off" }
+    );
+    let rows: Vec<(&str, String)> = vec![
+        ("requests", r.requests.to_string()),
+        ("finished", c.finished.to_string()),
+        ("steps", c.steps.to_string()),
+        ("prompt tokens", c.prompt_tokens.to_string()),
+        (
+            "hit tokens",
+            format!("{} ({:.4})", c.hit_tokens, ratio(c.hit_tokens)),
+        ),
+        ("  from device", c.hit_tokens_device.to_string()),
+        ("  from host", c.hit_tokens_host.to_string()),
+        (
+            "prefill rows",
+            format!(
+                "{} ({} non-first chunks)",
+                c.prefill_rows, c.non_first_chunks
+            ),
+        ),
+        (
+            "write-backs",
+            format!("{} ops, {} pages", c.writeback_ops, c.writeback_pages),
+        ),
+        (
+            "  on finish",
+            format!(
+                "{} ops, {} pages",
+                c.finish_writeback_ops, c.finish_writeback_pages
+            ),
+        ),
+        (
+            "  on retract",
+            format!(
+                "{} ops, {} pages",
+                c.retract_writeback_ops, c.retract_writeback_pages
+            ),
+        ),
+        (
+            "load-backs",
+            format!("{} ops, {} pages", c.loadback_ops, c.loadback_pages),
+        ),
+        ("retractions", c.retractions.to_string()),
+        ("aborts", c.aborts.to_string()),
+        ("starved decode slots", c.starved_decode_slots.to_string()),
+        (
+            "KV events",
+            format!(
+                "{} stored, {} removed",
+                c.kv_blocks_stored, c.kv_blocks_removed
+            ),
+        ),
+        (
+            "scheduler time",
+            format!("{:.3} ms", r.measured_ns as f64 / 1e6),
+        ),
+    ];
+    for (name, value) in rows {
+        println!("  {name:<22} {value}");
+    }
+    if let Some(ns) = r.ns_per_request {
+        println!("  {:<22} {:.2} µs", "per request", ns / 1e3);
+    }
+    if let Some(ns) = r.ns_per_step {
+        println!("  {:<22} {:.2} µs", "per step", ns / 1e3);
+    }
+    if let (Some(p1), Some(p2)) = (r.pass1_hit_tokens, r.pass2_hit_tokens) {
+        println!(
+            "  {:<22} pass 1: {} steps, {} hit tokens; pass 2: {} steps, {} hit tokens",
+            "passes",
+            r.pass1_steps.unwrap_or(0),
+            p1,
+            r.pass2_steps.unwrap_or(0),
+            p2
+        );
+    }
+}
+
+/// `bench copy`'s title and column header.
+pub fn copy_header(threads: u32) {
+    println!("page copy, device → host, {threads} threads (median of 7 runs)");
+    println!(
+        "  {:>10} {:>7} {:>12} {:>12} {:>7}",
+        "page", "pages", "kernel GB/s", "memcpy GB/s", "ratio"
+    );
+}
+
+/// `bench copy`'s row for pages of `kib` KiB.
+pub fn copy_row(kib: u32, r: &CopyBench) {
+    println!(
+        "  {:>7} KiB {:>7} {:>12.2} {:>12.2} {:>6.0}%",
+        kib,
+        r.pages,
+        r.kernel_gbps,
+        r.memcpy_gbps,
+        100.0 * r.ratio()
+    );
+}
+
+/// `bench copy` as one flat JSON object.
+pub fn copy_json(threads: u32, rows: &[(u32, CopyBench)]) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    out.insert("workload".into(), "copy".into());
+    out.insert("threads".into(), threads.into());
+    for (kib, r) in rows {
+        out.insert(format!("p{kib}k_kernel_gbps"), r.kernel_gbps.into());
+        out.insert(format!("p{kib}k_memcpy_gbps"), r.memcpy_gbps.into());
+        out.insert(format!("p{kib}k_ratio"), r.ratio().into());
+    }
+    serde_json::Value::Object(out)
+}
+
+/// `bench l3`'s title, printed before the run.
+pub fn l3_header(options: &L3BenchOptions) {
+    println!(
+        "L3 transfers, {} store, {} MiB batches (median of {} rounds)",
+        options.store.name(),
+        options.batch_bytes >> 20,
+        options.rounds
+    );
+}
+
+/// `bench l3`'s table.
+pub fn l3_table(r: &L3BenchReport) {
+    println!(
+        "  {:>8} {:>6} {:>9} {:>11} {:>6} {:>9} {:>13} {:>6}",
+        "page", "pages", "put GB/s", "backup GB/s", "ratio", "get GB/s", "prefetch GB/s", "ratio"
+    );
+    for row in &r.rows {
+        println!(
+            "  {:>4} KiB {:>6} {:>9.2} {:>11.2} {:>5.0}% {:>9.2} {:>13.2} {:>5.0}%",
+            row.page_kib,
+            row.pages,
+            row.raw_put_gbps,
+            row.actor_backup_gbps,
+            100.0 * row.backup_ratio,
+            row.raw_get_gbps,
+            row.actor_prefetch_gbps,
+            100.0 * row.prefetch_ratio
+        );
+    }
+}
+
+/// `bench l3` as one flat JSON object, like every bench line (`cargo xtask bench`
+/// tabulates them).
+pub fn l3_json(r: &L3BenchReport) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    out.insert("workload".into(), "l3".into());
+    out.insert("store".into(), r.store.clone().into());
+    out.insert("rounds".into(), r.rounds.into());
+    for row in &r.rows {
+        let k = row.page_kib;
+        out.insert(format!("p{k}k_put_gbps"), row.raw_put_gbps.into());
+        out.insert(format!("p{k}k_backup_gbps"), row.actor_backup_gbps.into());
+        out.insert(format!("p{k}k_backup_ratio"), row.backup_ratio.into());
+        out.insert(format!("p{k}k_get_gbps"), row.raw_get_gbps.into());
+        out.insert(
+            format!("p{k}k_prefetch_gbps"),
+            row.actor_prefetch_gbps.into(),
+        );
+        out.insert(format!("p{k}k_prefetch_ratio"), row.prefetch_ratio.into());
+    }
+    serde_json::Value::Object(out)
+}
