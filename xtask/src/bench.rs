@@ -1,13 +1,15 @@
 //! `cargo xtask bench`: the kvtier CLI bench workloads, criterion, and callgrind counts.
 //!
 //! Each `kvtier bench <w> .. --json` run prints one flat JSON object as the last line of
-//! its stdout; a small hand-written parser reads it (no serde in xtask).
+//! its stdout; `serde_json` reads it.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+use serde_json::{Map, Value};
 
 use crate::{capture_stdout, cargo, display_command, run_command};
 
@@ -107,12 +109,7 @@ pub fn run(root: &Path, args: &[String]) -> Result<()> {
         let stdout = capture_stdout(&mut command)?;
         let line = last_line(&stdout)
             .with_context(|| format!("`{}` printed nothing", display_command(&command)))?;
-        let fields = parse_flat_json(line).with_context(|| {
-            format!(
-                "last stdout line of `{}` is not a flat JSON object: {line}",
-                display_command(&command)
-            )
-        })?;
+        let fields: Fields = parse_line(line, &display_command(&command))?;
         jsonl.push_str(line);
         jsonl.push('\n');
         // Rewritten after every run so that finished results survive a later failure.
@@ -158,10 +155,10 @@ fn compare_runtimes(root: &Path, rounds: usize) -> Result<()> {
                     .args(["--runtime", runtime, "--json"]);
                 let stdout = capture_stdout(&mut command)?;
                 let line = last_line(&stdout).context("the benchmark printed nothing")?;
-                let fields = parse_flat_json(line)
-                    .with_context(|| format!("not a flat JSON object: {line}"))?;
-                let value = get(&fields, field)
-                    .and_then(JsonValue::as_f64)
+                let fields: Fields = parse_line(line, &display_command(&command))?;
+                let value = fields
+                    .get(*field)
+                    .and_then(Value::as_f64)
                     .with_context(|| format!("no `{field}` in {line}"))?;
                 samples[i].push(value);
             }
@@ -229,8 +226,7 @@ fn callgrind(root: &Path, args: &[String]) -> Result<()> {
     println!("==> bench: {}", display_command(&valgrind));
     let stdout = capture_stdout(&mut valgrind)?;
     let line = last_line(&stdout).context("the benchmark printed nothing on stdout")?;
-    let fields = parse_flat_json(line)
-        .with_context(|| format!("last stdout line is not a flat JSON object: {line}"))?;
+    let counts: CallgrindCounts = parse_line(line, &display_command(&valgrind))?;
     println!("json: {line}");
 
     let out_path = root.join(&out_file);
@@ -247,7 +243,7 @@ fn callgrind(root: &Path, args: &[String]) -> Result<()> {
         args.join(" "),
         group_thousands(total)
     );
-    match divisor(&fields) {
+    match counts.divisor() {
         Some((key, count)) => println!(
             "callgrind {}: Ir / {key} = {} / {count} = {:.1}",
             args.join(" "),
@@ -276,26 +272,53 @@ fn last_line(stdout: &str) -> Option<&str> {
     stdout.lines().map(str::trim).rfind(|line| !line.is_empty())
 }
 
-/// What the total Ir is divided by: `callgrind_divisor` if present, else `finished`.
-fn divisor(fields: &[(String, JsonValue)]) -> Option<(&'static str, f64)> {
-    ["callgrind_divisor", "finished"]
+/// A bench line as the table reads it: any fields (each workload has its own).
+type Fields = Map<String, Value>;
+
+/// `line`, the last stdout line of `command`, read as `T`: the error names both.
+fn parse_line<T: serde::de::DeserializeOwned>(line: &str, command: &str) -> Result<T> {
+    serde_json::from_str(line).with_context(|| {
+        format!("last stdout line of `{command}` is not the bench's JSON object: {line}")
+    })
+}
+
+/// The fields of a bench line that a callgrind count is divided by.
+#[derive(Debug, Deserialize)]
+struct CallgrindCounts {
+    callgrind_divisor: Option<f64>,
+    finished: Option<f64>,
+}
+
+impl CallgrindCounts {
+    /// What the total Ir is divided by: `callgrind_divisor` if positive, else `finished`.
+    fn divisor(&self) -> Option<(&'static str, f64)> {
+        [
+            ("callgrind_divisor", self.callgrind_divisor),
+            ("finished", self.finished),
+        ]
         .into_iter()
-        .find_map(|key| {
-            let value = get(fields, key)?.as_f64()?;
-            (value > 0.0).then_some((key, value))
-        })
+        .find_map(|(key, value)| value.filter(|&v| v > 0.0).map(|v| (key, v)))
+    }
 }
 
 // ---------------------------------------------------------------------------------------
 // Table
 // ---------------------------------------------------------------------------------------
 
-fn get<'a>(fields: &'a [(String, JsonValue)], key: &str) -> Option<&'a JsonValue> {
-    fields.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+/// A cell: integers as written, fractions to one decimal place.
+fn render(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if n.is_f64() => format!("{f:.1}"),
+            _ => n.to_string(),
+        },
+        other => other.to_string(),
+    }
 }
 
 /// A fixed-width table: the run's arguments, [`COLUMNS`], and ns per request or step.
-fn render_table(rows: &[(String, Vec<(String, JsonValue)>)]) -> String {
+fn render_table(rows: &[(String, Fields)]) -> String {
     let mut header: Vec<String> = vec!["run".to_string()];
     header.extend(COLUMNS.iter().map(|c| (*c).to_string()));
     header.push("ns/unit".to_string());
@@ -304,11 +327,11 @@ fn render_table(rows: &[(String, Vec<(String, JsonValue)>)]) -> String {
     for (run, fields) in rows {
         let mut row = vec![run.clone()];
         for column in COLUMNS {
-            row.push(get(fields, column).map_or_else(|| "-".to_string(), JsonValue::render));
+            row.push(fields.get(*column).map_or_else(|| "-".to_string(), render));
         }
         let per_unit = [("ns_per_request", "req"), ("ns_per_step", "step")]
             .into_iter()
-            .find_map(|(key, unit)| Some(format!("{}/{unit}", get(fields, key)?.render())));
+            .find_map(|(key, unit)| Some(format!("{}/{unit}", render(fields.get(key)?))));
         row.push(per_unit.unwrap_or_else(|| "-".to_string()));
         cells.push(row);
     }
@@ -386,267 +409,61 @@ fn callgrind_total_ir(contents: &str) -> Option<u64> {
         .ok()
 }
 
-// ---------------------------------------------------------------------------------------
-// Minimal flat JSON object parser
-// ---------------------------------------------------------------------------------------
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum JsonValue {
-    Str(String),
-    /// The number's text as written.
-    Num(String),
-    Bool(bool),
-    Null,
-    /// A nested object or array, kept as raw text.
-    Nested(String),
-}
-
-impl JsonValue {
-    fn as_f64(&self) -> Option<f64> {
-        match self {
-            JsonValue::Num(n) => n.parse().ok(),
-            _ => None,
-        }
-    }
-
-    /// For the table: integers as written, fractions to one decimal place.
-    fn render(&self) -> String {
-        match self {
-            JsonValue::Str(s) => s.clone(),
-            JsonValue::Num(n) if n.contains(['.', 'e', 'E']) => n
-                .parse::<f64>()
-                .map_or_else(|_| n.clone(), |f| format!("{f:.1}")),
-            JsonValue::Num(n) | JsonValue::Nested(n) => n.clone(),
-            JsonValue::Bool(b) => b.to_string(),
-            JsonValue::Null => "null".to_string(),
-        }
-    }
-}
-
-/// Parses one JSON object whose values are strings, numbers, booleans or null (nested
-/// objects and arrays are kept as raw text). Keys keep their order.
-pub fn parse_flat_json(text: &str) -> Result<Vec<(String, JsonValue)>> {
-    let mut p = Parser { s: text, pos: 0 };
-    let mut fields = Vec::new();
-    p.skip_ws();
-    p.expect('{')?;
-    p.skip_ws();
-    if p.peek() == Some('}') {
-        p.bump();
-    } else {
-        loop {
-            p.skip_ws();
-            let key = p.string()?;
-            p.skip_ws();
-            p.expect(':')?;
-            p.skip_ws();
-            let value = p.value()?;
-            fields.push((key, value));
-            p.skip_ws();
-            match p.bump() {
-                Some(',') => {}
-                Some('}') => break,
-                other => bail!("expected `,` or `}}` at byte {}, found {other:?}", p.pos),
-            }
-        }
-    }
-    p.skip_ws();
-    if p.pos < p.s.len() {
-        bail!("trailing characters after the object at byte {}", p.pos);
-    }
-    Ok(fields)
-}
-
-struct Parser<'a> {
-    s: &'a str,
-    pos: usize,
-}
-
-impl Parser<'_> {
-    fn peek(&self) -> Option<char> {
-        self.s[self.pos..].chars().next()
-    }
-
-    fn bump(&mut self) -> Option<char> {
-        let c = self.peek()?;
-        self.pos += c.len_utf8();
-        Some(c)
-    }
-
-    fn skip_ws(&mut self) {
-        while self.peek().is_some_and(char::is_whitespace) {
-            self.bump();
-        }
-    }
-
-    fn expect(&mut self, want: char) -> Result<()> {
-        match self.bump() {
-            Some(c) if c == want => Ok(()),
-            other => bail!("expected `{want}` at byte {}, found {other:?}", self.pos),
-        }
-    }
-
-    fn literal(&mut self, word: &str) -> Result<()> {
-        if self.s[self.pos..].starts_with(word) {
-            self.pos += word.len();
-            Ok(())
-        } else {
-            bail!("expected `{word}` at byte {}", self.pos)
-        }
-    }
-
-    fn string(&mut self) -> Result<String> {
-        self.expect('"')?;
-        let mut out = String::new();
-        loop {
-            match self.bump() {
-                None => bail!("unterminated string"),
-                Some('"') => return Ok(out),
-                Some('\\') => match self.bump() {
-                    Some('"') => out.push('"'),
-                    Some('\\') => out.push('\\'),
-                    Some('/') => out.push('/'),
-                    Some('b') => out.push('\u{8}'),
-                    Some('f') => out.push('\u{c}'),
-                    Some('n') => out.push('\n'),
-                    Some('r') => out.push('\r'),
-                    Some('t') => out.push('\t'),
-                    Some('u') => {
-                        let hex = self
-                            .s
-                            .get(self.pos..self.pos + 4)
-                            .context("short \\u escape")?;
-                        let code = u32::from_str_radix(hex, 16).context("bad \\u escape")?;
-                        self.pos += 4;
-                        out.push(char::from_u32(code).unwrap_or('\u{fffd}'));
-                    }
-                    other => bail!("bad escape {other:?} at byte {}", self.pos),
-                },
-                Some(c) => out.push(c),
-            }
-        }
-    }
-
-    fn value(&mut self) -> Result<JsonValue> {
-        match self.peek() {
-            Some('"') => Ok(JsonValue::Str(self.string()?)),
-            Some('t') => self.literal("true").map(|()| JsonValue::Bool(true)),
-            Some('f') => self.literal("false").map(|()| JsonValue::Bool(false)),
-            Some('n') => self.literal("null").map(|()| JsonValue::Null),
-            Some('-' | '0'..='9') => {
-                let start = self.pos;
-                while self
-                    .peek()
-                    .is_some_and(|c| c.is_ascii_digit() || "+-.eE".contains(c))
-                {
-                    self.bump();
-                }
-                let text = &self.s[start..self.pos];
-                if text.parse::<f64>().is_err() {
-                    bail!("bad number `{text}` at byte {start}");
-                }
-                Ok(JsonValue::Num(text.to_string()))
-            }
-            Some('{' | '[') => self.nested(),
-            other => bail!("unexpected {other:?} at byte {}", self.pos),
-        }
-    }
-
-    /// Skips a balanced object or array, returning its raw text.
-    fn nested(&mut self) -> Result<JsonValue> {
-        let start = self.pos;
-        let mut depth = 0usize;
-        loop {
-            match self.peek() {
-                None => bail!("unterminated object or array starting at byte {start}"),
-                Some('"') => {
-                    self.string()?;
-                }
-                Some(c) => {
-                    self.bump();
-                    match c {
-                        '{' | '[' => depth += 1,
-                        '}' | ']' => {
-                            depth -= 1;
-                            if depth == 0 {
-                                return Ok(JsonValue::Nested(self.s[start..self.pos].to_string()));
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn s(v: &str) -> JsonValue {
-        JsonValue::Str(v.to_string())
-    }
+    use serde_json::json;
 
-    fn n(v: &str) -> JsonValue {
-        JsonValue::Num(v.to_string())
-    }
-
-    #[test]
-    fn parses_flat_object() {
-        let fields = parse_flat_json(
-            r#" {"workload":"w1","page_size":64,"l2":true,"x":null,"ns_per_step":12.5e0,"neg":-3,"esc":"a\"b\\c\u0041"} "#,
-        );
-        let expected = vec![
-            ("workload".to_string(), s("w1")),
-            ("page_size".to_string(), n("64")),
-            ("l2".to_string(), JsonValue::Bool(true)),
-            ("x".to_string(), JsonValue::Null),
-            ("ns_per_step".to_string(), n("12.5e0")),
-            ("neg".to_string(), n("-3")),
-            ("esc".to_string(), s("a\"b\\cA")),
-        ];
-        assert_eq!(fields.ok(), Some(expected));
+    fn fields(value: Value) -> Fields {
+        match value {
+            Value::Object(map) => map,
+            other => panic!("not an object: {other}"),
+        }
     }
 
     #[test]
-    fn keeps_nested_values_raw() {
-        let fields = parse_flat_json(r#"{"a":[1,{"b":"]"}],"c":{"d":2},"e":1}"#).ok();
+    fn reads_a_bench_line() {
+        let line = r#"{"workload":"w1","page_size":64,"l2":true,"ns_per_step":12.5e0,"rows":[1,{"b":"]"}]}"#;
+        let fields: Fields = parse_line(line, "kvtier bench w1 --json").expect("parses");
+        assert_eq!(fields.get("workload"), Some(&json!("w1")));
+        assert_eq!(fields.get("page_size").and_then(Value::as_u64), Some(64));
         assert_eq!(
-            fields,
-            Some(vec![
-                (
-                    "a".to_string(),
-                    JsonValue::Nested(r#"[1,{"b":"]"}]"#.to_string())
-                ),
-                ("c".to_string(), JsonValue::Nested(r#"{"d":2}"#.to_string())),
-                ("e".to_string(), n("1")),
-            ])
+            fields.get("ns_per_step").and_then(Value::as_f64),
+            Some(12.5)
         );
+        assert_eq!(fields.get("rows"), Some(&json!([1, {"b": "]"}])));
     }
 
     #[test]
-    fn empty_object() {
-        assert_eq!(parse_flat_json("{}").ok(), Some(vec![]));
-    }
-
-    #[test]
-    fn rejects_malformed_json() {
+    fn a_bad_line_is_refused_naming_the_command_and_the_line() {
         for bad in [
             "",
             "[1]",
             "{\"a\":1",
-            "{\"a\" 1}",
-            "{\"a\":1,}",
-            "{\"a\":tru}",
             "{\"a\":1} x",
-            "{\"a\":\"x}",
             "{a:1}",
-            "{\"a\":1.2.3}",
             "Compiling kvtier",
         ] {
-            assert!(parse_flat_json(bad).is_err(), "{bad}");
+            let err = parse_line::<Fields>(bad, "kvtier bench w9 --json")
+                .expect_err(bad)
+                .to_string();
+            assert!(err.contains("`kvtier bench w9 --json`"), "{err}");
+            assert!(err.ends_with(&format!(": {bad}")), "{err}");
         }
+        // A known field of the wrong type is an error, not a silent miss.
+        assert!(parse_line::<CallgrindCounts>(r#"{"finished":"ten"}"#, "x").is_err());
+    }
+
+    #[test]
+    fn cells_keep_integers_and_round_fractions() {
+        assert_eq!(render(&json!(64)), "64");
+        assert_eq!(render(&json!(-3)), "-3");
+        assert_eq!(render(&json!(812.345)), "812.3");
+        assert_eq!(render(&json!(45.0)), "45.0");
+        assert_eq!(render(&json!("w1")), "w1");
+        assert_eq!(render(&json!(null)), "null");
+        assert_eq!(render(&json!({"d": 2})), r#"{"d":2}"#);
     }
 
     #[test]
@@ -671,16 +488,14 @@ mod tests {
 
     #[test]
     fn divisor_prefers_callgrind_divisor() {
-        let both = vec![
-            ("finished".to_string(), n("10")),
-            ("callgrind_divisor".to_string(), n("4")),
-        ];
-        assert_eq!(divisor(&both), Some(("callgrind_divisor", 4.0)));
-        let finished = vec![("finished".to_string(), n("10"))];
-        assert_eq!(divisor(&finished), Some(("finished", 10.0)));
-        let zero = vec![("finished".to_string(), n("0"))];
-        assert_eq!(divisor(&zero), None);
-        assert_eq!(divisor(&[]), None);
+        let counts = |line: &str| -> CallgrindCounts { parse_line(line, "x").expect("parses") };
+        let both = counts(r#"{"finished":10,"callgrind_divisor":4,"workload":"w1"}"#);
+        assert_eq!(both.divisor(), Some(("callgrind_divisor", 4.0)));
+        let finished = counts(r#"{"finished":10}"#);
+        assert_eq!(finished.divisor(), Some(("finished", 10.0)));
+        let zero = counts(r#"{"callgrind_divisor":0,"finished":0}"#);
+        assert_eq!(zero.divisor(), None);
+        assert_eq!(counts("{}").divisor(), None);
     }
 
     #[test]
@@ -688,19 +503,16 @@ mod tests {
         let rows = vec![
             (
                 "w1 --page-size 64".to_string(),
-                vec![
-                    ("workload".to_string(), s("w1")),
-                    ("page_size".to_string(), n("64")),
-                    ("ns_per_request".to_string(), n("812.345")),
-                    ("ignored".to_string(), n("1")),
-                ],
+                fields(json!({
+                    "workload": "w1",
+                    "page_size": 64,
+                    "ns_per_request": 812.345,
+                    "ignored": 1,
+                })),
             ),
             (
                 "w3".to_string(),
-                vec![
-                    ("steps".to_string(), n("1000")),
-                    ("ns_per_step".to_string(), n("45")),
-                ],
+                fields(json!({"steps": 1000, "ns_per_step": 45})),
             ),
         ];
         let table = render_table(&rows);

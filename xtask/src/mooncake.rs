@@ -14,6 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use serde::Deserialize;
 
 const WHEEL: &str = "tokenspeed-mooncake==0.3.13.post20261027";
 const RPC_PORT: u16 = 50051;
@@ -201,7 +202,7 @@ fn build_cuda_stub(dir: &Path, library: &Path) -> Result<PathBuf> {
 }
 
 /// One `/health` probe. The server keeps connections open, so read with a timeout and
-/// stop as soon as the answer is in.
+/// stop as soon as the whole answer is in.
 fn health_ready() -> bool {
     let Ok(mut s) = TcpStream::connect(("127.0.0.1", METRICS_PORT)) else {
         return false;
@@ -218,11 +219,23 @@ fn health_ready() -> bool {
             break;
         }
         seen.extend_from_slice(&buf[..n]);
-        if String::from_utf8_lossy(&seen).contains("\"service_ready\":true") {
-            return true;
+        if let Some(health) = health_body(&seen) {
+            return health.service_ready;
         }
     }
     false
+}
+
+/// The part of the master's `/health` answer we read.
+#[derive(Debug, Deserialize)]
+struct Health {
+    service_ready: bool,
+}
+
+/// The JSON body of an HTTP `/health` response, once all of it has arrived.
+fn health_body(response: &[u8]) -> Option<Health> {
+    let end_of_headers = response.windows(4).position(|w| w == b"\r\n\r\n")?;
+    serde_json::from_slice(&response[end_of_headers + 4..]).ok()
 }
 
 fn wait_ready(limit: Duration) -> Result<()> {
@@ -260,4 +273,33 @@ pub fn down(root: &Path) -> Result<()> {
         let _ = std::fs::remove_file(&pid_file);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEAD: &str = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n";
+
+    #[test]
+    fn reads_readiness_from_the_health_body() {
+        // As mooncake_master 0.3.13 answers.
+        let ready = format!(
+            "{HEAD}{{\"status\":\"ok\",\"role\":\"leader\",\"ha_state\":\"serving\",\
+             \"service_ready\":true,\"leader_address\":null,\"view_version\":null}}"
+        );
+        assert!(health_body(ready.as_bytes()).is_some_and(|h| h.service_ready));
+        let spaced = format!("{HEAD}{{ \"service_ready\" : true }}");
+        assert!(health_body(spaced.as_bytes()).is_some_and(|h| h.service_ready));
+        let starting = format!("{HEAD}{{\"status\":\"ok\",\"service_ready\":false}}");
+        assert!(health_body(starting.as_bytes()).is_some_and(|h| !h.service_ready));
+    }
+
+    #[test]
+    fn waits_for_the_whole_body() {
+        assert!(health_body(HEAD.as_bytes()).is_none());
+        assert!(health_body(format!("{HEAD}{{\"service_ready\":tr").as_bytes()).is_none());
+        // The flag inside the headers is not the answer.
+        assert!(health_body(b"HTTP/1.1 200 OK\r\nX: \"service_ready\":true\r\n").is_none());
+    }
 }
