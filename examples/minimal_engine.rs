@@ -8,7 +8,7 @@
 //! Run it with `cargo run -p kvtier-examples --example minimal_engine`.
 
 use kvtier::{Handle, KvError, ShutdownReport, SystemStats, block_on};
-use kvtier_types::{EngineEvent, ExecutionPlan, RequestSpec, RowKind, SchedulerConfig};
+use kvtier_types::{EngineEvent, ExecutionPlan, RequestSpec, SchedulerConfig, engine_rule};
 
 /// What one run did.
 #[derive(Debug)]
@@ -43,10 +43,9 @@ fn run_plan(
         });
     }
     for row in &plan.forward.rows {
-        // A prefill row yields a token only when it completes the prompt.
-        if row.kind == RowKind::Prefill
-            && row.extend_prefix_len + row.input_length < row.prefill_length
-        {
+        // A prefill row samples a token only when its chunk completes the prompt; a
+        // decode row always does.
+        if !engine_rule::yields_token(row) {
             continue;
         }
         let n = produced.entry(row.request_id.to_string()).or_default();
@@ -55,6 +54,7 @@ fn run_plan(
             request_id: row.request_id.clone(),
             tokens: vec![42],
         });
+        // A real engine stops on its own criteria (end of sequence, max tokens).
         if *n == TOKENS_PER_ANSWER {
             events.push(EngineEvent::Finish {
                 request_id: row.request_id.clone(),

@@ -1,12 +1,13 @@
-//! A minimal engine for the facade tests: answers plans with one token per completed
-//! row, finishes requests after a set number of tokens, and acknowledges write-backs.
+//! A minimal engine for the facade tests: answers plans under
+//! `kvtier_types::engine_rule` (finishing requests after a set number of tokens), and
+//! acknowledges write-backs.
 
 use std::collections::BTreeMap;
 
 use kvtier::{BlockingHandle, Delivery, Fault, FaultHooks, KvError, Runtime, System};
 use kvtier_fsm::Scheduler;
 use kvtier_types::{
-    EngineEvent, ExecutionPlan, OpId, RequestId, RequestSpec, RowKind, SchedulerConfig, Token,
+    EngineEvent, ExecutionPlan, OpId, RequestId, RequestSpec, SchedulerConfig, Token, engine_rule,
 };
 
 pub const RUNTIMES: [Runtime; 3] = [Runtime::Actix, Runtime::Deterministic, Runtime::Direct];
@@ -82,22 +83,17 @@ impl Engine {
         for notice in &plan.aborted {
             self.produced.remove(&notice.request_id);
         }
-        for row in &plan.forward.rows {
-            let last_chunk = row.kind != RowKind::Prefill
-                || row.extend_prefix_len + row.input_length == row.prefill_length;
-            if !last_chunk {
-                continue;
-            }
+        for row in plan
+            .forward
+            .rows
+            .iter()
+            .filter(|r| engine_rule::yields_token(r))
+        {
             let produced = self.produced.entry(row.request_id.clone()).or_default();
             *produced += 1;
-            events.push(EngineEvent::ExtendResult {
-                request_id: row.request_id.clone(),
-                tokens: vec![7 + *produced as Token],
-            });
-            if *produced >= self.target {
-                events.push(EngineEvent::Finish {
-                    request_id: row.request_id.clone(),
-                });
+            let token = 7 + *produced as Token;
+            if engine_rule::push_token(&mut events, &row.request_id, token, *produced, self.target)
+            {
                 self.produced.remove(&row.request_id);
                 self.finished.push(row.request_id.clone());
             }

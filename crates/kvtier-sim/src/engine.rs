@@ -2,9 +2,9 @@
 //!
 //! Each step: `next_plan` → the engine answers the plan with one event list →
 //! `advance`. Engine rules: every write-back op is acknowledged successfully, first;
-//! load-backs need no reply; a prefill row whose chunk is not the last gets nothing; a
-//! last-chunk prefill row and every decode row get the request's next generated token,
-//! followed by `Finish` when that was its last.
+//! load-backs need no reply; the forward rows are answered under
+//! [`kvtier_types::engine_rule`], each request's tokens taken from the stream it was
+//! submitted with, `Finish` after its last.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::Instant;
@@ -13,6 +13,7 @@ use kvtier::{KvError, LocalSystem};
 
 use kvtier_types::{
     EngineEvent, ExecutionPlan, RequestId, RequestSpec, RowKind, SchedulerConfig, Token,
+    engine_rule,
 };
 use serde::Serialize;
 
@@ -290,25 +291,19 @@ impl StepDriver {
                 } else {
                     c.non_first_chunks += 1;
                 }
-                if row.extend_prefix_len + row.input_length != row.prefill_length {
-                    continue;
-                }
             } else {
                 c.decode_rows += 1;
+            }
+            if !engine_rule::yields_token(row) {
+                continue;
             }
             let Some(live) = self.live.get_mut(&row.request_id) else {
                 continue;
             };
             let token = live.stream[live.produced];
             live.produced += 1;
-            events.push(EngineEvent::ExtendResult {
-                request_id: row.request_id.clone(),
-                tokens: vec![token],
-            });
-            if live.produced == live.stream.len() {
-                events.push(EngineEvent::Finish {
-                    request_id: row.request_id.clone(),
-                });
+            let (generated, max_new) = (live.produced, live.stream.len());
+            if engine_rule::push_token(&mut events, &row.request_id, token, generated, max_new) {
                 self.live.remove(&row.request_id);
                 self.started.remove(&row.request_id);
                 c.finished += 1;

@@ -10,7 +10,8 @@
 //!   where that page's bytes last came from.
 //! * The next token is derived from the KV bytes actually read, so misplaced, stale or
 //!   corrupted KV also changes the output: a run with cache reuse must produce exactly the
-//!   tokens of a run without it.
+//!   tokens of a run without it. Which rows yield a token, and when a request
+//!   finishes, is [`kvtier_types::engine_rule`].
 //!
 //! It is a [`ModelRunner`]: the device actor runs each plan's load-backs and write-backs
 //! on the arenas through the kernel library, then hands the forward rows to it.
@@ -20,7 +21,7 @@ use std::collections::BTreeMap;
 
 use kvtier_device::{DeviceCore, DeviceError, KvArenas, KvGeometry, ModelRunner, NewRequest};
 use kvtier_types::{
-    EngineEvent, ExecutionPlan, PageId, RequestId, RowKind, Tier, Token, TransferPair,
+    EngineEvent, ExecutionPlan, PageId, RequestId, RowKind, Tier, Token, TransferPair, engine_rule,
 };
 
 use crate::tokens::splitmix64;
@@ -238,22 +239,20 @@ impl ReferenceEngine {
                     .or_insert(self.steps);
             }
         }
-        let last_chunk = row.kind != RowKind::Prefill || compute.end == row.prefill_length;
-        if !last_chunk {
+        if !engine_rule::yields_token(row) {
             return Ok(track);
         }
+        // The token the engine rule asks for, derived from the KV this row read.
         let token = self.next_token(arenas, &track, table, compute.end)?;
         track.push(token);
         track.generated += 1;
-        events.push(EngineEvent::ExtendResult {
-            request_id: row.request_id.clone(),
-            tokens: vec![token],
-        });
-        if track.generated == track.max_new {
-            events.push(EngineEvent::Finish {
-                request_id: row.request_id.clone(),
-            });
-        }
+        engine_rule::push_token(
+            events,
+            &row.request_id,
+            token,
+            track.generated,
+            track.max_new,
+        );
         Ok(track)
     }
 

@@ -3,11 +3,13 @@
 //! Everything another crate of ours needs to agree on lives here: ids, the scheduler
 //! configuration and its validation, request specs, the [`ExecutionPlan`] handed to the
 //! engine each step, the [`EngineEvent`]s it reports back, and both page-hash systems
-//! (SHA-256 rolling page hashes for L3 keys, FNV-1a block hashes for KV events).
+//! (SHA-256 rolling page hashes for L3 keys, FNV-1a block hashes for KV events), and
+//! the toy [`engine_rule`] the simulators, tests and examples answer plans with.
 //! This crate imports no other crate of ours.
 
 pub mod actor;
 mod config;
+pub mod engine_rule;
 mod error;
 mod event;
 pub mod hash;

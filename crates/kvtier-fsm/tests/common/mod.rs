@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use kvtier_fsm::{BatchError, SchedError, Scheduler, StateKind};
 use kvtier_types::{
     EngineEvent, ExecutionPlan, ForwardRow, OpId, RequestId, RequestSpec, RowKind, SchedulerConfig,
-    Tier, Token,
+    Tier, Token, engine_rule,
 };
 
 /// The C++ fixture: ps 2, device 32, host 32, budget 64, batch 8, threshold 2, d 1.
@@ -192,9 +192,9 @@ pub fn step(s: &mut Scheduler, engine: &mut Engine) -> ExecutionPlan {
 /// The simulated engine of WORKLOADS.md §1:
 /// 1. every write-back op is acknowledged (`success = true` unless configured), first;
 /// 2. load-backs need no reply;
-/// 3. a prefill row whose chunk is not the last gets nothing; a last-chunk prefill row
-///    and every decode/recovery row get one generated token (`ExtendResult`), followed
-///    by `Finish` when that was the request's `max_new`-th token;
+/// 3. the forward rows are answered under `kvtier_types::engine_rule` (one token on a
+///    last-chunk prefill row and on every decode/recovery row, `Finish` with the
+///    request's `max_new`-th), tokens counting up from `next_token`;
 /// 4. no `UpdateReserve`.
 #[derive(Debug)]
 pub struct Engine {
@@ -251,21 +251,15 @@ impl Engine {
                 success: true,
             });
         }
-        for r in &plan.forward.rows {
-            let last_chunk = match r.kind {
-                RowKind::Prefill => r.extend_prefix_len + r.input_length == r.prefill_length,
-                RowKind::Decode | RowKind::Recovery => true,
-            };
-            if !last_chunk {
-                continue;
-            }
+        for r in plan
+            .forward
+            .rows
+            .iter()
+            .filter(|r| engine_rule::yields_token(r))
+        {
             let id = r.request_id.to_string();
             let token = self.next_token;
             self.next_token += 1;
-            events.push(EngineEvent::ExtendResult {
-                request_id: r.request_id.clone(),
-                tokens: vec![token],
-            });
             let produced = self.produced.entry(id.clone()).or_insert(0);
             *produced += 1;
             let limit = self
@@ -273,10 +267,7 @@ impl Engine {
                 .get(&id)
                 .copied()
                 .unwrap_or(self.default_max_new);
-            if *produced >= limit {
-                events.push(EngineEvent::Finish {
-                    request_id: r.request_id.clone(),
-                });
+            if engine_rule::push_token(&mut events, &r.request_id, token, *produced, limit) {
                 self.finished.push(id);
             }
         }
