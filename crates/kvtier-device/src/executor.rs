@@ -28,6 +28,10 @@ pub trait ModelRunner: Send + std::fmt::Debug {
     /// Device pages just loaded back from host (`src` host page → `dst` device page).
     fn loaded(&mut self, _pairs: &[TransferPair]) {}
 
+    /// Host pages just written back from device (`src` device page → `dst` host page);
+    /// told only when the copy happened.
+    fn written_back(&mut self, _pairs: &[TransferPair]) {}
+
     /// Runs the plan's forward rows and appends the engine's events.
     fn forward(
         &mut self,
@@ -155,6 +159,9 @@ impl DeviceCore {
             if success {
                 self.stats.pages_written += op.pairs.len() as u64;
                 self.stats.moved_bytes += page_bytes * op.pairs.len() as u64;
+                if let Some(runner) = &mut self.runner {
+                    runner.written_back(&op.pairs);
+                }
             } else {
                 self.stats.failed_write_backs += 1;
             }

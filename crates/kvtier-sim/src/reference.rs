@@ -5,12 +5,15 @@
 //!   prefix `0..=i` (a rolling hash) and of the layer and plane. A computed token writes
 //!   it into the slot the plan's page table gives: page `table[i / page_size]`, offset
 //!   `i % page_size`.
-//! * Before a row runs, the engine verifies the slots it reads (all of them, a sample, or
-//!   none) and records the first wrong one with the request, position, page, layer and
-//!   where that page's bytes last came from.
-//! * The next token is derived from the KV bytes actually read, so misplaced, stale or
-//!   corrupted KV also changes the output: a run with cache reuse must produce exactly the
-//!   tokens of a run without it. Which rows yield a token, and when a request
+//! * Each row verifies the slots it reads (all of them, or every layer and plane of a
+//!   sample of positions) and records the first wrong one with the request, position,
+//!   page, tier, layer, plane and where that page's bytes came from ([`Provenance`]:
+//!   computed by this request or published by another, loaded back from a host page a
+//!   write-back filled, or prefetched from L3). A row for a request the engine does not
+//!   know (never admitted, aborted, finished) is an error too, never skipped.
+//! * The next token is a digest of every word the row read (all positions, layers,
+//!   planes and slots), so misplaced, stale or corrupted KV anywhere changes the output:
+//!   a run with cache reuse must produce exactly the tokens of a run without it. Which rows yield a token, and when a request
 //!   finishes, is [`kvtier_types::engine_rule`].
 //!
 //! It is a [`ModelRunner`]: the device actor runs each plan's load-backs and write-backs
@@ -26,12 +29,13 @@ use kvtier_types::{
 
 use crate::tokens::splitmix64;
 
-/// How much of what a row reads is checked.
+/// How much of what a row reads is checked against its tokens. The next token depends
+/// on every byte read whatever the mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verify {
     /// Every slot of every layer and plane.
     Full,
-    /// Every `n`-th position plus the last few, first layer and plane.
+    /// Every layer and plane of every `n`-th position and of the last few.
     Sampled(u32),
     /// Nothing (the output still depends on the bytes read).
     Off,
@@ -61,30 +65,119 @@ impl clap::ValueEnum for Verify {
     }
 }
 
-/// Where a device page's bytes last came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where the bytes of a page a row read came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Provenance {
-    /// Never written since allocation.
+    /// Never written since the engine started.
     Fresh,
-    /// Written by a forward of this engine.
+    /// Computed by a forward of the reading request.
     Computed,
-    /// Loaded back from this host page.
-    LoadedFromHost(PageId),
+    /// Computed by another request's forward (reused through the prefix cache).
+    PublishedBy(RequestId),
+    /// Loaded back from this host page, which a write-back filled (or nothing did).
+    LoadedBack {
+        /// The host page.
+        host_page: PageId,
+    },
+    /// Loaded back from this host page, which an L3 prefetch filled.
+    Prefetched {
+        /// The host page.
+        host_page: PageId,
+    },
+}
+
+/// What the oracle found wrong in a row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IntegrityError {
+    /// A slot the row read holds KV other than its tokens'.
+    WrongKv(WrongKv),
+    /// The row's page table does not reach a position it reads.
+    ShortPageTable {
+        /// The request.
+        request: RequestId,
+        /// The first position without a page.
+        position: u32,
+    },
+    /// A row for a request the engine does not know: never admitted, aborted, or
+    /// finished.
+    UnknownRequest {
+        /// The request the row names.
+        request: RequestId,
+    },
+}
+
+impl IntegrityError {
+    /// The request whose row went wrong.
+    pub fn request(&self) -> &RequestId {
+        match self {
+            IntegrityError::WrongKv(wrong) => &wrong.request,
+            IntegrityError::ShortPageTable { request, .. }
+            | IntegrityError::UnknownRequest { request } => request,
+        }
+    }
+
+    /// The wrong slot, if that is what went wrong.
+    pub fn wrong_kv(&self) -> Option<&WrongKv> {
+        match self {
+            IntegrityError::WrongKv(wrong) => Some(wrong),
+            _ => None,
+        }
+    }
 }
 
 /// The first wrong KV slot a row read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IntegrityError {
+pub struct WrongKv {
     /// The request whose row read it.
     pub request: RequestId,
     /// Token position.
     pub position: u32,
-    /// Device page.
+    /// The page read.
     pub page: PageId,
+    /// Its tier (rows read device pages).
+    pub tier: Tier,
     /// Layer.
     pub layer: u32,
-    /// Where the page's bytes last came from.
+    /// Plane (K or V).
+    pub plane: u32,
+    /// Where the page's bytes came from.
     pub provenance: Provenance,
+}
+
+/// Where a device page's bytes came from, as the engine saw them move.
+#[derive(Debug, Clone)]
+enum DeviceSource {
+    Fresh,
+    Computed(RequestId),
+    LoadedBack { host_page: PageId, from: HostSource },
+}
+
+/// Where a host page's bytes came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HostSource {
+    Unwritten,
+    WrittenBack,
+    Prefetched,
+}
+
+impl DeviceSource {
+    /// The provenance a row of `reader` reports.
+    fn seen_by(&self, reader: &RequestId) -> Provenance {
+        match self {
+            DeviceSource::Fresh => Provenance::Fresh,
+            DeviceSource::Computed(by) if by == reader => Provenance::Computed,
+            DeviceSource::Computed(by) => Provenance::PublishedBy(by.clone()),
+            DeviceSource::LoadedBack {
+                host_page,
+                from: HostSource::Prefetched,
+            } => Provenance::Prefetched {
+                host_page: *host_page,
+            },
+            DeviceSource::LoadedBack { host_page, .. } => Provenance::LoadedBack {
+                host_page: *host_page,
+            },
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -115,7 +208,10 @@ impl Track {
 pub struct ReferenceEngine {
     geometry: KvGeometry,
     verify: Verify,
-    provenance: Vec<Provenance>,
+    /// Per device page.
+    device_sources: Vec<DeviceSource>,
+    /// Per host page (grown on demand: the engine learns the pool from the copies).
+    host_sources: Vec<HostSource>,
     tracks: BTreeMap<RequestId, Track>,
     /// Integrity errors found so far.
     pub errors: Vec<IntegrityError>,
@@ -156,7 +252,8 @@ impl ReferenceEngine {
         Ok(Self {
             geometry,
             verify,
-            provenance: vec![Provenance::Fresh; device_pages as usize],
+            device_sources: vec![DeviceSource::Fresh; device_pages as usize],
+            host_sources: Vec::new(),
             tracks: BTreeMap::new(),
             errors: Vec::new(),
             outputs: BTreeMap::new(),
@@ -169,7 +266,7 @@ impl ReferenceEngine {
     /// A device core over fresh arenas for pools of `device_pages` and `host_pages`
     /// (page 0 included), with this engine as its model runner.
     pub fn into_device(self, host_pages: u32) -> Result<DeviceCore, DeviceError> {
-        let device_pages = self.provenance.len() as u32;
+        let device_pages = self.device_sources.len() as u32;
         let arenas = KvArenas::new(self.geometry, device_pages, host_pages.max(2), 2)?;
         Ok(DeviceCore::new(arenas).with_runner(Box::new(self)))
     }
@@ -207,15 +304,15 @@ impl ReferenceEngine {
         mut track: Track,
         events: &mut Vec<EngineEvent>,
     ) -> Result<Track, DeviceError> {
-        // Positions already in KV that this row reads, and those it computes.
-        let (read_end, compute) = match row.kind {
+        // The positions this row computes; it reads every position before their end.
+        let compute = match row.kind {
             RowKind::Prefill => {
                 let begin = row.extend_prefix_len;
-                (begin, begin..begin + row.input_length)
+                begin..begin + row.input_length
             }
             RowKind::Decode | RowKind::Recovery => {
                 let last = track.tokens.len() as u32 - 1;
-                (last, last..last + 1)
+                last..last + 1
             }
         };
         let ps = self.geometry.page_size;
@@ -230,20 +327,29 @@ impl ReferenceEngine {
                 })
                 .count() as u64;
         }
-        self.check(arenas, &row.request_id, &track, table, read_end);
+        if compute.end as usize > table.len() * ps as usize {
+            self.errors.push(IntegrityError::ShortPageTable {
+                request: row.request_id.clone(),
+                position: table.len() as u32 * ps,
+            });
+            return Ok(track);
+        }
         for pos in compute.clone() {
-            self.write_slot(arenas, &track, table, pos)?;
+            self.write_slot(arenas, &row.request_id, &track, table, pos)?;
             if (pos + 1) % ps == 0 {
                 self.computed_pages
                     .entry(track.prefix[pos as usize])
                     .or_insert(self.steps);
             }
         }
+        // Read after the writes, as attention does: a table that maps two positions to
+        // one slot shows up as well as a stale or misplaced page.
+        let digest = self.read(arenas, &row.request_id, &track, table, compute.end)?;
         if !engine_rule::yields_token(row) {
             return Ok(track);
         }
-        // The token the engine rule asks for, derived from the KV this row read.
-        let token = self.next_token(arenas, &track, table, compute.end)?;
+        // The token the engine rule asks for, derived from every word this row read.
+        let token = 1 + (splitmix64(digest) % 32000) as Token;
         track.push(token);
         track.generated += 1;
         engine_rule::push_token(
@@ -256,6 +362,7 @@ impl ReferenceEngine {
         Ok(track)
     }
 
+    /// The slot of position `pos` in (`layer`, `plane`); the table must reach `pos`.
     fn slot<'a>(
         &self,
         arenas: &'a mut KvArenas,
@@ -265,13 +372,7 @@ impl ReferenceEngine {
         plane: u32,
     ) -> Result<(PageId, &'a mut [u8]), DeviceError> {
         let ps = self.geometry.page_size;
-        let page = *table
-            .get((pos / ps) as usize)
-            .ok_or(DeviceError::PageOutOfRange {
-                tier: Tier::Device,
-                page: 0,
-                pages: table.len() as u32,
-            })?;
+        let page = table[(pos / ps) as usize];
         let bytes = slot_bytes(&self.geometry);
         let item = arenas.device_item(page, layer, plane)?;
         let at = (pos % ps) as usize * bytes;
@@ -281,93 +382,88 @@ impl ReferenceEngine {
     fn write_slot(
         &mut self,
         arenas: &mut KvArenas,
+        request: &RequestId,
         track: &Track,
         table: &[PageId],
         pos: u32,
     ) -> Result<(), DeviceError> {
         let h = track.prefix[pos as usize];
+        let mut written = 0;
         for layer in 0..self.geometry.layers {
             for plane in 0..self.geometry.planes {
                 let (page, slot) = self.slot(arenas, table, pos, layer, plane)?;
                 for (w, chunk) in slot.chunks_exact_mut(8).enumerate() {
                     chunk.copy_from_slice(&kv_word(h, layer, plane, w).to_le_bytes());
                 }
-                self.provenance[page as usize] = Provenance::Computed;
+                written = page;
             }
         }
+        self.device_sources[written as usize] = DeviceSource::Computed(request.clone());
         Ok(())
     }
 
-    /// Verifies positions `0..end` per the verify mode; records the first bad slot.
-    fn check(
+    /// Whether position `pos` is verified under the verify mode, for a row reading
+    /// `0..end`.
+    fn verified(&self, pos: u32, end: u32) -> bool {
+        match self.verify {
+            Verify::Off => false,
+            Verify::Full => true,
+            Verify::Sampled(n) => pos.is_multiple_of(n.max(1)) || pos + 4 >= end,
+        }
+    }
+
+    /// Reads every word of positions `0..end` (all layers and planes) into a digest,
+    /// verifying the positions the verify mode picks; records the first wrong slot.
+    fn read(
         &mut self,
         arenas: &mut KvArenas,
-        id: &RequestId,
+        request: &RequestId,
         track: &Track,
         table: &[PageId],
         end: u32,
-    ) {
-        let (positions, layers): (Vec<u32>, u32) = match self.verify {
-            Verify::Off => return,
-            Verify::Full => ((0..end).collect(), self.geometry.layers),
-            Verify::Sampled(n) => {
-                let n = n.max(1);
-                let tail = end.saturating_sub(4);
-                ((0..end).filter(|p| p % n == 0 || *p >= tail).collect(), 1)
-            }
-        };
-        for pos in positions {
+    ) -> Result<u64, DeviceError> {
+        let mut digest = track.salt;
+        let mut wrong = None;
+        for pos in 0..end {
+            let check = wrong.is_none() && self.verified(pos, end);
             let h = track.prefix[pos as usize];
-            for layer in 0..layers {
+            for layer in 0..self.geometry.layers {
                 for plane in 0..self.geometry.planes {
-                    let Ok((page, slot)) = self.slot(arenas, table, pos, layer, plane) else {
-                        self.errors.push(IntegrityError {
-                            request: id.clone(),
-                            position: pos,
-                            page: 0,
-                            layer,
-                            provenance: Provenance::Fresh,
-                        });
-                        return;
-                    };
-                    let good = slot
-                        .chunks_exact(8)
-                        .enumerate()
-                        .all(|(w, c)| c == kv_word(h, layer, plane, w).to_le_bytes());
-                    if !good {
-                        let provenance = self.provenance[page as usize];
-                        self.errors.push(IntegrityError {
-                            request: id.clone(),
+                    let (page, slot) = self.slot(arenas, table, pos, layer, plane)?;
+                    let mut good = true;
+                    for (w, chunk) in slot.chunks_exact(8).enumerate() {
+                        let word = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+                        digest = (digest ^ word)
+                            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                            .rotate_left(29);
+                        good &= !check || word == kv_word(h, layer, plane, w);
+                    }
+                    if !good && wrong.is_none() {
+                        wrong = Some(WrongKv {
+                            request: request.clone(),
                             position: pos,
                             page,
+                            tier: Tier::Device,
                             layer,
-                            provenance,
+                            plane,
+                            provenance: self.device_sources[page as usize].seen_by(request),
                         });
-                        return;
                     }
                 }
             }
         }
+        if let Some(wrong) = wrong {
+            self.errors.push(IntegrityError::WrongKv(wrong));
+        }
+        Ok(digest)
     }
 
-    /// The next token: a digest of the KV read at every position before `end` (first
-    /// word of layer 0, plane 0 — attention reads them all) and the request's salt.
-    fn next_token(
-        &self,
-        arenas: &mut KvArenas,
-        track: &Track,
-        table: &[PageId],
-        end: u32,
-    ) -> Result<Token, DeviceError> {
-        let mut h = track.salt;
-        for pos in 0..end {
-            let (_, slot) = self.slot(arenas, table, pos, 0, 0)?;
-            let word = u64::from_le_bytes(slot[..8].try_into().unwrap_or([0; 8]));
-            h = (h ^ word)
-                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                .rotate_left(29);
+    fn host_source(&mut self, page: PageId) -> &mut HostSource {
+        let page = page as usize;
+        if page >= self.host_sources.len() {
+            self.host_sources.resize(page + 1, HostSource::Unwritten);
         }
-        Ok(1 + (splitmix64(h) % 32000) as Token)
+        &mut self.host_sources[page]
     }
 }
 
@@ -378,9 +474,19 @@ impl ModelRunner for ReferenceEngine {
         }
     }
 
+    fn written_back(&mut self, pairs: &[TransferPair]) {
+        for pair in pairs {
+            *self.host_source(pair.dst) = HostSource::WrittenBack;
+        }
+    }
+
     fn loaded(&mut self, pairs: &[TransferPair]) {
         for pair in pairs {
-            self.provenance[pair.dst as usize] = Provenance::LoadedFromHost(pair.src);
+            let from = *self.host_source(pair.src);
+            self.device_sources[pair.dst as usize] = DeviceSource::LoadedBack {
+                host_page: pair.src,
+                from,
+            };
         }
     }
 
@@ -397,6 +503,9 @@ impl ModelRunner for ReferenceEngine {
         for row in &plan.forward.rows {
             let table = plan.forward.page_table_of(row);
             let Some(track) = self.tracks.remove(&row.request_id) else {
+                self.errors.push(IntegrityError::UnknownRequest {
+                    request: row.request_id.clone(),
+                });
                 continue;
             };
             let track = self.forward_row(arenas, row, table, track, events)?;
@@ -405,6 +514,13 @@ impl ModelRunner for ReferenceEngine {
             } else {
                 let out = track.tokens[track.tokens.len() - track.generated..].to_vec();
                 self.outputs.insert(row.request_id.clone(), out);
+            }
+        }
+        // L3 fills these host pages after this plan; the load-backs that read them come
+        // in later plans.
+        for prefetch in &plan.prefetches {
+            for &page in &prefetch.dst_pages {
+                *self.host_source(page) = HostSource::Prefetched;
             }
         }
         Ok(())
@@ -419,9 +535,14 @@ impl ModelRunner for ReferenceEngine {
     }
 }
 
-/// Overwrites one byte of a device page (fault injection for tests).
-pub fn corrupt(arenas: &mut KvArenas, page: PageId) -> Result<(), DeviceError> {
-    let item = arenas.device_item(page, 0, 0)?;
+/// Flips the first byte of one slot item of a device page (fault injection for tests).
+pub fn corrupt(
+    arenas: &mut KvArenas,
+    page: PageId,
+    layer: u32,
+    plane: u32,
+) -> Result<(), DeviceError> {
+    let item = arenas.device_item(page, layer, plane)?;
     item[0] ^= 0xff;
     Ok(())
 }
