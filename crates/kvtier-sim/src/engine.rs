@@ -11,6 +11,8 @@ use std::time::Instant;
 
 use kvtier::{KvError, LocalSystem};
 
+use crate::workloads::WorkloadError;
+
 use kvtier_types::{
     EngineEvent, ExecutionPlan, RequestId, RequestSpec, RowKind, SchedulerConfig, Token,
     engine_rule,
@@ -186,8 +188,8 @@ impl StepDriver {
         self.live.len()
     }
 
-    /// Runs one step.
-    pub fn step(&mut self) -> Result<StepOutcome, KvError> {
+    /// Runs one step. A row for a request that is not live fails it.
+    pub fn step(&mut self) -> Result<StepOutcome, WorkloadError> {
         let t0 = Instant::now();
         let plan = if self.measure {
             measured_next_plan(&mut self.scheduler)
@@ -209,6 +211,7 @@ impl StepDriver {
         };
         let events = self.answer(&plan, &mut out);
         discard(plan);
+        let events = events?;
         if !(self.skip_empty_advance && out.empty) {
             let t1 = Instant::now();
             let result = if self.measure {
@@ -242,7 +245,11 @@ impl StepDriver {
     }
 
     /// Counts the plan and builds the engine's answer.
-    fn answer(&mut self, plan: &ExecutionPlan, out: &mut StepOutcome) -> Vec<EngineEvent> {
+    fn answer(
+        &mut self,
+        plan: &ExecutionPlan,
+        out: &mut StepOutcome,
+    ) -> Result<Vec<EngineEvent>, WorkloadError> {
         let c = &mut self.counters;
         let forward = &plan.forward;
         let has_prefill = forward.num_prefill_rows > 0;
@@ -284,6 +291,9 @@ impl StepDriver {
             c.starved_decode_slots += waiting.saturating_sub(forward.decode_rows().len() as u64);
         }
         for row in &forward.rows {
+            if !self.live.contains_key(&row.request_id) {
+                return Err(WorkloadError::UnknownRow(row.request_id.clone()));
+            }
             if row.kind == RowKind::Prefill {
                 c.prefill_rows += 1;
                 if self.started.insert(row.request_id.clone()) {
@@ -298,7 +308,7 @@ impl StepDriver {
                 continue;
             }
             let Some(live) = self.live.get_mut(&row.request_id) else {
-                continue;
+                return Err(WorkloadError::UnknownRow(row.request_id.clone()));
             };
             let token = live.stream[live.produced];
             live.produced += 1;
@@ -311,6 +321,6 @@ impl StepDriver {
             }
         }
         c.hit_tokens_device = c.hit_tokens - c.hit_tokens_host.min(c.hit_tokens);
-        events
+        Ok(events)
     }
 }

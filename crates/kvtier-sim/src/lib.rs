@@ -17,4 +17,4 @@ pub mod workloads;
 
 pub use api::{Path, scheduler_on, system_on};
 pub use engine::{Counters, StepDriver};
-pub use workloads::{Report, WorkloadKind, WorkloadOptions, run_workload};
+pub use workloads::{Report, WorkloadError, WorkloadKind, WorkloadOptions, run_workload};

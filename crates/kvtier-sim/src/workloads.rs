@@ -222,6 +222,10 @@ pub enum WorkloadError {
     /// The run stopped making progress.
     #[error("workload stalled after {0} steps")]
     Stalled(u64),
+    /// The plan ran a row for a request the engine does not know (never submitted,
+    /// aborted, or finished).
+    #[error("the plan has a row for {0}, which is not live")]
+    UnknownRow(RequestId),
 }
 
 /// Runs a workload to completion.

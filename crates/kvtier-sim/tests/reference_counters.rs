@@ -114,3 +114,33 @@ fn w3_kv_events_change_no_decision() {
     (c.kv_blocks_stored, c.kv_blocks_removed) = (0, 0);
     assert_eq!(c, plain.counters);
 }
+
+/// The workload engine answers only requests it submitted: a row for any other request
+/// (here one submitted behind its back) fails the step with the request named, instead
+/// of being skipped.
+#[test]
+fn a_row_for_a_request_the_engine_does_not_know_fails_the_step() {
+    use kvtier_sim::{Path, StepDriver, WorkloadError, scheduler_on};
+    use kvtier_types::{RequestId, RequestSpec, SchedulerConfig};
+    let config = SchedulerConfig {
+        page_size: 2,
+        device_pages: 32,
+        host_pages: 32,
+        ..SchedulerConfig::default()
+    };
+    let system = scheduler_on(Path::Core, config.clone()).expect("system");
+    let mut driver = StepDriver::new(system, &config);
+    driver
+        .submit(vec![(RequestSpec::new("known", vec![1, 2, 3]), vec![7])])
+        .expect("submit");
+    let out = driver.step().expect("the engine knows `known`");
+    assert_eq!(out.finished, [RequestId::from("known")]);
+    driver
+        .scheduler
+        .submit(vec![RequestSpec::new("stranger", vec![4, 5, 6])])
+        .expect("submit behind the engine's back");
+    match driver.step() {
+        Err(WorkloadError::UnknownRow(id)) => assert_eq!(id, RequestId::from("stranger")),
+        other => panic!("expected UnknownRow, got {other:?}"),
+    }
+}
