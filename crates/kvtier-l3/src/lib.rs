@@ -13,8 +13,12 @@
 //!   prefetches (L3 → host pages) and backups (host pages → L3), straight between the
 //!   backend and the host arena it shares with the device actor.
 //! * [`MooncakeStore`] talks to a real Mooncake cluster through its C ABI, loaded at run
-//!   time (`dlopen`) by a small C++ shim behind `cxx`; [`testing`] finds or starts a
-//!   real cluster for tests.
+//!   time (`dlopen`) by a small C++ shim behind `cxx`.
+//!
+//! Feature `testing` (off by default; turn it on in dev-dependencies only) adds
+//! `kvtier_l3::testing`, which finds the Mooncake cluster `cargo xtask mooncake up`
+//! describes, or starts a `mooncake_master` of a test's own, for tests here and in
+//! downstream crates.
 
 mod backend;
 mod codec;
@@ -29,6 +33,8 @@ pub use backend::{Capabilities, L3Backend, L3Stats, PutOutcome};
 pub use error::L3Error;
 pub use key::{L3Key, Namespace};
 pub use local::{LocalStore, LocalStoreConfig};
-pub use mooncake::{MooncakeConfig, MooncakeStore, testing};
+#[cfg(feature = "testing")]
+pub use mooncake::testing;
+pub use mooncake::{MooncakeConfig, MooncakeStore};
 pub use protocol::{L3Msg, L3Reply};
 pub use tier::{L3Core, L3Faults, L3TierStats, LOOKUP_CHUNK, NoL3Faults};

@@ -7,6 +7,7 @@
 //! [`MooncakeStore::register`] (the host arena); a buffer outside them reads as a miss.
 
 mod ffi;
+#[cfg(feature = "testing")]
 pub mod testing;
 
 use std::path::PathBuf;

@@ -1,4 +1,6 @@
 //! Support for tests that need a real Mooncake cluster, here and in downstream crates.
+//! Behind the `testing` feature, which only dev-dependencies turn on: it starts
+//! processes, nothing a library user needs.
 //!
 //! * [`cluster_from_env`]: the cluster `cargo xtask mooncake up` describes; without one a
 //!   test says loudly that it skipped, and under CI (`CI=true`) it is an error instead,
