@@ -1,7 +1,7 @@
 //! The direct path: the scheduler core over a radix cache it owns, batches executed in
 //! place. Same decisions as the actor runtimes, which carry the same batches as messages.
 
-use kvtier_radix::RadixCache;
+use kvtier_radix::RadixCore;
 use kvtier_types::{
     EngineEvent, ExecutionPlan, KvEvent, PageId, RequestId, RequestSpec, SchedulerConfig, Token,
 };
@@ -15,7 +15,7 @@ use crate::{
 #[derive(Debug)]
 pub struct Scheduler {
     core: SchedulerCore,
-    cache: RadixCache,
+    cache: RadixCore,
 }
 
 impl SchedulerStats {
@@ -33,7 +33,7 @@ impl Scheduler {
     /// A scheduler over fresh pools. Fails on an invalid config.
     pub fn new(config: SchedulerConfig) -> Result<Self, SchedError> {
         let core = SchedulerCore::new(config)?;
-        let cache = RadixCache::new(&cache_config(core.config()));
+        let cache = RadixCore::new(&cache_config(core.config()));
         Ok(Self { core, cache })
     }
 
@@ -43,7 +43,7 @@ impl Scheduler {
     }
 
     /// The prefix cache (read access for inspection and tests).
-    pub fn cache(&self) -> &RadixCache {
+    pub fn cache(&self) -> &RadixCore {
         &self.cache
     }
 

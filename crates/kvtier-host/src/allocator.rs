@@ -19,11 +19,11 @@ pub struct HostStats {
 /// The radix cache's host tier is one lease, taken whole at start-up; later clients (L3
 /// staging, the device actor) draw from what is left.
 #[derive(Debug)]
-pub struct HostAllocator {
+pub struct HostCore {
     pool: PagePool,
 }
 
-impl HostAllocator {
+impl HostCore {
     /// An allocator over `total` host pages (page 0 reserved).
     pub fn new(total: u32) -> Self {
         Self {
@@ -60,7 +60,7 @@ mod tests {
 
     #[test]
     fn leases_return_on_drop() {
-        let mut host = HostAllocator::new(9);
+        let mut host = HostCore::new(9);
         let lease = host.lease(5).unwrap();
         assert_eq!(host.stats().leased_pages, 5);
         assert!(host.lease(4).is_err(), "only 3 left");

@@ -19,7 +19,7 @@ mod pool;
 pub mod protocol;
 mod release;
 
-pub use allocator::{HostAllocator, HostStats};
+pub use allocator::{HostCore, HostStats};
 pub use arena::{HostArena, PagesRead, PagesWrite};
 pub use error::HostError;
 pub use pool::{OwnedPages, PagePool, PoolId};

@@ -2,7 +2,7 @@
 
 use kvtier_types::{ActorCore, ActorName};
 
-use crate::{HostAllocator, HostError, HostStats, OwnedPages};
+use crate::{HostCore, HostError, HostStats, OwnedPages};
 
 /// A message to the Host allocator actor.
 #[derive(Debug)]
@@ -24,7 +24,7 @@ pub enum HostReply {
     HostStats(HostStats),
 }
 
-impl ActorCore for HostAllocator {
+impl ActorCore for HostCore {
     const NAME: ActorName = ActorName::HOST;
     type Msg = HostMsg;
     type Reply = HostReply;

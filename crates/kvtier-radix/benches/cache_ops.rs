@@ -24,7 +24,7 @@ use criterion::{
     BatchSize, BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, criterion_group,
     criterion_main, measurement::WallTime,
 };
-use kvtier_radix::{CacheConfig, RadixCache};
+use kvtier_radix::{CacheConfig, RadixCore};
 use kvtier_types::{Tier, Token};
 
 /// Tokens per page.
@@ -126,8 +126,8 @@ impl Workload {
     }
 
     /// A cache holding every sequence of the workload, with `spare` device pages free.
-    fn populated(&self, spare: u32) -> RadixCache {
-        let mut cache = RadixCache::new(&CacheConfig {
+    fn populated(&self, spare: u32) -> RadixCore {
+        let mut cache = RadixCore::new(&CacheConfig {
             page_size: PAGE_SIZE as u32,
             device_pages: POPULATED_PAGES + spare + 1,
             host_pages: 0,
@@ -152,7 +152,7 @@ impl Workload {
 
 /// What a scheduler does for a new request: commits the match, locks it, allocates the
 /// rest and inserts the whole prompt.
-fn admit_and_insert(cache: &mut RadixCache, tokens: &[Token]) {
+fn admit_and_insert(cache: &mut RadixCore, tokens: &[Token]) {
     let m = cache.match_prefix(tokens);
     let lock = cache.lock(m.device, Tier::Device);
     let new = tokens.len() / PAGE_SIZE - m.device_pages as usize;

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use kvtier_host::OwnedPages;
 use kvtier_types::{PageId, Tier, Token, TransferPair, hash::PageHash};
 
-use crate::{Match, NodeId, NodeLock, RadixCache, WriteBackTicket};
+use crate::{Match, NodeId, NodeLock, RadixCore, WriteBackTicket};
 
 /// The first `len` tokens of a request, shared without copying.
 #[derive(Debug, Clone)]
@@ -325,7 +325,7 @@ pub struct Admission {
     pub prefix_pages: Vec<PageId>,
 }
 
-impl RadixCache {
+impl RadixCore {
     /// Executes a batch in order.
     pub fn execute(&mut self, batch: CacheBatch) -> CacheReply {
         self.drain_releases();

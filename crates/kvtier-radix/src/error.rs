@@ -58,7 +58,7 @@ pub enum RadixError {
 }
 
 /// A broken structural invariant of the radix cache, as found by
-/// [`RadixCache::check_invariants`](crate::RadixCache::check_invariants).
+/// [`RadixCore::check_invariants`](crate::RadixCore::check_invariants).
 ///
 /// Each variant names the invariant of the crate docs it breaks, with the page or node
 /// that shows it, so a failing test says what went wrong without a debugger.

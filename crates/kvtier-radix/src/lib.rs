@@ -14,7 +14,7 @@
 //!   write-back rolls it back instead of publishing garbage;
 //! * page hashes are always derived from the tokens and the page's absolute position.
 //!
-//! Invariants (checked by [`RadixCache::check_invariants`] in tests and debug builds):
+//! Invariants (checked by [`RadixCore::check_invariants`] in tests and debug builds):
 //! 1. every usable page of each pool is free, in exactly one node, or held outside;
 //! 2. labels are whole pages; a node's depth is its parent's depth plus its label;
 //! 3. presence of each tier is closed towards the root on every path;
@@ -34,7 +34,7 @@ pub use batch::{
     OpResult, Outcome, PrefetchCheck, Publication, RetractOutcome, TokenRef, grow,
 };
 pub use cache::{
-    CacheConfig, InsertResult, Match, Probe, RadixCache, TreeStats, WriteBackTicket, WrittenBack,
+    CacheConfig, InsertResult, Match, Probe, RadixCore, TreeStats, WriteBackTicket, WrittenBack,
 };
 pub use error::{PageOwner, RadixError, Violation};
 pub use lock::NodeLock;

@@ -7,7 +7,7 @@ use crate::NodeId;
 
 /// A lock on one tier of a node and all its ancestors: while it lives, none of those
 /// copies is evicted or demoted. Move-only; dropping it sends the release to the cache,
-/// which applies it before its next operation. [`crate::RadixCache::unlock`] releases at
+/// which applies it before its next operation. [`crate::RadixCore::unlock`] releases at
 /// once.
 #[derive(Debug)]
 #[must_use = "dropping a lock releases it"]

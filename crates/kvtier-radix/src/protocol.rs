@@ -2,7 +2,7 @@
 
 use kvtier_types::{ActorCore, ActorName, KvEvent, PageId};
 
-use crate::{CacheBatch, CacheReply, RadixCache, RadixError, TreeStats};
+use crate::{CacheBatch, CacheReply, RadixCore, RadixError, TreeStats};
 
 /// A message to the Radix actor.
 #[derive(Debug)]
@@ -32,7 +32,7 @@ pub enum RadixReply {
     Checked(Result<(), RadixError>),
 }
 
-impl ActorCore for RadixCache {
+impl ActorCore for RadixCore {
     const NAME: ActorName = ActorName::RADIX;
     type Msg = RadixMsg;
     type Reply = RadixReply;

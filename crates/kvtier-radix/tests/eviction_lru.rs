@@ -13,22 +13,22 @@ mod common;
 use common::{
     assert_invariants, concat, insert_after_prefix, insert_fresh, make_aligned_tokens, new_cache,
 };
-use kvtier_radix::RadixCache;
+use kvtier_radix::RadixCore;
 use kvtier_types::Tier;
 
 const PS: u32 = 4;
 const DEVICE_PAGES: u32 = 64;
 
-fn fixture() -> RadixCache {
+fn fixture() -> RadixCore {
     new_cache(PS, DEVICE_PAGES, 0)
 }
 
 /// Inserts `pages` pages of consecutive tokens starting at `start` on device.
-fn insert(cache: &mut RadixCache, pages: usize, start: i32) -> kvtier_radix::InsertResult {
+fn insert(cache: &mut RadixCore, pages: usize, start: i32) -> kvtier_radix::InsertResult {
     insert_fresh(cache, Tier::Device, &make_aligned_tokens(pages, PS, start))
 }
 
-fn device_hit(cache: &RadixCache, pages: usize, start: i32) -> u32 {
+fn device_hit(cache: &RadixCore, pages: usize, start: i32) -> u32 {
     cache
         .probe(&make_aligned_tokens(pages, PS, start))
         .device_pages

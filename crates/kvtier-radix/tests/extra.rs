@@ -10,7 +10,7 @@ use common::{
     insert_fresh, make_aligned_tokens, new_cache,
 };
 use kvtier_host::PagePool;
-use kvtier_radix::{CacheConfig, RadixCache, RadixError};
+use kvtier_radix::{CacheConfig, RadixCore, RadixError};
 use kvtier_types::{Tier, hash::PageHash, hash::rolling_page_hashes};
 
 // ----- allocators -------------------------------------------------------------------
@@ -225,7 +225,7 @@ fn hex(hashes: &[PageHash]) -> Vec<String> {
 #[test]
 fn page_hash_vectors_on_tree_paths() {
     const PS: u32 = 2;
-    let mut cache = RadixCache::new(&CacheConfig {
+    let mut cache = RadixCore::new(&CacheConfig {
         page_size: PS,
         device_pages: 16,
         host_pages: 16,

@@ -13,12 +13,12 @@ mod common;
 use common::{
     assert_invariants, concat, insert_fresh, make_aligned_tokens, new_cache, new_cache_with_events,
 };
-use kvtier_radix::RadixCache;
+use kvtier_radix::RadixCore;
 use kvtier_types::{KvEvent, Tier, Token, hash::block_hash};
 
 const PS: u32 = 2;
 
-fn fixture() -> RadixCache {
+fn fixture() -> RadixCore {
     new_cache_with_events(PS, 3, 3)
 }
 

@@ -14,7 +14,7 @@ mod common;
 
 use common::{assert_invariants, assert_invariants_outside, device_path, insert_fresh, new_cache};
 use kvtier_host::{HostError, OwnedPages, PagePool};
-use kvtier_radix::{RadixCache, RadixError};
+use kvtier_radix::{RadixCore, RadixError};
 use kvtier_types::Tier;
 
 // ============================================================
@@ -279,7 +279,7 @@ fn unowned_pages_no_deallocation_on_destroy() {
 
 const PS: u32 = 2;
 
-fn prefix_cache() -> RadixCache {
+fn prefix_cache() -> RadixCore {
     new_cache(PS, 20, 20) // 19 usable pages per tier
 }
 

@@ -12,9 +12,9 @@ use std::collections::BTreeSet;
 
 use kvtier_device::{DeviceCore, DeviceMsg, DeviceReply, NewRequest};
 use kvtier_fsm::{FamilyMail, FamilyReply, Progress, SchedulerCore, SchedulerStats};
-use kvtier_host::{HostAllocator, HostMsg, HostReply};
+use kvtier_host::{HostCore, HostMsg, HostReply};
 use kvtier_l3::{L3Core, L3Msg, L3Reply};
-use kvtier_radix::{RadixCache, RadixMsg, RadixReply};
+use kvtier_radix::{RadixCore, RadixMsg, RadixReply};
 use kvtier_types::{
     ActorCore, ActorName, EngineEvent, ExecutionPlan, KvEvent, RequestId, RequestSpec,
 };
@@ -263,8 +263,8 @@ impl Front {
             Call::Stats => {
                 let scheduler = self.core()?.stats();
                 let mut mail = vec![
-                    Mail::to::<RadixCache>(RadixMsg::CacheStats, &span),
-                    Mail::to::<HostAllocator>(HostMsg::HostStatsQuery, &span),
+                    Mail::to::<RadixCore>(RadixMsg::CacheStats, &span),
+                    Mail::to::<HostCore>(HostMsg::HostStatsQuery, &span),
                 ];
                 if self.has(ActorName::DEVICE) {
                     mail.push(Mail::to::<DeviceCore>(DeviceMsg::DeviceStatsQuery, &span));
@@ -276,7 +276,7 @@ impl Front {
             }
             Call::TakeKvEvents => {
                 self.core()?;
-                let mail = Mail::to::<RadixCache>(RadixMsg::DrainKvEvents, &span);
+                let mail = Mail::to::<RadixCore>(RadixMsg::DrainKvEvents, &span);
                 Ok(self.send(conv, Stage::KvEvents, vec![mail]))
             }
             Call::Execute(mut plan, new_requests) => {
@@ -330,7 +330,7 @@ impl Front {
                 // Dropping the core sends every handle it held home.
                 self.core = None;
                 let mail =
-                    Mail::to::<RadixCache>(RadixMsg::CheckPages([Vec::new(), Vec::new()]), &span);
+                    Mail::to::<RadixCore>(RadixMsg::CheckPages([Vec::new(), Vec::new()]), &span);
                 let stage = Stage::Shutdown(Box::new(report), Closing::Check);
                 Ok(self.send(conv, stage, vec![mail]))
             }
@@ -377,7 +377,7 @@ impl Front {
                 let mut progress = None;
                 for answer in answers {
                     let error = unexpected(&answer);
-                    let RadixReply::CacheReply(reply) = answer.reply::<RadixCache>()? else {
+                    let RadixReply::CacheReply(reply) = answer.reply::<RadixCore>()? else {
                         return Err(error);
                     };
                     progress = Some(
@@ -401,11 +401,11 @@ impl Front {
                 for answer in answers {
                     let error = unexpected(&answer);
                     match answer.from {
-                        ActorName::RADIX => match answer.reply::<RadixCache>()? {
+                        ActorName::RADIX => match answer.reply::<RadixCore>()? {
                             RadixReply::TreeStats(stats) => tree = Some(stats),
                             _ => return Err(error),
                         },
-                        ActorName::HOST => match answer.reply::<HostAllocator>()? {
+                        ActorName::HOST => match answer.reply::<HostCore>()? {
                             HostReply::HostStats(stats) => host = Some(stats),
                             _ => return Err(error),
                         },
@@ -435,7 +435,7 @@ impl Front {
                     .next()
                     .ok_or_else(super::runtime::nothing_to_wait_for)?;
                 let error = unexpected(&answer);
-                match answer.reply::<RadixCache>()? {
+                match answer.reply::<RadixCore>()? {
                     RadixReply::KvEvents(events) => Ok(Outcome::KvEvents(events)),
                     _ => return Err(error),
                 }
@@ -483,7 +483,7 @@ impl Front {
                 for answer in answers {
                     let error = unexpected(&answer);
                     let understood = match (closing, answer.from) {
-                        (Closing::Check, ActorName::RADIX) => match answer.reply::<RadixCache>() {
+                        (Closing::Check, ActorName::RADIX) => match answer.reply::<RadixCore>() {
                             Ok(RadixReply::Checked(result)) => {
                                 report.conservation = result.map_err(KvError::Cache);
                                 true
@@ -491,7 +491,7 @@ impl Front {
                             _ => false,
                         },
                         (Closing::Stop, _) => true,
-                        (Closing::Host, ActorName::HOST) => match answer.reply::<HostAllocator>() {
+                        (Closing::Host, ActorName::HOST) => match answer.reply::<HostCore>() {
                             Ok(HostReply::HostStats(stats)) => {
                                 report.host = stats;
                                 true
@@ -535,7 +535,7 @@ impl Front {
                 self.send(conv, Stage::Shutdown(report, Closing::Stop), mail)
             }
             Closing::Stop => {
-                let mail = Mail::to::<HostAllocator>(HostMsg::HostStatsQuery, &span);
+                let mail = Mail::to::<HostCore>(HostMsg::HostStatsQuery, &span);
                 self.send(conv, Stage::Shutdown(report, Closing::Host), vec![mail])
             }
             Closing::Host => self.finish(conv, Ok(Outcome::Report(report))),
@@ -547,7 +547,7 @@ impl Front {
 fn family_mail(mail: Vec<FamilyMail>, span: &tracing::Span) -> Vec<Mail> {
     mail.into_iter()
         .map(|one| match one {
-            FamilyMail::Radix(batch) => Mail::to::<RadixCache>(RadixMsg::RunBatch(batch), span),
+            FamilyMail::Radix(batch) => Mail::to::<RadixCore>(RadixMsg::RunBatch(batch), span),
         })
         .collect()
 }

@@ -47,9 +47,9 @@ use std::collections::BTreeSet;
 
 use kvtier_device::DeviceCore;
 use kvtier_fsm::{SchedulerCore, cache_config};
-use kvtier_host::HostAllocator;
+use kvtier_host::HostCore;
 use kvtier_l3::L3Core;
-use kvtier_radix::RadixCache;
+use kvtier_radix::RadixCore;
 use kvtier_types::SchedulerConfig;
 
 pub use error::{KvError, SetupError};
@@ -193,11 +193,11 @@ impl SystemBuilder {
             }
         }
         let cache_config = cache_config(c);
-        let mut host = HostAllocator::new(cache_config.host_pages);
+        let mut host = HostCore::new(cache_config.host_pages);
         let lease = host
             .lease(cache_config.host_pages.saturating_sub(1))
             .map_err(SetupError::HostLease)?;
-        let cache = RadixCache::with_host_lease(&cache_config, lease).map_err(SetupError::Cache)?;
+        let cache = RadixCore::with_host_lease(&cache_config, lease).map_err(SetupError::Cache)?;
         let mut actors = Destinations::new();
         let builtin: [Box<dyn Destination>; 2] = [Slot::boxed(cache), Slot::boxed(host)];
         for actor in builtin.into_iter().chain(self.actors) {

@@ -3,9 +3,9 @@
 
 use kvtier_types::Tier;
 
-use super::RadixCache;
+use super::RadixCore;
 
-impl RadixCache {
+impl RadixCore {
     /// Free pages of a tier.
     pub fn available(&mut self, tier: Tier) -> u32 {
         self.pools[tier.index()].available()

@@ -3,10 +3,10 @@
 
 use kvtier_types::{KvEvent, hash::PageHash, hash::block_hash};
 
-use super::RadixCache;
+use super::RadixCore;
 use crate::NodeId;
 
-impl RadixCache {
+impl RadixCore {
     /// Path from the root's child down to `id`.
     fn path(&self, id: NodeId) -> Vec<NodeId> {
         let mut path = Vec::new();

@@ -4,7 +4,7 @@
 use kvtier_host::OwnedPages;
 use kvtier_types::{Tier, Token};
 
-use super::RadixCache;
+use super::RadixCore;
 use crate::{NodeId, RadixError};
 
 /// Result of an insert.
@@ -16,7 +16,7 @@ pub struct InsertResult {
     pub inserted_pages: u32,
 }
 
-impl RadixCache {
+impl RadixCore {
     /// Inserts whole pages of `tokens` on `tier`. The first `prefix_pages` pages must
     /// already be resident on `tier` along this path (the caller holds a lock there);
     /// `pages` holds exactly the pages for the rest, in order. The first copy wins:

@@ -3,11 +3,11 @@
 
 use kvtier_types::{PageId, Tier};
 
-use super::RadixCache;
+use super::RadixCore;
 use crate::node::page_key;
 use crate::{NodeId, PageOwner, RadixError, Violation};
 
-impl RadixCache {
+impl RadixCore {
     /// Checks the structural invariants. `outside` gives, per tier, the page ids held
     /// outside the tree (request-local pages); with it, page conservation is checked
     /// exactly: every usable page is free, in one node, or held outside, once.

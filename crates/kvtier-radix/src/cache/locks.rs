@@ -3,10 +3,10 @@
 
 use kvtier_types::Tier;
 
-use super::RadixCache;
+use super::RadixCore;
 use crate::{NodeId, NodeLock};
 
-impl RadixCache {
+impl RadixCore {
     /// Locks `tier` on `node` and every ancestor.
     pub fn lock(&mut self, node: NodeId, tier: Tier) -> NodeLock {
         self.pin(node, tier);

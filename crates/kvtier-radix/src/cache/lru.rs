@@ -3,10 +3,10 @@
 
 use kvtier_types::Tier;
 
-use super::RadixCache;
+use super::RadixCore;
 use crate::NodeId;
 
-impl RadixCache {
+impl RadixCore {
     pub(super) fn touch(&mut self, id: NodeId) {
         let clock = self.clock;
         self.node_mut(id).last_access = clock;

@@ -1,6 +1,6 @@
 //! The radix cache core: walk, split, insert, lock, evict, demote, write-back tracking.
 //!
-//! This module holds the `RadixCache` struct, its construction, node access, the release
+//! This module holds the `RadixCore` struct, its construction, node access, the release
 //! channel and the pools; each concern's methods live in a submodule's own `impl` block.
 
 mod eviction;
@@ -59,7 +59,7 @@ pub struct TreeStats {
 
 /// The radix prefix cache with device and host tiers.
 #[derive(Debug)]
-pub struct RadixCache {
+pub struct RadixCore {
     page_size: usize,
     nodes: Slab<Node>,
     /// Generation per slab slot, bumped when a node is removed.
@@ -82,7 +82,7 @@ pub struct RadixCache {
     host_lease: Option<OwnedPages>,
 }
 
-impl RadixCache {
+impl RadixCore {
     /// An empty cache with fresh pools.
     pub fn new(config: &CacheConfig) -> Self {
         let mut nodes = Slab::new();

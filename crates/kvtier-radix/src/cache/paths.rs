@@ -3,10 +3,10 @@
 
 use kvtier_types::{PageId, Tier, TransferPair};
 
-use super::RadixCache;
+use super::RadixCore;
 use crate::NodeId;
 
-impl RadixCache {
+impl RadixCore {
     /// Device pages of the path root→`id` (every node on it must be on device).
     pub fn device_path_pages(&self, id: NodeId, out: &mut Vec<PageId>) {
         let start = out.len();

@@ -3,10 +3,10 @@
 
 use kvtier_types::{PageId, Tier};
 
-use super::RadixCache;
+use super::RadixCore;
 use crate::NodeId;
 
-impl RadixCache {
+impl RadixCore {
     pub(super) fn attach(&mut self, id: NodeId, tier: Tier, pages: Vec<PageId>, valid: bool) {
         let t = tier.index();
         let ps = self.page_size;

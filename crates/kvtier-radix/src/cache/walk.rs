@@ -3,7 +3,7 @@
 
 use kvtier_types::{Token, hash::PageHash};
 
-use super::RadixCache;
+use super::RadixCore;
 use crate::NodeId;
 use crate::node::TierRes;
 
@@ -32,7 +32,7 @@ pub struct Match {
     pub host_pages: u32,
 }
 
-impl RadixCache {
+impl RadixCore {
     /// Read-only prefix match of whole pages: no split, no LRU touch.
     pub fn probe(&self, tokens: &[Token]) -> Probe {
         let ps = self.page_size;

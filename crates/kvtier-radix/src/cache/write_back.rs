@@ -3,11 +3,11 @@
 
 use kvtier_types::{PageId, Tier, TransferPair, hash::PageHash};
 
-use super::RadixCache;
+use super::RadixCore;
 use crate::NodeId;
 
 /// A write-back in flight: the nodes whose host copies it fills. Acknowledge it with
-/// [`RadixCache::write_back_done`] exactly once.
+/// [`RadixCore::write_back_done`] exactly once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 #[must_use = "a write-back ticket must be acknowledged with write_back_done"]
 pub struct WriteBackTicket(u64);
@@ -33,7 +33,7 @@ pub struct WrittenBack {
     pub deepest: Option<NodeId>,
 }
 
-impl RadixCache {
+impl RadixCore {
     /// Attaches host pages to device `nodes` for a write-back (nodes already holding a
     /// pending host copy get the same host pages again). The copies stay pending —
     /// invisible to host matches — until [`Self::write_back_done`], and the path stays

@@ -4,7 +4,7 @@
 // Each test binary uses a different subset of these helpers.
 #![allow(dead_code)]
 
-use kvtier_radix::{CacheConfig, InsertResult, RadixCache};
+use kvtier_radix::{CacheConfig, InsertResult, RadixCore};
 use kvtier_types::{PageId, Tier, Token};
 
 /// `count` consecutive tokens starting at `start`.
@@ -25,8 +25,8 @@ pub fn concat(a: &[Token], b: &[Token]) -> Vec<Token> {
 }
 
 /// A cache without KV events or page hashes.
-pub fn new_cache(page_size: u32, device_pages: u32, host_pages: u32) -> RadixCache {
-    RadixCache::new(&CacheConfig {
+pub fn new_cache(page_size: u32, device_pages: u32, host_pages: u32) -> RadixCore {
+    RadixCore::new(&CacheConfig {
         page_size,
         device_pages,
         host_pages,
@@ -36,8 +36,8 @@ pub fn new_cache(page_size: u32, device_pages: u32, host_pages: u32) -> RadixCac
 }
 
 /// A cache that records device-tier KV events.
-pub fn new_cache_with_events(page_size: u32, device_pages: u32, host_pages: u32) -> RadixCache {
-    RadixCache::new(&CacheConfig {
+pub fn new_cache_with_events(page_size: u32, device_pages: u32, host_pages: u32) -> RadixCore {
+    RadixCore::new(&CacheConfig {
         page_size,
         device_pages,
         host_pages,
@@ -48,7 +48,7 @@ pub fn new_cache_with_events(page_size: u32, device_pages: u32, host_pages: u32)
 
 /// Inserts `tokens` on `tier` from the root, allocating one fresh page per page of
 /// tokens (the reference tests' `Insert<T>(tokens, {}, alloc.Allocate(n))`).
-pub fn insert_fresh(cache: &mut RadixCache, tier: Tier, tokens: &[Token]) -> InsertResult {
+pub fn insert_fresh(cache: &mut RadixCore, tier: Tier, tokens: &[Token]) -> InsertResult {
     insert_after_prefix(cache, tier, tokens, 0)
 }
 
@@ -56,7 +56,7 @@ pub fn insert_fresh(cache: &mut RadixCache, tier: Tier, tokens: &[Token]) -> Ins
 /// that tier, allocating fresh pages for the rest (the reference tests' insert under a
 /// start node).
 pub fn insert_after_prefix(
-    cache: &mut RadixCache,
+    cache: &mut RadixCore,
     tier: Tier,
     tokens: &[Token],
     prefix_pages: u32,
@@ -71,20 +71,20 @@ pub fn insert_after_prefix(
 }
 
 /// Device page ids of the path root→`node` (every node on it must be on device).
-pub fn device_path(cache: &RadixCache, node: kvtier_radix::NodeId) -> Vec<PageId> {
+pub fn device_path(cache: &RadixCore, node: kvtier_radix::NodeId) -> Vec<PageId> {
     let mut out = Vec::new();
     cache.device_path_pages(node, &mut out);
     out
 }
 
 /// Page conservation and structural invariants with nothing held outside the tree.
-pub fn assert_invariants(cache: &mut RadixCache) {
+pub fn assert_invariants(cache: &mut RadixCore) {
     assert_invariants_outside(cache, &[], &[]);
 }
 
 /// Page conservation and structural invariants with `device` / `host` page ids held
 /// outside the tree by the test.
-pub fn assert_invariants_outside(cache: &mut RadixCache, device: &[PageId], host: &[PageId]) {
+pub fn assert_invariants_outside(cache: &mut RadixCore, device: &[PageId], host: &[PageId]) {
     if let Err(e) = cache.check_invariants([device, host]) {
         panic!("cache invariants violated: {e}");
     }
