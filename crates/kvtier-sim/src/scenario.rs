@@ -86,6 +86,10 @@ pub enum L3Fault {
     /// the lookup and the get, as Mooncake does silently): they are removed from the
     /// store just before the get.
     LoseHalfOfEveryNthGet(u64),
+    /// Every `n`-th prefetch of two or more objects finds its first key holding the
+    /// bytes of its second (a store that maps a key to the wrong object, with its own
+    /// checks passing): only the integrity oracle can catch it.
+    ServeWrongObjectOnEveryNthGet(u64),
 }
 
 /// The L3 fault hooks of a scenario run.
@@ -93,6 +97,8 @@ pub enum L3Fault {
 struct ScenarioFaults {
     fault: L3Fault,
     gets: u64,
+    /// Bytes of one object (one page).
+    page_bytes: usize,
 }
 
 impl L3Faults for ScenarioFaults {
@@ -107,6 +113,16 @@ impl L3Faults for ScenarioFaults {
             }
             L3Fault::LoseHalfOfEveryNthGet(n) if n > 0 && self.gets.is_multiple_of(n) => {
                 backend.remove(&keys[keys.len() / 2..])?;
+                Ok(())
+            }
+            L3Fault::ServeWrongObjectOnEveryNthGet(n)
+                if n > 0 && self.gets.is_multiple_of(n) && keys.len() >= 2 =>
+            {
+                let mut other = vec![0u8; self.page_bytes];
+                if backend.get(&keys[1..2], &mut [&mut other[..]])? == [true] {
+                    backend.remove(&keys[..1])?;
+                    backend.put(&keys[..1], &[&other[..]])?;
+                }
                 Ok(())
             }
             _ => Ok(()),
@@ -450,10 +466,12 @@ fn l3_core(
         }
     };
     let namespace = Namespace::new(&o.l3_model, "u16", "page-first", page_size, 1, 0)?;
+    let page_bytes = arena.page_bytes();
     let core = L3Core::new(backend, namespace, page_size, arena)?;
     Ok(Some(core.with_faults(Box::new(ScenarioFaults {
         fault: o.l3_fault,
         gets: 0,
+        page_bytes,
     }))))
 }
 

@@ -140,3 +140,38 @@ fn without_l3_the_documents_are_recomputed() {
         ("off", 0, 0)
     );
 }
+
+/// Mutation test of the oracle (see `oracle.rs`): a store that serves the wrong object
+/// under a right key, its own checks passing, is caught where the row reads it — the
+/// first page of the document, prefetched from L3 — and the answer changes; under full
+/// and sampled verification.
+#[test]
+fn a_wrong_object_under_a_right_key_is_caught_by_the_oracle() {
+    use kvtier_sim::reference::{Provenance, Verify};
+    use kvtier_types::Tier;
+    let off = cache_off();
+    for verify in [Verify::Full, Verify::Sampled(16)] {
+        let r = kvtier_sim::scenario::run_scenario(&ScenarioOptions {
+            verify,
+            l3_fault: L3Fault::ServeWrongObjectOnEveryNthGet(1),
+            ..options()
+        })
+        .expect("longdoc runs");
+        let first = r.first_errors.first().expect("the oracle reports it");
+        let wrong = first.wrong_kv().expect("a wrong slot");
+        assert_eq!(
+            (wrong.position, wrong.tier),
+            (0, Tier::Device),
+            "{verify:?}"
+        );
+        assert!(
+            matches!(wrong.provenance, Provenance::Prefetched { .. }),
+            "{verify:?}: {first:?}"
+        );
+        assert_ne!(
+            r.outputs.get(&wrong.request),
+            off.outputs.get(&wrong.request),
+            "{verify:?}: the answer depends on the KV read"
+        );
+    }
+}

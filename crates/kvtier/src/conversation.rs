@@ -288,9 +288,16 @@ impl Front {
                 let mut mail = Vec::new();
                 let l3_work = l3 && !(plan.prefetches.is_empty() && plan.backups.is_empty());
                 if l3_work {
-                    // The device reads none of the L3 ops: they move to the L3 actor.
+                    // The L3 ops move to the L3 actor; the device keeps a copy of the
+                    // prefetches (rare and small), so its runner knows which host pages
+                    // L3 fills (the reference engine's provenance).
+                    let prefetches = if device {
+                        plan.prefetches.clone()
+                    } else {
+                        std::mem::take(&mut plan.prefetches)
+                    };
                     let transfer = L3Msg::L3Transfer {
-                        prefetches: std::mem::take(&mut plan.prefetches),
+                        prefetches,
                         backups: std::mem::take(&mut plan.backups),
                     };
                     mail.push(Mail::to::<L3Core>(transfer, &span));
