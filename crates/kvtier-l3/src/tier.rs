@@ -14,6 +14,8 @@
 //! Every failure is a miss: a backend error, a page the arena refuses, an object lost
 //! between the lookup and the get, or a corrupt one. A prefetch reports only its leading
 //! pages that arrived whole and verified, so the scheduler never inserts KV it did not get.
+//! A backup is all or nothing: one that fails removes the objects it did store, so a
+//! `BackupDone { success: false }` leaves nothing of itself to be served later.
 
 use std::sync::Arc;
 
@@ -40,6 +42,13 @@ pub trait L3Faults: Send + std::fmt::Debug {
     /// Before a lookup's existence query. `Err` fails the query (no hits).
     fn before_exists(&mut self, _keys: &[L3Key]) -> Result<(), L3Error> {
         Ok(())
+    }
+
+    /// Before a backup's put of `keys`: how many of them, from the first, the store
+    /// takes before it fails (all of them by default; fewer models a store that runs out
+    /// of room or connection mid-batch). `Err` fails the put outright.
+    fn before_put(&mut self, keys: &[L3Key]) -> Result<usize, L3Error> {
+        Ok(keys.len())
     }
 }
 
@@ -76,8 +85,11 @@ pub struct L3TierStats {
     pub backed_up_bytes: u64,
     /// Pages a backup found already stored (objects are write-once).
     pub already_present_pages: u64,
-    /// Backup ops with a page not stored.
+    /// Backup ops with a page not stored (none of their objects is kept).
     pub failed_backups: u64,
+    /// Objects of failed backups the store would not take back (its removal failed
+    /// too). Their bytes are right; only the all-or-nothing promise is broken.
+    pub unremoved_objects: u64,
     /// The backend's counters.
     pub backend: L3Stats,
 }
@@ -259,26 +271,38 @@ impl L3Core {
             }
             let keys = self.namespace.keys(&op.page_hashes);
             let pages = self.arena.read(&op.src_pages).map_err(arena_refused)?;
-            self.backend.put(&keys, &pages.slices())
+            let taken = self.faults.before_put(&keys)?.min(keys.len());
+            let mut outcomes = self.backend.put(&keys[..taken], &pages.slices()[..taken])?;
+            outcomes.resize(keys.len(), PutOutcome::Failed);
+            Ok((keys, outcomes))
         })();
         let page_bytes = self.arena.page_bytes() as u64;
         match put {
-            Ok(outcomes) => {
-                let mut ok = true;
+            Ok((_, outcomes)) if !outcomes.contains(&PutOutcome::Failed) => {
                 for outcome in outcomes {
-                    match outcome {
-                        PutOutcome::Stored => {
-                            self.stats.backed_up_pages += 1;
-                            self.stats.backed_up_bytes += page_bytes;
-                        }
-                        PutOutcome::AlreadyPresent => self.stats.already_present_pages += 1,
-                        PutOutcome::Failed => ok = false,
+                    if outcome == PutOutcome::Stored {
+                        self.stats.backed_up_pages += 1;
+                        self.stats.backed_up_bytes += page_bytes;
+                    } else {
+                        self.stats.already_present_pages += 1;
                     }
                 }
-                if !ok {
-                    self.stats.failed_backups += 1;
+                true
+            }
+            Ok((keys, outcomes)) => {
+                // All or nothing: take back what this backup stored (objects that were
+                // already present belong to earlier backups and stay).
+                let stored: Vec<L3Key> = keys
+                    .into_iter()
+                    .zip(outcomes)
+                    .filter(|(_, outcome)| *outcome == PutOutcome::Stored)
+                    .map(|(key, _)| key)
+                    .collect();
+                if !stored.is_empty() && self.backend.remove(&stored).is_err() {
+                    self.stats.unremoved_objects += stored.len() as u64;
                 }
-                ok
+                self.stats.failed_backups += 1;
+                false
             }
             Err(_) => {
                 self.stats.failed_backups += 1;

@@ -186,3 +186,74 @@ fn mismatched_batches_are_refused() {
     let mut buf = [0u8; 4];
     assert!(s.get(&keys(2), &mut [&mut buf[..]]).is_err());
 }
+
+/// A store that takes only the first `taken` objects of every put, then fails.
+#[derive(Debug)]
+struct TakesOnly(usize);
+
+impl kvtier_l3::L3Faults for TakesOnly {
+    fn before_put(&mut self, _keys: &[L3Key]) -> Result<usize, kvtier_l3::L3Error> {
+        Ok(self.0)
+    }
+}
+
+/// A backup is all or nothing: one that fails part-way takes back what it stored, so
+/// nothing of it can be served later; objects earlier backups stored stay.
+#[test]
+fn a_failed_backup_leaves_none_of_its_objects() {
+    use kvtier_host::HostArena;
+    use kvtier_l3::L3Core;
+    use kvtier_types::{BackupOp, EngineEvent};
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let arena = Arc::new(HostArena::new(8, 256).expect("arena"));
+    {
+        let mut pages = arena.write(&[1, 2, 3, 4]).expect("pages");
+        for (i, page) in pages.slices_mut().into_iter().enumerate() {
+            page.copy_from_slice(&self::page(i as u8));
+        }
+    }
+    let backup = |op_id, pages: Vec<u32>, hashes: Vec<u8>| BackupOp {
+        op_id,
+        src_pages: pages,
+        page_hashes: hashes.into_iter().map(|i| PageHash([i; 32])).collect(),
+    };
+    let mut l3 = L3Core::new(
+        Box::new(store(dir.path(), 1 << 20, 1 << 20)),
+        ns(),
+        16,
+        arena,
+    )
+    .expect("L3 core");
+    // An earlier backup stores object 0 whole.
+    let events = l3.transfer(&[], &[backup(1, vec![1], vec![0])]);
+    assert_eq!(
+        events,
+        [EngineEvent::BackupDone {
+            op_id: 1,
+            success: true
+        }]
+    );
+    // The next one takes objects 0 (present) and 1, then fails on 2 and 3.
+    let mut l3 = l3.with_faults(Box::new(TakesOnly(2)));
+    let events = l3.transfer(&[], &[backup(2, vec![1, 2, 3, 4], vec![0, 1, 2, 3])]);
+    assert_eq!(
+        events,
+        [EngineEvent::BackupDone {
+            op_id: 2,
+            success: false
+        }]
+    );
+    let stats = l3.stats();
+    assert_eq!((stats.failed_backups, stats.unremoved_objects), (1, 0));
+    let all = keys(4);
+    assert_eq!(
+        l3.backend_mut().exists(&all[..1], false).expect("exists"),
+        1
+    );
+    for key in &all[1..] {
+        let held = l3.backend_mut().exists(std::slice::from_ref(key), false);
+        assert_eq!(held.expect("exists"), 0, "{key:?} was taken back");
+    }
+}

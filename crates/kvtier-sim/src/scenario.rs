@@ -90,6 +90,21 @@ pub enum L3Fault {
     /// bytes of its second (a store that maps a key to the wrong object, with its own
     /// checks passing): only the integrity oracle can catch it.
     ServeWrongObjectOnEveryNthGet(u64),
+    /// Every `n`-th backup finds the store down: nothing is stored.
+    FailEveryNthPut(u64),
+    /// Every `n`-th backup stores the first half of its objects, then fails (the L3
+    /// actor takes that half back: a backup is all or nothing).
+    StoreHalfOfEveryNthPut(u64),
+    /// Every `n`-th submit-time lookup finds the store down (no hits).
+    FailEveryNthLookup(u64),
+}
+
+/// The error an injected outage gives.
+fn store_down() -> L3Error {
+    L3Error::Io {
+        path: "injected".into(),
+        source: std::io::Error::other("the L3 store is down"),
+    }
 }
 
 /// The L3 fault hooks of a scenario run.
@@ -97,6 +112,8 @@ pub enum L3Fault {
 struct ScenarioFaults {
     fault: L3Fault,
     gets: u64,
+    puts: u64,
+    lookups: u64,
     /// Bytes of one object (one page).
     page_bytes: usize,
 }
@@ -106,10 +123,7 @@ impl L3Faults for ScenarioFaults {
         self.gets += 1;
         match self.fault {
             L3Fault::FailEveryNthGet(n) if n > 0 && self.gets.is_multiple_of(n) => {
-                Err(L3Error::Io {
-                    path: "injected".into(),
-                    source: std::io::Error::other("the L3 store is down"),
-                })
+                Err(store_down())
             }
             L3Fault::LoseHalfOfEveryNthGet(n) if n > 0 && self.gets.is_multiple_of(n) => {
                 backend.remove(&keys[keys.len() / 2..])?;
@@ -124,6 +138,29 @@ impl L3Faults for ScenarioFaults {
                     backend.put(&keys[..1], &[&other[..]])?;
                 }
                 Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn before_put(&mut self, keys: &[L3Key]) -> Result<usize, L3Error> {
+        self.puts += 1;
+        match self.fault {
+            L3Fault::FailEveryNthPut(n) if n > 0 && self.puts.is_multiple_of(n) => {
+                Err(store_down())
+            }
+            L3Fault::StoreHalfOfEveryNthPut(n) if n > 0 && self.puts.is_multiple_of(n) => {
+                Ok(keys.len() / 2)
+            }
+            _ => Ok(keys.len()),
+        }
+    }
+
+    fn before_exists(&mut self, _keys: &[L3Key]) -> Result<(), L3Error> {
+        self.lookups += 1;
+        match self.fault {
+            L3Fault::FailEveryNthLookup(n) if n > 0 && self.lookups.is_multiple_of(n) => {
+                Err(store_down())
             }
             _ => Ok(()),
         }
@@ -311,6 +348,10 @@ pub struct ScenarioReport {
     pub l3_prefetched_bytes: u64,
     /// Prefetches that failed outright (a miss: the request computed its pages).
     pub l3_failed_prefetches: u64,
+    /// Submit-time lookups whose existence query failed (counted as no hits).
+    pub l3_lookup_errors: u64,
+    /// Backups that failed (none of their objects is kept).
+    pub l3_failed_backups: u64,
     /// Backup ops (host → L3).
     pub l3_backup_ops: u64,
     /// Pages stored by backups.
@@ -471,6 +512,8 @@ fn l3_core(
     Ok(Some(core.with_faults(Box::new(ScenarioFaults {
         fault: o.l3_fault,
         gets: 0,
+        puts: 0,
+        lookups: 0,
         page_bytes,
     }))))
 }
@@ -563,6 +606,8 @@ pub fn run_scenario_with(
         l3_prefetched_bytes: 0,
         l3_failed_prefetches: 0,
         l3_backup_ops: 0,
+        l3_lookup_errors: 0,
+        l3_failed_backups: 0,
         l3_backed_up_pages: 0,
         l3_backed_up_bytes: 0,
         l3_corrupt_objects: 0,
@@ -773,6 +818,8 @@ pub fn run_scenario_with(
         r.l3_prefetched_pages = l3.prefetched_pages;
         r.l3_prefetched_bytes = l3.prefetched_bytes;
         r.l3_failed_prefetches = l3.failed_prefetches;
+        r.l3_lookup_errors = l3.lookup_errors;
+        r.l3_failed_backups = l3.failed_backups;
         r.l3_backup_ops = l3.backup_ops;
         r.l3_backed_up_pages = l3.backed_up_pages;
         r.l3_backed_up_bytes = l3.backed_up_bytes;

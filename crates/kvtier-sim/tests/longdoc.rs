@@ -81,6 +81,40 @@ fn a_store_that_is_down_or_loses_objects_gives_misses_never_wrong_kv() {
     );
 }
 
+/// Backups that fail outright or part-way leave nothing in the store (a backup is all or
+/// nothing), and lookups that fail find nothing: every later question recomputes its
+/// document, and the answers are those of a run without cache.
+#[test]
+fn failed_backups_and_lookups_leave_nothing_to_serve() {
+    let off = cache_off();
+    for fault in [
+        L3Fault::FailEveryNthPut(1),
+        L3Fault::StoreHalfOfEveryNthPut(1),
+        L3Fault::FailEveryNthLookup(1),
+    ] {
+        let r = run(&ScenarioOptions {
+            l3_fault: fault,
+            ..options()
+        });
+        assert_eq!(r.outputs, off.outputs, "{fault:?}");
+        assert!(r.l3_backup_ops > 0, "{fault:?}: documents were backed up");
+        assert_eq!(
+            (r.l3_lookup_hit_pages, r.l3_prefetch_ops, r.hit_tokens_l3),
+            (0, 0, 0),
+            "{fault:?}: nothing came from L3"
+        );
+        match fault {
+            L3Fault::FailEveryNthLookup(_) => {
+                assert!(r.l3_lookup_errors > 0 && r.l3_failed_backups == 0, "{r:#?}");
+            }
+            _ => assert_eq!(
+                r.l3_failed_backups, r.l3_backup_ops,
+                "{fault:?}: every backup failed"
+            ),
+        }
+    }
+}
+
 /// Objects corrupted on disk between their backup and their prefetch read as misses.
 #[test]
 fn corrupt_store_files_are_misses_never_wrong_kv() {
