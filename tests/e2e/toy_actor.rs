@@ -225,3 +225,63 @@ fn dropping_the_view_of_a_threaded_system_shuts_it_down() {
         );
     }
 }
+
+/// The toy again, on a thread of its own (as the L3 store's client is), and slow to
+/// drop (as a store client that unregisters its memory is): a drop that does not wait
+/// for it cannot see it done.
+#[derive(Debug)]
+struct Lonely(Counter);
+
+impl Drop for Lonely {
+    fn drop(&mut self) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+impl ActorCore for Lonely {
+    const NAME: ActorName = ActorName::new("lonely");
+    const PLACEMENT: kvtier::Placement = kvtier::Placement::OwnThread;
+    type Msg = CounterMsg;
+    type Reply = CounterReply;
+
+    fn handle(&mut self, msg: CounterMsg) -> CounterReply {
+        self.0.handle(msg)
+    }
+
+    fn message_name(msg: &CounterMsg) -> &'static str {
+        Counter::message_name(msg)
+    }
+
+    fn reply_name(reply: &CounterReply) -> &'static str {
+        Counter::reply_name(reply)
+    }
+}
+
+/// A system on the caller's thread dropped without `shutdown` drops every core before
+/// the drop returns, those on threads of their own included: a store client left alive
+/// in a forgotten thread would keep its memory registered with a shared master (which
+/// then placed other processes' objects in it, and their transfers failed).
+#[test]
+fn dropping_a_local_system_drops_the_cores_on_their_own_threads() {
+    for runtime in RUNTIMES {
+        let dropped = Arc::new(AtomicBool::new(false));
+        let lonely = Lonely(Counter {
+            total: 0,
+            dropped: Arc::clone(&dropped),
+        });
+        let mut system = System::builder(config())
+            .runtime(runtime)
+            .actor(lonely)
+            .start_local()
+            .expect("system starts");
+        assert_eq!(
+            system.ask::<Lonely>(CounterMsg::Add(2)).expect("answers"),
+            CounterReply::Total(2)
+        );
+        drop(system);
+        assert!(
+            dropped.load(Ordering::SeqCst),
+            "{runtime:?}: the core outlived its system"
+        );
+    }
+}

@@ -211,24 +211,21 @@ fn ensure_nextest(root: &Path) -> Result<()> {
     run_command(&mut install).context("could not install cargo-nextest")
 }
 
-/// Runs the tests with a real Mooncake master on loopback, stopping it afterwards
-/// whatever happens. Without CI a failed setup is reported and the Mooncake tests skip
-/// loudly; under CI (`CI=true`) it fails the step, so a missing install cannot hide.
+/// Runs the tests with a real Mooncake master on loopback, both in a private network
+/// namespace (`cargo xtask mooncake run`); the master stops with them whatever happens.
+/// Without CI a failed setup is reported and the Mooncake tests skip loudly; under CI
+/// (`CI=true`) it fails the step, so a missing install cannot hide.
 fn run_with_mooncake(root: &Path, command: &mut Command) -> Result<()> {
-    match crate::mooncake::up(root).and_then(|()| crate::mooncake::env(root)) {
-        Ok(env) => {
-            command.envs(env);
-        }
+    match crate::mooncake::prepare(root) {
+        Ok(installed) => crate::mooncake::run_isolated(&installed, command),
         Err(err) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            return Err(err.context("setting up Mooncake for the L3 tests"));
+            Err(err.context("setting up Mooncake for the L3 tests"))
         }
         Err(err) => {
             eprintln!("WARNING: Mooncake setup failed, its tests will skip: {err:#}");
+            run_command(command)
         }
     }
-    let result = run_command(command);
-    crate::mooncake::down(root)?;
-    result
 }
 
 /// Installs nvcc from PyPI into `target/cuda-venv` (cached there), then runs `commands`

@@ -24,7 +24,7 @@ commands:
   bench [--quick] [--no-criterion]
                                   kvtier CLI bench workloads, then `cargo bench --workspace`
   bench --callgrind <w> [args..]  instruction counts of one workload under callgrind
-  mooncake up|down|env            real Mooncake master on loopback for the L3 tests
+  mooncake run -- CMD             CMD beside a real Mooncake master, in a private network namespace
   cuda-toolchain                  nvcc from PyPI into target/cuda-venv; prints NVCC/CUDA_HOME
   help                            this message";
 

@@ -1,53 +1,174 @@
-//! `cargo xtask mooncake up|down|env`: a real Mooncake master on loopback for the L3
-//! tests, from registry packages only.
+//! `cargo xtask mooncake run -- CMD`: CMD with a real Mooncake master on loopback, from
+//! registry packages only, inside a private network namespace.
 //!
-//! `up` installs the runtime libraries (apt), the pinned `tokenspeed-mooncake` wheel into
-//! a venv under `target/mooncake/`, builds a CUDA-driver stand-in generated from the
-//! library's own undefined `cu*` symbols (every call answers "no device"), starts
-//! `mooncake_master` on 127.0.0.1 and waits until it reports ready. It writes the
-//! environment the tests need to `target/mooncake/env`. `down` stops the master.
+//! Outside the namespace (these need the network) it installs the runtime libraries
+//! (apt), the pinned `tokenspeed-mooncake` wheel into a venv under `target/mooncake/`,
+//! and builds a CUDA-driver stand-in generated from the library's own undefined `cu*`
+//! symbols (every call answers "no device"). Then it re-runs itself under `unshare
+//! --net`: there it brings `lo` up, starts `mooncake_master` on free 127.0.0.1 ports,
+//! waits until it reports ready (failing at once if it exits), runs CMD with the
+//! environment the tests read, and stops the master. The namespace is there because the
+//! master's HTTP metadata server listens on every interface whatever it is told: in a
+//! namespace of its own, "every interface" is loopback, and CMD (the tests) shares it.
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
+use crate::{display_command, run_command};
+
 const WHEEL: &str = "tokenspeed-mooncake==0.3.13.post20261027";
-const RPC_PORT: u16 = 50051;
-const METADATA_PORT: u16 = 8080;
-const METRICS_PORT: u16 = 9003;
+
+/// The hidden subcommand the namespace runs.
+const INSIDE: &str = "__inside-netns";
 
 fn dir(root: &Path) -> PathBuf {
     root.join("target/mooncake")
 }
 
-/// The environment the Mooncake tests read, as (name, value) pairs.
-pub fn env(root: &Path) -> Result<Vec<(String, String)>> {
-    let text = std::fs::read_to_string(dir(root).join("env"))
-        .context("Mooncake is not set up: run `cargo xtask mooncake up`")?;
-    Ok(text
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect())
+pub fn run(root: &Path, args: &[String]) -> Result<()> {
+    let usage = "usage: cargo xtask mooncake run -- COMMAND [ARGS..]";
+    match args.first().map(String::as_str) {
+        Some("run") => {
+            let command = match args.get(1).map(String::as_str) {
+                Some("--") => &args[2..],
+                _ => &args[1..],
+            };
+            let (program, rest) = command.split_first().context(usage)?;
+            let mut command = Command::new(program);
+            command.args(rest);
+            run_isolated(&prepare(root)?, &mut command)
+        }
+        Some(INSIDE) => inside(root, &args[1..]),
+        _ => bail!(usage),
+    }
 }
 
-pub fn run(root: &Path, args: &[String]) -> Result<()> {
-    match args.first().map(String::as_str) {
-        Some("up") => up(root),
-        Some("down") => down(root),
-        Some("env") => {
-            for (k, v) in env(root)? {
-                println!("export {k}={v}");
-            }
-            Ok(())
-        }
-        _ => bail!("usage: cargo xtask mooncake up|down|env"),
+/// What the master and its clients need, prepared outside the namespace.
+pub struct Installed {
+    /// The wheel's package directory (the master binary and the client library).
+    package: PathBuf,
+    /// The environment the clients read.
+    env: Vec<(String, String)>,
+}
+
+/// Installs what the master needs and checks that a private network namespace can be
+/// made here.
+pub fn prepare(root: &Path) -> Result<Installed> {
+    let installed = install(root)?;
+    sh(
+        Command::new("unshare").args(["--net", "--", "true"]),
+        "unshare --net (a private network namespace for the master)",
+    )?;
+    Ok(installed)
+}
+
+/// Runs `command` with a master beside it, both in a private network namespace.
+pub fn run_isolated(installed: &Installed, command: &mut Command) -> Result<()> {
+    let xtask = std::env::current_exe().context("finding the xtask binary")?;
+    let mut wrapped = Command::new("unshare");
+    wrapped
+        .args(["--net", "--"])
+        .arg(xtask)
+        .args(["mooncake", INSIDE])
+        .arg(&installed.package)
+        .arg("--")
+        .arg(command.get_program())
+        .args(command.get_args())
+        .envs(installed.env.iter().cloned());
+    for (key, value) in command.get_envs() {
+        match value {
+            Some(value) => wrapped.env(key, value),
+            None => wrapped.env_remove(key),
+        };
     }
+    if let Some(dir) = command.get_current_dir() {
+        wrapped.current_dir(dir);
+    }
+    println!(
+        "mooncake: in a private network namespace: {}",
+        display_command(command)
+    );
+    run_command(&mut wrapped)
+}
+
+/// Inside the namespace: loopback up, the master on free ports, the command, the master
+/// stopped.
+fn inside(root: &Path, args: &[String]) -> Result<()> {
+    let [package, separator, program, rest @ ..] = args else {
+        bail!("{INSIDE} needs the package directory, `--` and a command");
+    };
+    if separator != "--" {
+        bail!("{INSIDE}: expected `--`, got `{separator}`");
+    }
+    sh(
+        Command::new("ip").args(["link", "set", "lo", "up"]),
+        "ip link set lo up",
+    )?;
+    let [rpc_port, metadata_port, metrics_port] = free_ports()?;
+    let log_path = dir(root).join("master.log");
+    let log = std::fs::File::create(&log_path)?;
+    let mut master = Command::new(Path::new(package).join("mooncake_master"))
+        .args([
+            "--rpc_address=127.0.0.1",
+            &format!("--rpc_port={rpc_port}"),
+            "--enable_http_metadata_server=true",
+            "--http_metadata_server_host=127.0.0.1",
+            &format!("--http_metadata_server_port={metadata_port}"),
+            "--metrics_host=127.0.0.1",
+            &format!("--metrics_port={metrics_port}"),
+            "--default_kv_lease_ttl=500",
+            "--logtostderr",
+        ])
+        .env("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("starting mooncake_master")?;
+    let result = wait_ready(
+        &mut master,
+        metrics_port,
+        Duration::from_secs(30),
+        &log_path,
+    )
+    .and_then(|()| {
+        println!(
+            "mooncake: master ready on 127.0.0.1:{rpc_port} (pid {})",
+            master.id()
+        );
+        let mut command = Command::new(program);
+        command
+            .args(rest)
+            .env("KVTIER_MOONCAKE_MASTER", format!("127.0.0.1:{rpc_port}"))
+            .env(
+                "KVTIER_MOONCAKE_METADATA",
+                format!("http://127.0.0.1:{metadata_port}/metadata"),
+            )
+            .env("KVTIER_MOONCAKE_PID", master.id().to_string());
+        run_command(&mut command)
+    });
+    let _ = master.kill();
+    let _ = master.wait();
+    result
+}
+
+/// Three distinct ports free on 127.0.0.1 now (the kernel picks them); the master binds
+/// them a moment later, and fails loudly if one was taken in between.
+fn free_ports() -> Result<[u16; 3]> {
+    let listeners = (0..3)
+        .map(|_| TcpListener::bind(("127.0.0.1", 0)))
+        .collect::<std::io::Result<Vec<_>>>()
+        .context("binding 127.0.0.1:0")?;
+    let mut ports = [0; 3];
+    for (port, listener) in ports.iter_mut().zip(&listeners) {
+        *port = listener.local_addr()?.port();
+    }
+    Ok(ports)
 }
 
 fn have_library(name: &str) -> bool {
@@ -63,12 +184,13 @@ fn sh(cmd: &mut Command, what: &str) -> Result<()> {
         .status()
         .with_context(|| format!("{what}: cannot start"))?;
     if !status.success() {
-        bail!("{what} failed ({status})");
+        bail!("{what} failed with {status}");
     }
     Ok(())
 }
 
-pub fn up(root: &Path) -> Result<()> {
+/// The libraries, the wheel and the CUDA stand-in (cached under `target/mooncake`).
+fn install(root: &Path) -> Result<Installed> {
     let dir = dir(root);
     std::fs::create_dir_all(&dir)?;
     if !have_library("libibverbs.so.1") {
@@ -114,49 +236,18 @@ pub fn up(root: &Path) -> Result<()> {
             "import mooncake, os; print(os.path.dirname(mooncake.__file__))",
         ])
         .output()?;
-    let mc_dir = PathBuf::from(String::from_utf8(out.stdout)?.trim());
-    let library = mc_dir.join("libmooncake_store.so");
+    let package = PathBuf::from(String::from_utf8(out.stdout)?.trim());
+    let library = package.join("libmooncake_store.so");
     let stub = build_cuda_stub(&dir, &library)?;
-    down(root)?;
-    let log = std::fs::File::create(dir.join("master.log"))?;
-    let master = Command::new("setsid")
-        .arg(mc_dir.join("mooncake_master"))
-        .args([
-            "--rpc_address=127.0.0.1",
-            &format!("--rpc_port={RPC_PORT}"),
-            "--enable_http_metadata_server=true",
-            "--http_metadata_server_host=127.0.0.1",
-            &format!("--http_metadata_server_port={METADATA_PORT}"),
-            "--metrics_host=127.0.0.1",
-            &format!("--metrics_port={METRICS_PORT}"),
-            "--default_kv_lease_ttl=500",
-            "--logtostderr",
-        ])
-        .env("MC_TCP_BIND_ADDRESS", "127.0.0.1")
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .context("starting mooncake_master")?;
-    std::fs::write(dir.join("master.pid"), master.id().to_string())?;
-    wait_ready(Duration::from_secs(30))?;
-    let env = [
-        ("MOONCAKE_STORE_LIBRARY", library.display().to_string()),
-        ("MC_CUDA_STUB", stub.display().to_string()),
-        ("MC_TCP_BIND_ADDRESS", "127.0.0.1".to_owned()),
-        ("KVTIER_MOONCAKE_MASTER", format!("127.0.0.1:{RPC_PORT}")),
+    let env = vec![
         (
-            "KVTIER_MOONCAKE_METADATA",
-            format!("http://127.0.0.1:{METADATA_PORT}/metadata"),
+            "MOONCAKE_STORE_LIBRARY".into(),
+            library.display().to_string(),
         ),
-        ("KVTIER_MOONCAKE_PID", master.id().to_string()),
+        ("MC_CUDA_STUB".into(), stub.display().to_string()),
+        ("MC_TCP_BIND_ADDRESS".into(), "127.0.0.1".into()),
     ];
-    let text: String = env.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
-    std::fs::write(dir.join("env"), text)?;
-    println!(
-        "mooncake: master ready on 127.0.0.1:{RPC_PORT} (pid {})",
-        master.id()
-    );
-    Ok(())
+    Ok(Installed { package, env })
 }
 
 /// A `libcuda.so.1` whose every symbol the library needs answers CUDA_ERROR_NO_DEVICE,
@@ -203,8 +294,8 @@ fn build_cuda_stub(dir: &Path, library: &Path) -> Result<PathBuf> {
 
 /// One `/health` probe. The server keeps connections open, so read with a timeout and
 /// stop as soon as the whole answer is in.
-fn health_ready() -> bool {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", METRICS_PORT)) else {
+fn health_ready(metrics_port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", metrics_port)) else {
         return false;
     };
     let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
@@ -238,41 +329,25 @@ fn health_body(response: &[u8]) -> Option<Health> {
     serde_json::from_slice(&response[end_of_headers + 4..]).ok()
 }
 
-fn wait_ready(limit: Duration) -> Result<()> {
+/// Waits until the master reports ready; fails at once if it exits meanwhile.
+fn wait_ready(master: &mut Child, metrics_port: u16, limit: Duration, log: &Path) -> Result<()> {
     let start = Instant::now();
     while start.elapsed() < limit {
-        if health_ready() {
+        if let Some(status) = master.try_wait()? {
+            bail!(
+                "mooncake_master exited ({status}) before it was ready; see {}",
+                log.display()
+            );
+        }
+        if health_ready(metrics_port) {
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    bail!("mooncake_master did not become ready within {limit:?}; see target/mooncake/master.log")
-}
-
-pub fn down(root: &Path) -> Result<()> {
-    let pid_file = dir(root).join("master.pid");
-    if let Ok(pid) = std::fs::read_to_string(&pid_file) {
-        let pid = pid.trim().to_owned();
-        let _ = Command::new("kill")
-            .arg(&pid)
-            .stderr(Stdio::null())
-            .status();
-        // Wait for it to exit, so a restart can bind the same ports.
-        // Exited, or a zombie waiting for us (its parent) to reap it, counts as gone.
-        let alive = || {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-                stat.rsplit(')')
-                    .next()
-                    .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
-            })
-        };
-        let start = Instant::now();
-        while alive() && start.elapsed() < Duration::from_secs(10) {
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = std::fs::remove_file(&pid_file);
-    }
-    Ok(())
+    bail!(
+        "mooncake_master did not become ready within {limit:?}; see {}",
+        log.display()
+    )
 }
 
 #[cfg(test)]

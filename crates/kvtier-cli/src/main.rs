@@ -68,8 +68,7 @@ struct ReplayArgs {
     #[arg(long, value_enum)]
     runtime: Option<Path>,
     /// The L3 store (default: `local` for longdoc, `off` otherwise). `mooncake` needs a
-    /// cluster in the environment (`cargo xtask mooncake up`, then
-    /// `eval "$(cargo xtask mooncake env)"`).
+    /// cluster in the environment (run under `cargo xtask mooncake run -- ...`).
     #[arg(long, value_enum)]
     l3: Option<L3Store>,
     /// `--l3 local`: keep the store in this directory (default: a fresh temporary one,

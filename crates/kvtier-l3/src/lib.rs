@@ -16,7 +16,7 @@
 //!   time (`dlopen`) by a small C++ shim behind `cxx`.
 //!
 //! Feature `testing` (off by default; turn it on in dev-dependencies only) adds
-//! `kvtier_l3::testing`, which finds the Mooncake cluster `cargo xtask mooncake up`
+//! `kvtier_l3::testing`, which finds the Mooncake cluster `cargo xtask mooncake run`
 //! describes, or starts a `mooncake_master` of a test's own, for tests here and in
 //! downstream crates.
 

@@ -1,5 +1,5 @@
-//! MooncakeStore against a real `mooncake_master` on loopback (`cargo xtask mooncake up`;
-//! `cargo xtask ci` starts one). Without one these tests say so loudly and skip; under
+//! MooncakeStore against a real `mooncake_master` on loopback (`cargo xtask mooncake run
+//! -- CMD`; `cargo xtask ci` runs its tests so). Without one these tests say so loudly and skip; under
 //! CI (`CI=true`) they fail instead, so a missing install step cannot hide.
 
 use kvtier_l3::{L3Backend, L3Key, MooncakeConfig, MooncakeStore, Namespace, PutOutcome, testing};
@@ -7,7 +7,7 @@ use kvtier_types::hash::PageHash;
 
 const PAGE: usize = 64 << 10;
 
-/// The cluster of `cargo xtask mooncake up`, or a loud skip (an error under CI).
+/// The cluster of `cargo xtask mooncake run`, or a loud skip (an error under CI).
 fn cluster() -> Option<MooncakeConfig> {
     testing::cluster_from_env().expect("a Mooncake cluster under CI")
 }
@@ -142,8 +142,7 @@ fn missing_and_vanished_objects_are_misses() {
 #[test]
 fn killing_the_master_turns_everything_into_misses() {
     let Some(cluster) = cluster() else { return };
-    let master = testing::LoopbackMaster::start(&cluster, 50071, 8091, 9013)
-        .expect("start the test's own master");
+    let master = testing::LoopbackMaster::start(&cluster).expect("start the test's own master");
     let cfg = master.config(&cluster);
     let mut store = MooncakeStore::connect(&cfg).expect("connect to the test's master");
     let keys = keys("killed", 2);

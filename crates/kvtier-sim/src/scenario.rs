@@ -60,7 +60,7 @@ pub enum L3Store {
     Off,
     /// The embedded `LocalStore`, in a fresh directory (or `ScenarioOptions::l3_dir`).
     Local,
-    /// A Mooncake cluster described by the environment (`cargo xtask mooncake env`).
+    /// A Mooncake cluster described by the environment (`cargo xtask mooncake run`).
     Mooncake,
 }
 
@@ -258,7 +258,7 @@ pub struct ScenarioOptions {
     /// Mooncake master give each run its own.
     pub l3_model: String,
     /// `Mooncake`: the cluster (default: the one the environment describes,
-    /// `cargo xtask mooncake env`).
+    /// `cargo xtask mooncake run`).
     pub mooncake: Option<MooncakeConfig>,
 }
 
@@ -456,7 +456,7 @@ pub(crate) fn scratch_dir(what: &str) -> Result<tempfile::TempDir, ScenarioError
 }
 
 /// The Mooncake cluster to use: the one given, else the one the environment describes
-/// (`cargo xtask mooncake env`).
+/// (`cargo xtask mooncake run`).
 pub(crate) fn mooncake_cluster(
     given: Option<&MooncakeConfig>,
 ) -> Result<MooncakeConfig, ScenarioError> {
@@ -465,8 +465,8 @@ pub(crate) fn mooncake_cluster(
         .or_else(MooncakeConfig::from_env)
         .ok_or_else(|| {
             ScenarioError::L3(
-                "no Mooncake cluster in the environment: run `cargo xtask mooncake up` and \
-             `eval \"$(cargo xtask mooncake env)\"` first"
+                "no Mooncake cluster in the environment: run this under `cargo xtask \
+                 mooncake run -- ...`"
                     .into(),
             )
         })

@@ -1,5 +1,5 @@
 //! The `longdoc` scenario with a real Mooncake cluster as the L3 store (`cargo xtask
-//! mooncake up`; `cargo xtask ci` starts one): documents come back from Mooncake with the
+//! mooncake run -- CMD`; `cargo xtask ci` runs its tests so): documents come back from Mooncake with the
 //! answers of a run without cache, and a master killed mid-run turns the rest of the run
 //! into misses, never wrong KV. Without a cluster these tests say so loudly and skip;
 //! under CI (`CI=true`) they fail instead.
@@ -36,7 +36,10 @@ fn mooncake_options(test: &str, cluster: MooncakeConfig) -> ScenarioOptions {
 fn documents_come_back_from_mooncake_with_the_answers_of_a_run_without_cache() {
     let Some(cluster) = cluster() else { return };
     let off = cache_off();
-    let on = run_checked(&mooncake_options("roundtrip", cluster));
+    // A master of its own: every question must find its document, so no other test's
+    // objects may compete for the master's memory (it evicts when full).
+    let own = testing::LoopbackMaster::start(&cluster).expect("start the test's own master");
+    let on = run_checked(&mooncake_options("roundtrip", own.config(&cluster)));
     assert_eq!(on.l3, "mooncake");
     assert_later_questions_came_from_l3(&on, &off);
 }
@@ -47,9 +50,8 @@ fn documents_come_back_from_mooncake_with_the_answers_of_a_run_without_cache() {
 fn killing_the_master_mid_run_turns_the_rest_into_misses() {
     let Some(cluster) = cluster() else { return };
     let off = cache_off();
-    // Ports of its own, apart from the shared master's and kvtier-l3's test master's.
-    let own = testing::LoopbackMaster::start(&cluster, 50072, 8092, 9014)
-        .expect("start the test's own master");
+    // A master of its own (on free ports), apart from the shared one.
+    let own = testing::LoopbackMaster::start(&cluster).expect("start the test's own master");
     let options = mooncake_options("killed", own.config(&cluster));
     let mut master = Some(own);
     // Questions are answered one at a time: d0q0, d1q0, d2q0, d3q0, d0q1, d1q1, ...

@@ -41,7 +41,7 @@ pub struct MooncakeConfig {
 }
 
 impl MooncakeConfig {
-    /// The config `cargo xtask mooncake up` describes in the environment
+    /// The config `cargo xtask mooncake run` describes in the environment
     /// (`MOONCAKE_STORE_LIBRARY`, `MC_CUDA_STUB`, `KVTIER_MOONCAKE_MASTER`,
     /// `KVTIER_MOONCAKE_METADATA`); `None` when the library is not named.
     pub fn from_env() -> Option<Self> {

@@ -2,14 +2,17 @@
 //! Behind the `testing` feature, which only dev-dependencies turn on: it starts
 //! processes, nothing a library user needs.
 //!
-//! * [`cluster_from_env`]: the cluster `cargo xtask mooncake up` describes; without one a
+//! * [`cluster_from_env`]: the cluster `cargo xtask mooncake run` describes; without one a
 //!   test says loudly that it skipped, and under CI (`CI=true`) it is an error instead,
 //!   so a missing install step cannot hide.
-//! * [`LoopbackMaster`]: a `mooncake_master` of a test's own on loopback ports, for tests
-//!   that kill it mid-run without disturbing the shared one.
+//! * [`LoopbackMaster`]: a `mooncake_master` of a test's own on free loopback ports (the
+//!   kernel picks them), watched while it starts, for tests that kill it mid-run without
+//!   disturbing the shared one.
 
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::fs::File;
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 use super::MooncakeConfig;
@@ -21,8 +24,8 @@ pub fn cluster_from_env() -> Result<Option<MooncakeConfig>, L3Error> {
     if let Some(config) = MooncakeConfig::from_env() {
         return Ok(Some(config));
     }
-    let msg = "Mooncake is not set up (MOONCAKE_STORE_LIBRARY unset): run `cargo xtask \
-               mooncake up` and `eval $(cargo xtask mooncake env)`";
+    let msg = "Mooncake is not set up (MOONCAKE_STORE_LIBRARY unset): run the tests under \
+               `cargo xtask mooncake run -- cargo test ...`";
     if std::env::var("CI").is_ok_and(|v| v == "true") {
         return Err(L3Error::Config(msg.into()));
     }
@@ -36,18 +39,59 @@ pub struct LoopbackMaster {
     child: Child,
     rpc_port: u16,
     metadata_port: u16,
+    /// Where its output goes (read into the error when it does not come up).
+    log: PathBuf,
+}
+
+/// `N` distinct ports free on 127.0.0.1 now: the kernel picks them (port 0), all bound at
+/// once so they differ. The master binds them a moment later; `LoopbackMaster::start`
+/// retries with fresh ports if another process took one in between.
+pub fn free_loopback_ports<const N: usize>() -> Result<[u16; N], L3Error> {
+    let io = |source| L3Error::Io {
+        path: "127.0.0.1:0".into(),
+        source,
+    };
+    let listeners = (0..N)
+        .map(|_| TcpListener::bind(("127.0.0.1", 0)).map_err(io))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut ports = [0; N];
+    for (port, listener) in ports.iter_mut().zip(&listeners) {
+        *port = listener.local_addr().map_err(io)?.port();
+    }
+    Ok(ports)
 }
 
 impl LoopbackMaster {
     /// Starts the `mooncake_master` that sits beside `cluster.library` (the wheel ships
-    /// both) on the given ports, and waits up to 10 s until both accept connections.
-    pub fn start(
-        cluster: &MooncakeConfig,
-        rpc_port: u16,
-        metadata_port: u16,
-        metrics_port: u16,
-    ) -> Result<Self, L3Error> {
+    /// both) on free loopback ports, and waits up to 10 s until both of its servers
+    /// accept connections. A master that exits meanwhile (a port taken under it) is
+    /// started again on fresh ports, twice at most; then the error carries its exit
+    /// status and the end of its output.
+    pub fn start(cluster: &MooncakeConfig) -> Result<Self, L3Error> {
+        let mut last = None;
+        for _ in 0..3 {
+            match Self::start_once(cluster)? {
+                Ok(master) => return Ok(master),
+                Err(exited) => last = Some(exited),
+            }
+        }
+        Err(L3Error::Config(last.unwrap_or_default()))
+    }
+
+    /// `Ok(Err(why))` when the master exited before it was ready.
+    fn start_once(cluster: &MooncakeConfig) -> Result<Result<Self, String>, L3Error> {
         let binary = cluster.library.with_file_name("mooncake_master");
+        let [rpc_port, metadata_port, metrics_port] = free_loopback_ports()?;
+        let log = std::env::temp_dir().join(format!(
+            "kvtier-mooncake-master-{}-{rpc_port}.log",
+            std::process::id()
+        ));
+        let io = |path: &Path| {
+            let path = path.display().to_string();
+            move |source| L3Error::Io { path, source }
+        };
+        let out = File::create(&log).map_err(io(&log))?;
+        let err = out.try_clone().map_err(io(&log))?;
         let child = Command::new(&binary)
             .args([
                 "--rpc_address=127.0.0.1".to_string(),
@@ -59,30 +103,44 @@ impl LoopbackMaster {
                 format!("--metrics_port={metrics_port}"),
             ])
             .env("MC_TCP_BIND_ADDRESS", "127.0.0.1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stdout(out)
+            .stderr(err)
             .spawn()
-            .map_err(|source| L3Error::Io {
-                path: binary.display().to_string(),
-                source,
-            })?;
-        let master = Self {
+            .map_err(io(&binary))?;
+        let mut master = Self {
             child,
             rpc_port,
             metadata_port,
+            log,
         };
         let listening = |port| TcpStream::connect(("127.0.0.1", port)).is_ok();
-        let ready = (0..100).any(|_| {
+        for _ in 0..100 {
+            if let Some(status) = master.child.try_wait().map_err(io(&binary))? {
+                let tail = master.log_tail();
+                return Ok(Err(format!(
+                    "{} exited ({status}) before it was ready on 127.0.0.1:{rpc_port} and \
+                     :{metadata_port}; its output ends with:\n{tail}",
+                    binary.display()
+                )));
+            }
+            if listening(rpc_port) && listening(metadata_port) {
+                return Ok(Ok(master));
+            }
             std::thread::sleep(Duration::from_millis(100));
-            listening(rpc_port) && listening(metadata_port)
-        });
-        if !ready {
-            return Err(L3Error::Config(format!(
-                "{} did not listen on 127.0.0.1:{rpc_port} and :{metadata_port}",
-                binary.display()
-            )));
         }
-        Ok(master)
+        Err(L3Error::Config(format!(
+            "{} did not listen on 127.0.0.1:{rpc_port} and :{metadata_port} within 10 s; \
+             its output ends with:\n{}",
+            binary.display(),
+            master.log_tail()
+        )))
+    }
+
+    /// The last lines the master wrote.
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
     }
 
     /// Kills the master and waits for it to exit.
@@ -110,5 +168,6 @@ impl Drop for LoopbackMaster {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
     }
 }

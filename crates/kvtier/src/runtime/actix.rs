@@ -28,6 +28,8 @@ impl Message for Deliver {
 #[derive(Debug)]
 pub(crate) struct Shell {
     actor: Box<dyn Destination>,
+    /// Runs on an arbiter of its own, which it stops with itself.
+    own_thread: bool,
 }
 
 impl Actor for Shell {
@@ -36,19 +38,30 @@ impl Actor for Shell {
 
 impl Handler<Deliver> for Shell {
     type Result = Result<Answer, KvError>;
-    fn handle(&mut self, msg: Deliver, _: &mut Context<Self>) -> Self::Result {
-        self.actor.deliver(msg.0)
+    fn handle(&mut self, msg: Deliver, ctx: &mut Context<Self>) -> Self::Result {
+        let stop = matches!(msg.0.body, crate::mail::Body::Stop);
+        let answer = self.actor.deliver(msg.0);
+        if stop && self.own_thread {
+            // The core is dropped by now; the arbiter's thread ends once this answer is
+            // out, instead of idling until the process exits.
+            ctx.stop();
+            Arbiter::current().stop();
+        }
+        answer
     }
 }
 
 impl Shell {
     pub fn new(actor: Box<dyn Destination>) -> Self {
-        Self { actor }
+        Self {
+            actor,
+            own_thread: false,
+        }
     }
 
     /// Starts a shell on the current arbiter, or on a new one.
     pub fn start_for(actor: Box<dyn Destination>, own_thread: bool) -> Addr<Shell> {
-        let shell = Shell { actor };
+        let shell = Shell { actor, own_thread };
         if own_thread {
             Shell::start_in_arbiter(&Arbiter::new().handle(), move |_| shell)
         } else {
@@ -225,5 +238,17 @@ impl Driver for ActixLocal {
     fn call(&mut self, call: Call, span: tracing::Span) -> Result<Outcome, KvError> {
         self.runner
             .block_on(self::call(self.front.clone(), call, span))
+    }
+}
+
+impl Drop for ActixLocal {
+    /// A system dropped without `shutdown` is shut down here, so the cores of actors on
+    /// threads of their own (the L3 store's client, for one) are dropped and their
+    /// threads end, rather than outliving the system. Not while unwinding: a panic in a
+    /// drop would abort.
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            drop(self.call(Call::Shutdown, tracing::Span::none()));
+        }
     }
 }
