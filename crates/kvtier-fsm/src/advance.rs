@@ -386,19 +386,28 @@ impl SchedulerCore {
     // ----- write-back completion ---------------------------------------------------
 
     fn write_back_done(&mut self, op_id: OpId, success: bool) -> Result<(), SchedError> {
-        let Some(op) = self.ops.take_write_back(op_id) else {
+        let Some(resolved) = self.ops.acknowledge_write_back(op_id, success) else {
             return self.stale_or_unknown_op(op_id);
         };
+        if !success {
+            self.stats.failed_write_backs += 1;
+        }
+        for (op, outcome) in resolved {
+            self.write_back_resolved(op, outcome);
+        }
+        Ok(())
+    }
+
+    /// A write-back whose outcome is known: its own copy and those it relied on.
+    fn write_back_resolved(&mut self, op: WriteBackInFlight, success: bool) {
         let WriteBackInFlight {
             request,
             ticket,
             device_node,
             is_retract,
+            depends_on: _,
         } = op;
         let key = request.and_then(|id| self.requests.key_of(&id));
-        if !success {
-            self.stats.failed_write_backs += 1;
-        }
         // After a failed retract copy the device copy is the only one: the cache pins it
         // for the retracted request before the ticket lets go of it.
         let keep = !success && is_retract && key.is_some();
@@ -420,7 +429,7 @@ impl SchedulerCore {
             target,
         );
         let Some(key) = key else {
-            return Ok(());
+            return;
         };
         let state = std::mem::replace(&mut self.requests[key].state, State::Finished);
         let next = match state {
@@ -439,7 +448,6 @@ impl SchedulerCore {
             other => other,
         };
         self.requests[key].state = next;
-        Ok(())
     }
 }
 

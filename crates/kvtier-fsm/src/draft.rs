@@ -2,10 +2,11 @@
 //! emitted, its candidates and what each asked the cache for. [`Awaiting`] holds it
 //! between the plan's batches; `step.rs` fills it.
 
+use std::collections::hash_map::{self, HashMap};
 use std::collections::HashSet;
 use std::time::Instant;
 
-use kvtier_types::{ExecutionPlan, ForwardRow, RowKind, Token, TransferPair};
+use kvtier_types::{ExecutionPlan, ForwardRow, OpId, RowKind, Token, TransferPair};
 
 use crate::outbox::Target;
 use crate::request::{LocalKv, Request, Running};
@@ -101,14 +102,37 @@ impl Rows {
 /// Transfer pairs already emitted in this plan, per direction (a pair is emitted once).
 #[derive(Debug, Default)]
 pub(crate) struct Seen {
-    write_back: HashSet<TransferPair>,
+    /// Each write-back pair emitted, with the op that carries it.
+    write_back: HashMap<TransferPair, OpId>,
     load_back: HashSet<TransferPair>,
 }
 
 impl Seen {
-    /// The pairs of a write-back not yet emitted by this plan's earlier write-backs.
-    pub fn new_write_back_pairs(&mut self, pairs: Vec<TransferPair>) -> Vec<TransferPair> {
-        dedup(&mut self.write_back, pairs)
+    /// The pairs of write-back `op` not yet emitted by this plan's earlier write-backs,
+    /// and those earlier ops (sorted) that carry the rest: `op`'s copy is only whole if
+    /// they succeed too.
+    pub fn new_write_back_pairs(
+        &mut self,
+        op: OpId,
+        pairs: Vec<TransferPair>,
+    ) -> (Vec<TransferPair>, Vec<OpId>) {
+        let mut carried_by = Vec::new();
+        let mine = pairs
+            .into_iter()
+            .filter(|pair| match self.write_back.entry(*pair) {
+                hash_map::Entry::Vacant(slot) => {
+                    slot.insert(op);
+                    true
+                }
+                hash_map::Entry::Occupied(earlier) => {
+                    carried_by.push(*earlier.get());
+                    false
+                }
+            })
+            .collect();
+        carried_by.sort_unstable();
+        carried_by.dedup();
+        (mine, carried_by)
     }
 
     /// The pairs of a load-back not yet emitted by this plan's earlier load-backs.

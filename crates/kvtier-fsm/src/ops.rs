@@ -23,12 +23,21 @@ pub(crate) struct WriteBackInFlight {
     /// retract copy).
     pub device_node: NodeId,
     pub is_retract: bool,
+    /// Earlier write-backs of the same plan that carry some of its pairs (a plan emits
+    /// each pair once): its copy is whole only if they succeed too.
+    pub depends_on: Vec<OpId>,
 }
 
 /// Ops in flight and the next op id.
 #[derive(Debug)]
 pub(crate) struct OpTable {
     write_backs: BTreeMap<OpId, WriteBackInFlight>,
+    /// Write-backs acknowledged (with the engine's answer) that wait for the write-backs
+    /// they depend on.
+    parked: BTreeMap<OpId, (WriteBackInFlight, bool)>,
+    /// Write-backs others depend on: how many dependents are unresolved, and the
+    /// outcome once it is known.
+    depended_on: BTreeMap<OpId, (usize, Option<bool>)>,
     /// Written-back host pages waiting for their L3 backup op, pinned on host.
     pending_backups: Vec<BackupSource>,
     /// Backups in flight: the host lock pinning each one's source pages until acked.
@@ -41,6 +50,8 @@ impl Default for OpTable {
     fn default() -> Self {
         Self {
             write_backs: BTreeMap::new(),
+            parked: BTreeMap::new(),
+            depended_on: BTreeMap::new(),
             pending_backups: Vec::new(),
             backups: BTreeMap::new(),
             // 0 is never issued: an acknowledgement for op 0 is always unknown.
@@ -71,15 +82,73 @@ impl OpTable {
         op_id
     }
 
-    /// The write-back `op_id` on its acknowledgement; `None` if it is not in flight.
-    pub fn take_write_back(&mut self, op_id: OpId) -> Option<WriteBackInFlight> {
-        self.write_backs.remove(&op_id)
+    /// Write-back `op_id` relies on `earlier` ops of its plan for some of its pairs.
+    pub fn depends_on(&mut self, op_id: OpId, earlier: Vec<OpId>) {
+        for &op in &earlier {
+            self.depended_on.entry(op).or_insert((0, None)).0 += 1;
+        }
+        if let Some(write_back) = self.write_backs.get_mut(&op_id) {
+            write_back.depends_on = earlier;
+        }
+    }
+
+    /// The engine acknowledged write-back `op_id` with `success`. Returns the
+    /// write-backs this resolves, in op order, each with its outcome: its own success
+    /// and that of every write-back it depends on (a pair it relied on another op to
+    /// copy was only copied if that op succeeded). A write-back waits, acknowledged,
+    /// until those are resolved. `None` if `op_id` is not in flight.
+    pub fn acknowledge_write_back(
+        &mut self,
+        op_id: OpId,
+        success: bool,
+    ) -> Option<Vec<(WriteBackInFlight, bool)>> {
+        let write_back = self.write_backs.remove(&op_id)?;
+        self.parked.insert(op_id, (write_back, success));
+        let mut resolved = Vec::new();
+        while let Some(op) = self.next_resolvable() {
+            let Some((write_back, own)) = self.parked.remove(&op) else {
+                break;
+            };
+            let mut outcome = own;
+            for dep in &write_back.depends_on {
+                let Some((left, dep_outcome)) = self.depended_on.get_mut(dep) else {
+                    continue;
+                };
+                outcome &= dep_outcome.unwrap_or(false);
+                *left -= 1;
+                if *left == 0 {
+                    self.depended_on.remove(dep);
+                }
+            }
+            if let Some((_, known)) = self.depended_on.get_mut(&op) {
+                *known = Some(outcome);
+            }
+            resolved.push((write_back, outcome));
+        }
+        Some(resolved)
+    }
+
+    /// The first parked write-back whose dependencies all have outcomes.
+    fn next_resolvable(&self) -> Option<OpId> {
+        self.parked
+            .iter()
+            .find(|(_, (write_back, _))| {
+                write_back.depends_on.iter().all(|dep| {
+                    self.depended_on
+                        .get(dep)
+                        .is_none_or(|(_, outcome)| outcome.is_some())
+                })
+            })
+            .map(|(&op, _)| op)
     }
 
     /// The request of write-back `op_id` is gone; the copy stays pinned by its ticket
-    /// until acknowledged.
+    /// until acknowledged (and resolved).
     pub fn detach_request(&mut self, op_id: OpId) {
         if let Some(write_back) = self.write_backs.get_mut(&op_id) {
+            write_back.request = None;
+        }
+        if let Some((write_back, _)) = self.parked.get_mut(&op_id) {
             write_back.request = None;
         }
     }
@@ -112,11 +181,14 @@ impl OpTable {
 
     /// Write-backs and backups issued and not acknowledged, and backups queued.
     pub fn in_flight(&self) -> usize {
-        self.write_backs.len() + self.backups.len() + self.pending_backups.len()
+        self.write_backs.len() + self.parked.len() + self.backups.len() + self.pending_backups.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.write_backs.is_empty() && self.pending_backups.is_empty() && self.backups.is_empty()
+        self.write_backs.is_empty()
+            && self.parked.is_empty()
+            && self.pending_backups.is_empty()
+            && self.backups.is_empty()
     }
 
     /// Debug builds: a fresh id names no op in flight (one table entry per op).
@@ -124,6 +196,7 @@ impl OpTable {
         debug_assert!(
             op_id != 0
                 && !self.write_backs.contains_key(&op_id)
+                && !self.parked.contains_key(&op_id)
                 && !self.backups.contains_key(&op_id),
             "op id {op_id} issued twice"
         );

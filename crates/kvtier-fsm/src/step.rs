@@ -220,8 +220,10 @@ impl SchedulerCore {
             ticket: attached.ticket,
             device_node: attached.device_node,
             is_retract,
+            depends_on: Vec::new(),
         });
-        let pairs = seen.new_write_back_pairs(attached.pairs);
+        let (pairs, carried_by) = seen.new_write_back_pairs(op_id, attached.pairs);
+        self.ops.depends_on(op_id, carried_by);
         plan.write_backs.push(WriteBackOp {
             op_id,
             pairs,

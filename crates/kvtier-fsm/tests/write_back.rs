@@ -115,6 +115,45 @@ fn write_back_shared_device_path_both_get_separate_ops() {
     check(&mut s);
 }
 
+/// Found by the seeded campaign: a plan emits each pair once, so the second of two
+/// write-backs sharing a prefix relies on the first to copy it. When the first fails and
+/// the second succeeds, the shared host pages were never written: nothing of either may
+/// read as written back. Both acknowledgement orders; a write-back acknowledged before
+/// the one it relies on waits for it (its request stays `WritingBack`).
+#[test]
+fn a_write_back_relying_on_a_failed_one_rolls_back_too() {
+    for first_acked in ["r1", "r2"] {
+        let mut s = sched(fixture());
+        run_and_finish(
+            &mut s,
+            &[("r1", vec![1, 2, 3, 4]), ("r2", vec![1, 2, 5, 6])],
+        );
+        let plan = s.next_plan();
+        let [op1, op2] = [&plan.write_backs[0], &plan.write_backs[1]];
+        assert_eq!((op1.pairs.len(), op2.pairs.len()), (2, 1), "op 2 relies on op 1");
+        let (failed, succeeded) = (wb_done(op1.op_id, false), wb_done(op2.op_id, true));
+        if first_acked == "r2" {
+            advance(&mut s, vec![succeeded]);
+            assert_eq!(state(&s, "r2"), StateKind::WritingBack, "waits for op 1");
+            advance(&mut s, vec![failed]);
+        } else {
+            advance(&mut s, vec![failed, succeeded]);
+        }
+        assert_eq!(state(&s, "r1"), StateKind::Finished);
+        assert_eq!(state(&s, "r2"), StateKind::Finished);
+        let st = s.stats();
+        assert_eq!(st.cached_host_pages, 0, "{first_acked} first: nothing reads as written");
+        assert_eq!(st.failed_write_backs, 1);
+        check(&mut s);
+        // Their prefix is still served, from the device copies.
+        submit(&mut s, "r3", vec![1, 2, 5, 6, 7]);
+        let plan = s.next_plan();
+        assert!(plan.load_backs.is_empty(), "{first_acked} first");
+        assert_eq!(row_of(&plan, "r3").extend_prefix_len, 4);
+        check(&mut s);
+    }
+}
+
 /// P8 fixed: a failed write-back rolls the host pages back; the device copy stays
 /// cached (unlocked) and the request finishes.
 #[test]
