@@ -1,7 +1,7 @@
 //! Which path a workload drives: the same embedding API ([`kvtier::LocalSystem`]) over
 //! the direct path, the actix actors, or the deterministic bus.
 
-use kvtier::{KvError, LocalSystem, Runtime, System};
+use kvtier::{FaultHooks, KvError, LocalSystem, NoFaults, Runtime, System};
 use kvtier_device::DeviceCore;
 use kvtier_l3::L3Core;
 use kvtier_types::SchedulerConfig;
@@ -48,7 +48,21 @@ pub fn system_on(
     device: Option<DeviceCore>,
     l3: Option<L3Core>,
 ) -> Result<LocalSystem, KvError> {
-    let mut builder = System::builder(config).runtime(path.runtime());
+    system_with_hooks(path, config, device, l3, NoFaults)
+}
+
+/// [`system_on`] with fault hooks on every delivery (delays and picks reorder only the
+/// deterministic bus).
+pub fn system_with_hooks(
+    path: Path,
+    config: SchedulerConfig,
+    device: Option<DeviceCore>,
+    l3: Option<L3Core>,
+    hooks: impl FaultHooks + 'static,
+) -> Result<LocalSystem, KvError> {
+    let mut builder = System::builder(config)
+        .runtime(path.runtime())
+        .fault_hooks(hooks);
     if let Some(device) = device {
         builder = builder.device(device);
     }

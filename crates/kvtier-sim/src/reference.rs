@@ -263,6 +263,13 @@ impl ReferenceEngine {
         })
     }
 
+    /// The reference engine a device runs its rows through, if that is its runner.
+    pub fn of(device: &DeviceCore) -> Option<&ReferenceEngine> {
+        device
+            .runner()
+            .and_then(|runner| runner.as_any().downcast_ref::<ReferenceEngine>())
+    }
+
     /// A device core over fresh arenas for pools of `device_pages` and `host_pages`
     /// (page 0 included), with this engine as its model runner.
     pub fn into_device(self, host_pages: u32) -> Result<DeviceCore, DeviceError> {

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use kvtier::KvError;
-use kvtier_device::{DeviceError, FailEveryNth, KvGeometry, NewRequest};
+use kvtier_device::{DeviceCore, DeviceError, FailEveryNth, KvGeometry, NewRequest};
 use kvtier_fsm::{BatchError, SchedError};
 use kvtier_l3::{
     L3Backend, L3Core, L3Error, L3Faults, L3Key, LocalStore, LocalStoreConfig, MooncakeConfig,
@@ -472,6 +472,30 @@ pub(crate) fn mooncake_cluster(
         })
 }
 
+/// A device core over fresh arenas of the scenario geometry, with the reference engine as
+/// its model runner (pools include page 0).
+pub fn reference_device(
+    page_size: u32,
+    device_pages: u32,
+    host_pages: u32,
+    verify: Verify,
+) -> Result<DeviceCore, DeviceError> {
+    ReferenceEngine::new(scenario_geometry(page_size), device_pages, verify)?
+        .into_device(host_pages)
+}
+
+/// The L3 actor's core over `backend`, keyed under `model` (the reference engine's KV
+/// layout), moving pages of `arena`.
+pub(crate) fn l3_core_over(
+    backend: Box<dyn L3Backend>,
+    model: &str,
+    page_size: u32,
+    arena: std::sync::Arc<kvtier_host::HostArena>,
+) -> Result<L3Core, ScenarioError> {
+    let namespace = Namespace::new(model, "u16", "page-first", page_size, 1, 0)?;
+    Ok(L3Core::new(backend, namespace, page_size, arena)?)
+}
+
 /// The L3 actor's core for a run: the store the options name, over the device's host
 /// arena. The scratch directory, if one was made, must outlive the core.
 fn l3_core(
@@ -506,9 +530,8 @@ fn l3_core(
             Box::new(store)
         }
     };
-    let namespace = Namespace::new(&o.l3_model, "u16", "page-first", page_size, 1, 0)?;
     let page_bytes = arena.page_bytes();
-    let core = L3Core::new(backend, namespace, page_size, arena)?;
+    let core = l3_core_over(backend, &o.l3_model, page_size, arena)?;
     Ok(Some(core.with_faults(Box::new(ScenarioFaults {
         fault: o.l3_fault,
         gets: 0,
@@ -567,8 +590,7 @@ pub fn run_scenario_with(
         enable_l3_storage: o.l3_on(),
         ..SchedulerConfig::default()
     };
-    let mut device = ReferenceEngine::new(scenario_geometry(PAGE), device_pages, o.verify)?
-        .into_device(host_pages)?
+    let mut device = reference_device(PAGE, device_pages, host_pages, o.verify)?
         .with_faults(Box::new(FailEveryNth::new(o.fail_every_nth_write_back)));
     // Declared before the system: the store's scratch directory outlives it.
     let mut scratch = None;
@@ -827,10 +849,7 @@ pub fn run_scenario_with(
     }
     // The device actor's counters, and the reference engine's findings.
     let device = s.take_device()?.ok_or(KvError::NoDevice)?;
-    let engine = device
-        .runner()
-        .and_then(|runner| runner.as_any().downcast_ref::<ReferenceEngine>())
-        .ok_or(KvError::NoDevice)?;
+    let engine = ReferenceEngine::of(&device).ok_or(KvError::NoDevice)?;
     debug_assert_eq!(engine.outputs, outputs, "answers as the engine saw them");
     let stats = device.stats();
     r.finished = outputs.len() as u64;
