@@ -8,6 +8,7 @@
 //! `valgrind --tool=callgrind --toggle-collect='*measured_*'` counts exactly them.
 
 pub mod api;
+pub mod campaign;
 pub mod engine;
 pub mod l3_bench;
 pub mod reference;

@@ -1,0 +1,263 @@
+//! The campaign's fault hooks: each kind of fault at a seeded rate, every firing counted.
+//!
+//! A new hook is one more [`FaultKind`] (its name, and whether it may change what the
+//! cache-on run computes) and one more roll in the hook that injects it. Each kind rolls
+//! its own stream, so dropping one kind while shrinking leaves the others' decisions as
+//! they were.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use kvtier::{Delivery, Fault, FaultHooks};
+use kvtier_device::CopyFaults;
+use kvtier_l3::{L3Backend, L3Error, L3Faults, L3Key};
+use kvtier_types::WriteBackOp;
+use serde::Serialize;
+
+use super::SeedRng;
+
+/// A kind of fault the campaign injects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum FaultKind {
+    /// A write-back copy fails (acknowledged with `success: false`).
+    WriteBackCopy,
+    /// A prefetch's get fails outright (the store is down).
+    L3GetFails,
+    /// A prefetch finds a tail of its objects gone (evicted between lookup and get).
+    L3ObjectsLost,
+    /// A submit-time existence query fails (no hits).
+    L3ExistsFails,
+    /// A delivery on the deterministic bus is held back a few ticks.
+    BusDelay,
+    /// The bus delivers another ready message than the oldest.
+    BusReorder,
+    /// Not a fault but a planted bug, never drawn: the store serves the second object of
+    /// a get under the first key, its own checks passing. Only the oracle can catch it;
+    /// tests plant it to show that the campaign fails closed.
+    L3ServesWrongObject,
+}
+
+impl FaultKind {
+    /// Every kind a seed draws, in table order.
+    pub const ALL: [FaultKind; 6] = [
+        FaultKind::WriteBackCopy,
+        FaultKind::L3GetFails,
+        FaultKind::L3ObjectsLost,
+        FaultKind::L3ExistsFails,
+        FaultKind::BusDelay,
+        FaultKind::BusReorder,
+    ];
+
+    /// Its name in the coverage table.
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::WriteBackCopy => "fault: write-back copy fails",
+            FaultKind::L3GetFails => "fault: L3 get fails",
+            FaultKind::L3ObjectsLost => "fault: L3 objects lost",
+            FaultKind::L3ExistsFails => "fault: L3 lookup fails",
+            FaultKind::BusDelay => "fault: bus delay",
+            FaultKind::BusReorder => "fault: bus reorder",
+            FaultKind::L3ServesWrongObject => "planted: L3 serves a wrong object",
+        }
+    }
+
+    /// Whether the fault only reorders messages, so the cache-off run takes it too
+    /// (the others change what the cache-on run computes, never what it answers).
+    pub fn bus_only(self) -> bool {
+        matches!(self, FaultKind::BusDelay | FaultKind::BusReorder)
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Fault rates, per mille of the chances each kind gets; kinds not listed never fire.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FaultRates(pub BTreeMap<FaultKind, u16>);
+
+impl FaultRates {
+    /// The rate of `kind`.
+    pub fn of(&self, kind: FaultKind) -> u16 {
+        self.0.get(&kind).copied().unwrap_or(0)
+    }
+
+    /// Only the bus faults (the cache-off run's).
+    pub fn bus_only(&self) -> FaultRates {
+        FaultRates(
+            self.0
+                .iter()
+                .filter(|(kind, _)| kind.bus_only())
+                .map(|(&kind, &rate)| (kind, rate))
+                .collect(),
+        )
+    }
+}
+
+/// How often each kind fired, shared by the hooks of one run (the planted bug too).
+#[derive(Debug, Default)]
+pub struct FaultTally([AtomicU64; FaultKind::ALL.len() + 1]);
+
+impl FaultTally {
+    fn fired(&self, kind: FaultKind) {
+        self.0[kind.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Firings of `kind` so far.
+    pub fn count(&self, kind: FaultKind) -> u64 {
+        self.0[kind.index()].load(Ordering::Relaxed)
+    }
+}
+
+/// One kind's seeded coin: fires at its rate, counts what it fires.
+#[derive(Debug)]
+struct Dice {
+    kind: FaultKind,
+    per_mille: u16,
+    rng: SeedRng,
+    tally: Arc<FaultTally>,
+}
+
+impl Dice {
+    fn new(seed: u64, rates: &FaultRates, kind: FaultKind, tally: &Arc<FaultTally>) -> Self {
+        Self {
+            kind,
+            per_mille: rates.of(kind),
+            // Each kind its own stream (the kind's index mixed into the seed).
+            rng: SeedRng::new(seed ^ (0xfa17_0000 + kind.index() as u64).rotate_left(40)),
+            tally: Arc::clone(tally),
+        }
+    }
+
+    /// Whether the fault fires now (counted if it does).
+    fn roll(&mut self) -> bool {
+        let fire = self.per_mille > 0 && self.rng.below(1000) < u64::from(self.per_mille);
+        if fire {
+            self.tally.fired(self.kind);
+        }
+        fire
+    }
+
+    /// A number in `0..n` from this kind's stream (n > 0).
+    fn below(&mut self, n: u64) -> u64 {
+        self.rng.below(n)
+    }
+}
+
+/// Write-back copies that fail at the seed's rate.
+#[derive(Debug)]
+pub struct CampaignCopyFaults {
+    write_back: Dice,
+}
+
+impl CampaignCopyFaults {
+    /// The device hooks of a run.
+    pub fn new(seed: u64, rates: &FaultRates, tally: &Arc<FaultTally>) -> Self {
+        Self {
+            write_back: Dice::new(seed, rates, FaultKind::WriteBackCopy, tally),
+        }
+    }
+}
+
+impl CopyFaults for CampaignCopyFaults {
+    fn fail_write_back(&mut self, _: &WriteBackOp) -> bool {
+        self.write_back.roll()
+    }
+}
+
+/// L3 gets that fail, objects lost before a get, and lookups that fail, at the seed's
+/// rates.
+#[derive(Debug)]
+pub struct CampaignL3Faults {
+    get_fails: Dice,
+    lost: Dice,
+    exists_fails: Dice,
+    wrong_object: Dice,
+    page_bytes: usize,
+}
+
+impl CampaignL3Faults {
+    /// The L3 hooks of a run whose objects (pages) are `page_bytes` long.
+    pub fn new(seed: u64, rates: &FaultRates, tally: &Arc<FaultTally>, page_bytes: usize) -> Self {
+        Self {
+            get_fails: Dice::new(seed, rates, FaultKind::L3GetFails, tally),
+            lost: Dice::new(seed, rates, FaultKind::L3ObjectsLost, tally),
+            exists_fails: Dice::new(seed, rates, FaultKind::L3ExistsFails, tally),
+            wrong_object: Dice::new(seed, rates, FaultKind::L3ServesWrongObject, tally),
+            page_bytes,
+        }
+    }
+}
+
+fn injected(what: &str) -> L3Error {
+    L3Error::Io {
+        path: "injected".into(),
+        source: std::io::Error::other(what.to_string()),
+    }
+}
+
+impl L3Faults for CampaignL3Faults {
+    fn before_get(&mut self, keys: &[L3Key], backend: &mut dyn L3Backend) -> Result<(), L3Error> {
+        if self.get_fails.roll() {
+            return Err(injected("the L3 store is down"));
+        }
+        if !keys.is_empty() && self.lost.roll() {
+            // A tail of the objects is gone, from a random page on (the first included).
+            let from = self.lost.below(keys.len() as u64) as usize;
+            backend.remove(&keys[from..])?;
+        }
+        if keys.len() >= 2 && self.wrong_object.roll() {
+            let mut other = vec![0u8; self.page_bytes];
+            if backend.get(&keys[1..2], &mut [&mut other[..]])? == [true] {
+                backend.remove(&keys[..1])?;
+                backend.put(&keys[..1], &[&other[..]])?;
+            }
+        }
+        Ok(())
+    }
+
+    fn before_exists(&mut self, _keys: &[L3Key]) -> Result<(), L3Error> {
+        if self.exists_fails.roll() {
+            return Err(injected("the L3 lookup failed"));
+        }
+        Ok(())
+    }
+}
+
+/// Delays and reorders deliveries on the deterministic bus (never fails one: a failed
+/// delivery fails the whole system by design).
+#[derive(Debug)]
+pub struct BusChaos {
+    delay: Dice,
+    reorder: Dice,
+}
+
+impl BusChaos {
+    /// The bus hooks of a run.
+    pub fn new(seed: u64, rates: &FaultRates, tally: &Arc<FaultTally>) -> Self {
+        Self {
+            delay: Dice::new(seed, rates, FaultKind::BusDelay, tally),
+            reorder: Dice::new(seed, rates, FaultKind::BusReorder, tally),
+        }
+    }
+}
+
+impl FaultHooks for BusChaos {
+    fn on_send(&mut self, _: &Delivery) -> Fault {
+        if self.delay.roll() {
+            Fault::Delay(1 + self.delay.below(4))
+        } else {
+            Fault::Deliver
+        }
+    }
+
+    fn pick(&mut self, ready: &[Delivery]) -> usize {
+        // Only a real choice counts as a reorder.
+        if ready.len() > 1 && self.reorder.roll() {
+            1 + self.reorder.below(ready.len() as u64 - 1) as usize
+        } else {
+            0
+        }
+    }
+}
