@@ -5,12 +5,15 @@
 //!   the report. Benchmark workloads replay through the core.
 //! * `kvtier bench w1|w2|w3` — runs one benchmark workload exactly as defined in
 //!   WORKLOADS.md; `--json` makes the last stdout line one JSON object.
+//! * `kvtier campaign --seeds N --from S` — the seeded campaign: random workloads with
+//!   faults, each run with the cache on and off under the oracle (docs/campaign.md).
 //!
 //! This file holds the command line and the dispatch; each command is a module
-//! (`replay`, `bench`), and `report` prints and writes their results. The values the
+//! (`replay`, `bench`, `campaign`), and `report` prints and writes their results. The values the
 //! flags take are the library's own enums.
 
 mod bench;
+mod campaign;
 mod replay;
 mod report;
 
@@ -40,6 +43,9 @@ enum Command {
     Replay(ReplayArgs),
     /// Run a benchmark workload (WORKLOADS.md) and print its counters and timings.
     Bench(BenchArgs),
+    /// Run the seeded campaign: random workloads with faults, cache on and off, under
+    /// the integrity oracle (docs/campaign.md).
+    Campaign(CampaignArgs),
 }
 
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -112,6 +118,25 @@ struct BenchArgs {
     json: bool,
 }
 
+#[derive(Debug, Clone, clap::Args)]
+struct CampaignArgs {
+    /// How many seeds.
+    #[arg(long)]
+    seeds: u64,
+    /// The first seed.
+    #[arg(long, default_value_t = 0)]
+    from: u64,
+    /// Seeds run at once (default: one per core); the results do not depend on it.
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Runs the shrinker may spend on each failing seed (0: no shrinking).
+    #[arg(long, default_value_t = kvtier_sim::campaign::SHRINK_BUDGET)]
+    shrink_budget: usize,
+    /// Print one JSON object as the last line of stdout.
+    #[arg(long)]
+    json: bool,
+}
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli
@@ -120,5 +145,6 @@ fn main() -> Result<()> {
     {
         Command::Replay(args) => replay::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Campaign(args) => campaign::run(args),
     }
 }

@@ -3,6 +3,7 @@
 use anyhow::{Context, Result};
 use kvtier_device::bench::CopyBench;
 use kvtier_sim::Report;
+use kvtier_sim::campaign::CampaignReport;
 use kvtier_sim::l3_bench::{L3BenchOptions, L3BenchReport};
 use kvtier_sim::scenario::ScenarioReport;
 
@@ -316,4 +317,56 @@ pub fn l3_json(r: &L3BenchReport) -> serde_json::Value {
         out.insert(format!("p{k}k_prefetch_ratio"), row.prefetch_ratio.into());
     }
     serde_json::Value::Object(out)
+}
+
+/// The campaign's coverage table, then each failure with its shrunk reproduction.
+pub fn campaign(r: &CampaignReport, jobs: usize, wall_s: f64) {
+    let last = r.from.saturating_add(r.seeds.saturating_sub(1));
+    println!(
+        "campaign: seeds {}..={last}: {} passed, {} failed, {} could not run ({wall_s:.1} s on \
+         {jobs} threads)",
+        r.from,
+        r.passed,
+        r.failures.len(),
+        r.errors.len()
+    );
+    println!(
+        "\n  {:<40} {:>8} {:>7} {:>10}",
+        "reached", "runs", "%", "total"
+    );
+    for row in &r.coverage {
+        let pct = if r.passed == 0 {
+            0.0
+        } else {
+            100.0 * row.runs as f64 / r.passed as f64
+        };
+        println!(
+            "  {:<40} {:>8} {:>6.1}% {:>10}",
+            row.metric, row.runs, pct, row.total
+        );
+    }
+    for f in &r.failures {
+        println!("\nseed {} FAILED: {}", f.seed, f.failure);
+        println!(
+            "  shrunk in {} runs to a spec that fails: {}",
+            f.shrink_runs, f.shrunk_failure
+        );
+        println!("  reproduce: kvtier campaign --from {} --seeds 1", f.seed);
+        for line in f.shrunk_spec.lines() {
+            println!("  {line}");
+        }
+    }
+    for e in &r.errors {
+        println!("\nseed {} could not run: {}", e.seed, e.error);
+    }
+}
+
+/// The campaign as one JSON object (the last line of stdout with `--json`).
+pub fn campaign_json(r: &CampaignReport, jobs: usize, wall_s: f64) -> Result<String> {
+    let mut value = serde_json::to_value(r)?;
+    if let Some(object) = value.as_object_mut() {
+        object.insert("jobs".into(), jobs.into());
+        object.insert("wall_s".into(), wall_s.into());
+    }
+    Ok(serde_json::to_string(&value)?)
 }
