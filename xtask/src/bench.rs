@@ -264,7 +264,7 @@ fn callgrind(root: &Path, args: &[String]) -> Result<()> {
 
 /// The cargo target directory, relative to the repository root unless `CARGO_TARGET_DIR`
 /// says otherwise.
-fn target_dir() -> PathBuf {
+pub(crate) fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from)
 }
 

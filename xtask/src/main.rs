@@ -1,8 +1,9 @@
-//! Repository tooling for kvtier: `cargo xtask <ci|tidy|bench>`.
+//! Repository tooling for kvtier: `cargo xtask <ci|tidy|bench|campaign>`.
 //!
 //! See `docs/xtask.md` for what each subcommand does.
 
 mod bench;
+mod campaign;
 mod ci;
 mod cuda;
 mod mooncake;
@@ -24,6 +25,7 @@ commands:
   bench [--quick] [--no-criterion]
                                   kvtier CLI bench workloads, then `cargo bench --workspace`
   bench --callgrind <w> [args..]  instruction counts of one workload under callgrind
+  campaign --seeds N [--from S]   the seeded campaign through the release kvtier binary
   mooncake run -- CMD             CMD beside a real Mooncake master, in a private network namespace
   cuda-toolchain                  nvcc from PyPI into target/cuda-venv; prints NVCC/CUDA_HOME
   help                            this message";
@@ -60,6 +62,7 @@ fn run_cli() -> Result<()> {
             tidy::run(&root)
         }
         Some("bench") => bench::run(&root, &rest),
+        Some("campaign") => campaign::run(&root, &rest),
         Some("mooncake") => mooncake::run(&root, &rest),
         Some("cuda-toolchain") => cuda::run(&root, &rest),
         Some("help" | "-h" | "--help") => {
