@@ -715,7 +715,13 @@ impl Driver<'_> {
                 ));
             }
             if self.step >= limit {
-                return Err(self.fail(Check::Stalled, format!("no quiescence after {limit} steps")));
+                return Err(self.fail(
+                    Check::Stalled,
+                    format!(
+                        "no quiescence after {limit} steps; live requests {}",
+                        self.live_requests()
+                    ),
+                ));
             }
             empty_plans = if plan.is_empty() && !self.to_come() {
                 empty_plans + 1
