@@ -168,7 +168,7 @@ fn scenarios_are_identical_on_every_path() {
 // ----- the seeded campaign ------------------------------------------------------------
 
 /// Seeds whose runs failed (shrunk reproductions: `kvtier campaign --from SEED --seeds 1`).
-const REGRESSION_SEEDS: &[u64] = &[9069, 13227, 20320, 62550, 76910];
+const REGRESSION_SEEDS: &[u64] = &[9069, 21788, 78329, 87256, 93004];
 
 /// Those of `REGRESSION_SEEDS` that still fail because their scheduler bug is open, with
 /// the check they fail (docs/campaign.md#open-bugs). A fixed bug makes its seeds pass:
@@ -180,18 +180,18 @@ const OPEN_BUGS: &[(u64, Check, &str)] = &[
         "C: a client abort of a Draining request leaves a host copy under a parent without one",
     ),
     (
-        13227,
+        21788,
         Check::Stalled,
         "A: a request requeued to recompute outgrew the device pool and is never aborted",
     ),
-    (20320, Check::Stalled, "A (waiting in Submitted)"),
+    (78329, Check::Stalled, "A (waiting in Submitted)"),
     (
-        62550,
+        87256,
         Check::Integrity,
         "B: a failed write-back's pairs, left out of a later op of the same plan, read as \
          written once that op succeeds",
     ),
-    (76910, Check::Integrity, "B"),
+    (93004, Check::Integrity, "B"),
 ];
 
 /// The CI-sized campaign: seeds `0..CI_SEEDS`.
@@ -227,14 +227,11 @@ fn a_ci_sized_campaign_passes_and_reaches_every_path() {
     let unreached: Vec<&str> = report
         .coverage
         .iter()
-        .filter(|row| row.runs == 0 && !MAY_BE_UNREACHED.contains(&row.metric.as_str()))
+        .filter(|row| row.runs == 0)
         .map(|row| row.metric.as_str())
         .collect();
     assert!(unreached.is_empty(), "never reached: {unreached:?}");
 }
-
-/// What the CI range need not reach: backups cannot be failed by a hook yet.
-const MAY_BE_UNREACHED: &[&str] = &["L3 failed backup"];
 
 /// Every seed that once failed passes, but for the open bugs, which fail as recorded.
 #[test]

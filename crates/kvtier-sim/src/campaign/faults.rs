@@ -16,6 +16,7 @@ use kvtier_types::WriteBackOp;
 use serde::Serialize;
 
 use super::SeedRng;
+use crate::tokens::splitmix64;
 
 /// A kind of fault the campaign injects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -28,6 +29,10 @@ pub enum FaultKind {
     L3ObjectsLost,
     /// A submit-time existence query fails (no hits).
     L3ExistsFails,
+    /// A backup's put fails outright.
+    L3PutFails,
+    /// A backup's put stores only a leading part of its objects, then fails.
+    L3PutPartial,
     /// A delivery on the deterministic bus is held back a few ticks.
     BusDelay,
     /// The bus delivers another ready message than the oldest.
@@ -40,11 +45,13 @@ pub enum FaultKind {
 
 impl FaultKind {
     /// Every kind a seed draws, in table order.
-    pub const ALL: [FaultKind; 6] = [
+    pub const ALL: [FaultKind; 8] = [
         FaultKind::WriteBackCopy,
         FaultKind::L3GetFails,
         FaultKind::L3ObjectsLost,
         FaultKind::L3ExistsFails,
+        FaultKind::L3PutFails,
+        FaultKind::L3PutPartial,
         FaultKind::BusDelay,
         FaultKind::BusReorder,
     ];
@@ -56,6 +63,8 @@ impl FaultKind {
             FaultKind::L3GetFails => "fault: L3 get fails",
             FaultKind::L3ObjectsLost => "fault: L3 objects lost",
             FaultKind::L3ExistsFails => "fault: L3 lookup fails",
+            FaultKind::L3PutFails => "fault: L3 backup fails",
+            FaultKind::L3PutPartial => "fault: L3 backup partial",
             FaultKind::BusDelay => "fault: bus delay",
             FaultKind::BusReorder => "fault: bus reorder",
             FaultKind::L3ServesWrongObject => "planted: L3 serves a wrong object",
@@ -70,6 +79,14 @@ impl FaultKind {
 
     fn index(self) -> usize {
         self as usize
+    }
+
+    /// What seeds this kind's own random streams: its name, so a kind added anywhere in
+    /// the enum leaves the others' streams as they were.
+    pub(crate) fn stream_key(self) -> u64 {
+        self.name()
+            .bytes()
+            .fold(0, |h, b| splitmix64(h ^ u64::from(b)))
     }
 }
 
@@ -124,8 +141,8 @@ impl Dice {
         Self {
             kind,
             per_mille: rates.of(kind),
-            // Each kind its own stream (the kind's index mixed into the seed).
-            rng: SeedRng::new(seed ^ (0xfa17_0000 + kind.index() as u64).rotate_left(40)),
+            // Each kind its own stream.
+            rng: SeedRng::new(splitmix64(seed ^ kind.stream_key())),
             tally: Arc::clone(tally),
         }
     }
@@ -166,13 +183,15 @@ impl CopyFaults for CampaignCopyFaults {
     }
 }
 
-/// L3 gets that fail, objects lost before a get, and lookups that fail, at the seed's
-/// rates.
+/// L3 gets that fail, objects lost before a get, lookups that fail, and backups that fail
+/// whole or part way, at the seed's rates.
 #[derive(Debug)]
 pub struct CampaignL3Faults {
     get_fails: Dice,
     lost: Dice,
     exists_fails: Dice,
+    put_fails: Dice,
+    put_partial: Dice,
     wrong_object: Dice,
     page_bytes: usize,
 }
@@ -184,6 +203,8 @@ impl CampaignL3Faults {
             get_fails: Dice::new(seed, rates, FaultKind::L3GetFails, tally),
             lost: Dice::new(seed, rates, FaultKind::L3ObjectsLost, tally),
             exists_fails: Dice::new(seed, rates, FaultKind::L3ExistsFails, tally),
+            put_fails: Dice::new(seed, rates, FaultKind::L3PutFails, tally),
+            put_partial: Dice::new(seed, rates, FaultKind::L3PutPartial, tally),
             wrong_object: Dice::new(seed, rates, FaultKind::L3ServesWrongObject, tally),
             page_bytes,
         }
@@ -222,6 +243,17 @@ impl L3Faults for CampaignL3Faults {
             return Err(injected("the L3 lookup failed"));
         }
         Ok(())
+    }
+
+    fn before_put(&mut self, keys: &[L3Key]) -> Result<usize, L3Error> {
+        if self.put_fails.roll() {
+            return Err(injected("the L3 store refused the backup"));
+        }
+        if !keys.is_empty() && self.put_partial.roll() {
+            // The store takes a leading part (maybe nothing), then runs out of room.
+            return Ok(self.put_partial.below(keys.len() as u64) as usize);
+        }
+        Ok(keys.len())
     }
 }
 

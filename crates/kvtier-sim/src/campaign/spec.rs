@@ -12,7 +12,7 @@ use kvtier_types::{SchedulerConfig, Token};
 use super::faults::{FaultKind, FaultRates};
 use super::{CampaignError, SeedRng};
 use crate::reference::Verify;
-use crate::tokens::{gen_tokens, tag};
+use crate::tokens::{gen_tokens, splitmix64, tag};
 
 /// Page sizes a seed draws from, with their weights: the small ones stress page
 /// boundaries, 16 and 64 are what engines use.
@@ -315,8 +315,11 @@ impl RunSpec {
         } else {
             page_size * (1 + rng.below(8) as u32) + rng.below(u64::from(unit)) as u32
         };
+        // Each kind's rate from a stream of its own: a kind added later leaves the rest of
+        // every seed's draw as it was.
         let mut faults = BTreeMap::new();
         for kind in FaultKind::ALL {
+            let mut rng = SeedRng::new(splitmix64(seed ^ splitmix64(kind.stream_key())));
             if rng.chance(350) {
                 faults.insert(kind, [20, 100, 300, 600][rng.below(4) as usize]);
             }
