@@ -42,7 +42,11 @@ pub fn metric_names() -> Vec<String> {
     PATHS
         .iter()
         .map(|name| name.to_string())
-        .chain(ABORT_STATES.iter().map(|&(state, _)| client_abort(state)))
+        .chain(
+            ABORT_STATES
+                .iter()
+                .map(|&(state, _, _)| client_abort(state)),
+        )
         .chain(FaultKind::ALL.iter().map(|kind| kind.name().to_string()))
         .collect()
 }

@@ -678,6 +678,18 @@ impl Driver<'_> {
         Ok(())
     }
 
+    /// The request a plan names in `what`, which only a live request may get.
+    fn live(&self, id: &RequestId, what: &str) -> Result<usize, Stop> {
+        let i = self.request(id)?;
+        match &self.lives[i].outcome {
+            Outcome::Live => Ok(i),
+            other => Err(self.fail(
+                Check::Protocol,
+                format!("{what} for {id}, which is {other:?}"),
+            )),
+        }
+    }
+
     fn request(&self, id: &RequestId) -> Result<usize, Stop> {
         self.index
             .get(id)
@@ -885,16 +897,7 @@ impl Driver<'_> {
         }
         self.record.digests.push(digest);
         for notice in &plan.aborted {
-            let i = self.request(&notice.request_id)?;
-            if self.lives[i].outcome != Outcome::Live {
-                return Err(self.fail(
-                    Check::Protocol,
-                    format!(
-                        "abort notice for {}, which is {:?}",
-                        notice.request_id, self.lives[i].outcome
-                    ),
-                ));
-            }
+            let i = self.live(&notice.request_id, "an abort notice")?;
             self.lives[i].outcome = Outcome::SchedulerAborted(notice.reason);
             let metric = match notice.reason {
                 AbortReason::ExceedsDevicePool => "scheduler abort: exceeds device pool",
@@ -904,16 +907,7 @@ impl Driver<'_> {
         }
         self.rows.clear();
         for row in &plan.forward.rows {
-            let i = self.request(&row.request_id)?;
-            if self.lives[i].outcome != Outcome::Live {
-                return Err(self.fail(
-                    Check::Protocol,
-                    format!(
-                        "a row for {}, which is {:?}",
-                        row.request_id, self.lives[i].outcome
-                    ),
-                ));
-            }
+            let i = self.live(&row.request_id, "a row")?;
             self.rows.insert(i);
             if row.kind == RowKind::Prefill && !self.lives[i].started {
                 self.lives[i].started = true;

@@ -151,38 +151,26 @@ pub enum AbortPoint {
     InState(StateKind),
 }
 
-/// States a client abort is drawn for: every state a request can be aborted in, the
-/// rarer ones weighted up.
-pub(crate) const ABORT_STATES: [(StateKind, u64); 10] = [
-    (StateKind::Submitted, 1),
-    (StateKind::Prefetching, 0),
-    (StateKind::PrefetchDone, 0),
-    (StateKind::Prefilling, 2),
-    (StateKind::PrefillDone, 1),
-    (StateKind::Decoding, 1),
-    (StateKind::Retracting, 2),
-    (StateKind::Retracted, 2),
-    (StateKind::Draining, 1),
-    (StateKind::WritingBack, 1),
-];
-
-/// The same with an L3 store: the prefetch states too.
-const L3_ABORT_STATES: [(StateKind, u64); 10] = [
-    (StateKind::Submitted, 1),
-    (StateKind::Prefetching, 6),
-    (StateKind::PrefetchDone, 4),
-    (StateKind::Prefilling, 2),
-    (StateKind::PrefillDone, 1),
-    (StateKind::Decoding, 1),
-    (StateKind::Retracting, 2),
-    (StateKind::Retracted, 2),
-    (StateKind::Draining, 1),
-    (StateKind::WritingBack, 1),
+/// States a client abort is drawn for — every state a request can be aborted in — with
+/// their weights without and with an L3 store (the prefetch states need one; the rarer
+/// states are weighted up).
+pub(crate) const ABORT_STATES: [(StateKind, u64, u64); 10] = [
+    (StateKind::Submitted, 1, 1),
+    (StateKind::Prefetching, 0, 6),
+    (StateKind::PrefetchDone, 0, 4),
+    (StateKind::Prefilling, 2, 2),
+    (StateKind::PrefillDone, 1, 1),
+    (StateKind::Decoding, 1, 1),
+    (StateKind::Retracting, 2, 2),
+    (StateKind::Retracted, 2, 2),
+    (StateKind::Draining, 1, 1),
+    (StateKind::WritingBack, 1, 1),
 ];
 
 fn draw_state(rng: &mut SeedRng, l3: bool) -> StateKind {
-    rng.weighted(if l3 { &L3_ABORT_STATES } else { &ABORT_STATES })
-        .unwrap_or(StateKind::Decoding)
+    let weights =
+        ABORT_STATES.map(|(state, plain, with_l3)| (state, if l3 { with_l3 } else { plain }));
+    rng.weighted(&weights).unwrap_or(StateKind::Decoding)
 }
 
 /// When a request can be seen in `state`: some states last only from a plan to its
