@@ -2,8 +2,8 @@
 //! emitted, its candidates and what each asked the cache for. [`Awaiting`] holds it
 //! between the plan's batches; `step.rs` fills it.
 
-use std::collections::hash_map::{self, HashMap};
 use std::collections::HashSet;
+use std::collections::hash_map::{self, HashMap};
 use std::time::Instant;
 
 use kvtier_types::{ExecutionPlan, ForwardRow, OpId, RowKind, Token, TransferPair};

@@ -130,7 +130,11 @@ fn a_write_back_relying_on_a_failed_one_rolls_back_too() {
         );
         let plan = s.next_plan();
         let [op1, op2] = [&plan.write_backs[0], &plan.write_backs[1]];
-        assert_eq!((op1.pairs.len(), op2.pairs.len()), (2, 1), "op 2 relies on op 1");
+        assert_eq!(
+            (op1.pairs.len(), op2.pairs.len()),
+            (2, 1),
+            "op 2 relies on op 1"
+        );
         let (failed, succeeded) = (wb_done(op1.op_id, false), wb_done(op2.op_id, true));
         if first_acked == "r2" {
             advance(&mut s, vec![succeeded]);
@@ -142,7 +146,10 @@ fn a_write_back_relying_on_a_failed_one_rolls_back_too() {
         assert_eq!(state(&s, "r1"), StateKind::Finished);
         assert_eq!(state(&s, "r2"), StateKind::Finished);
         let st = s.stats();
-        assert_eq!(st.cached_host_pages, 0, "{first_acked} first: nothing reads as written");
+        assert_eq!(
+            st.cached_host_pages, 0,
+            "{first_acked} first: nothing reads as written"
+        );
         assert_eq!(st.failed_write_backs, 1);
         check(&mut s);
         // Their prefix is still served, from the device copies.
