@@ -245,3 +245,34 @@ fn probe_is_read_only() {
     assert_eq!(cache.probe(&b).device_pages, 1);
     assert_invariants(&mut cache);
 }
+
+/// Found by the seeded campaign (open bug C, seed 9069): a host insert (an L3
+/// prefetch's pages) through a node whose host copy a write-back is still filling took
+/// that pending copy for a readable one and made the nodes below it readable. When the
+/// write-back then failed, its rollback left a readable copy under a parent without one.
+/// Nothing becomes readable below a pending copy now: those pages go back to the pool.
+#[test]
+fn host_insert_below_a_pending_write_back_copy_is_not_orphaned_by_its_rollback() {
+    let mut cache = new_cache(2, 16, 16);
+    let prefix = make_aligned_tokens(2, 2, 1);
+    let leaf = insert_fresh(&mut cache, Tier::Device, &prefix).last_node;
+    let nodes = cache.nodes_without(Tier::Host, leaf);
+    let (ticket, pairs) = cache.attach_for_write_back(&nodes).expect("host room");
+    assert_eq!(pairs.len(), 2, "the prefix's host copy is pending");
+    // The prefetch brings the prefix and two more pages, all verified.
+    let longer = concat(&prefix, &make_aligned_tokens(2, 2, 100));
+    let inserted = insert_fresh(&mut cache, Tier::Host, &longer);
+    assert_eq!(
+        inserted.inserted_pages, 0,
+        "nothing readable below a pending copy"
+    );
+    assert_eq!(cache.match_prefix(&longer).host_pages, 0);
+    assert_invariants(&mut cache);
+    cache.write_back_done(ticket, false);
+    assert_invariants(&mut cache);
+    assert_eq!(
+        cache.match_prefix(&longer).device_pages,
+        2,
+        "the device copy stays"
+    );
+}

@@ -172,14 +172,9 @@ fn scenarios_are_identical_on_every_path() {
 const REGRESSION_SEEDS: &[u64] = &[9069, 21788, 78329, 87256, 93004];
 
 /// Those of `REGRESSION_SEEDS` that still fail because their scheduler bug is open, with
-/// the check they fail (docs/campaign.md#open-bugs). A fixed bug makes its seeds pass:
+/// the check they fail (docs/campaign.md#bugs-found). A fixed bug makes its seeds pass:
 /// the regression test then says so, and they leave this list.
 const OPEN_BUGS: &[(u64, Check, &str)] = &[
-    (
-        9069,
-        Check::Invariant,
-        "C: a client abort of a Draining request leaves a host copy under a parent without one",
-    ),
     (
         21788,
         Check::Stalled,

@@ -88,6 +88,18 @@ impl RadixCore {
             remaining = lo;
             cur = n.parent.expect("non-root");
         }
+        // A copy still being written (pending, not yet valid) may be rolled back: nothing
+        // may become readable below it, or a failed write-back would leave a readable
+        // copy under a parent without one. Pages for the nodes below go back to the pool
+        // (a miss later, never an orphan).
+        if let Some(top_pending) = plan.iter().rposition(|&(node, attach, _)| {
+            let res = &self.node(node).tiers[t];
+            !attach && !res.valid
+        }) {
+            for step in &mut plan[..top_pending] {
+                step.1 = false;
+            }
+        }
         let mut inserted = 0;
         let mut attached = Vec::new();
         for (node, attach, n) in plan {
@@ -102,6 +114,8 @@ impl RadixCore {
         }
         debug_assert!(ids.is_empty());
         self.pools[t].free_ids(&ids);
+        // A node made for pages that all went back holds nothing: take it away again.
+        let last = self.prune_up(last);
         if self.keep_page_hashes {
             self.ensure_page_hashes(last);
         }
