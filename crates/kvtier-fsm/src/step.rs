@@ -694,8 +694,11 @@ impl SchedulerCore {
     /// running to retract, and retracted requests hold tail pages that the others need.
     /// The retracted request holding the most tail pages (ties: scheduling order) gives
     /// them back and is requeued to recompute: its whole history becomes its prompt, its
-    /// cached prefix is reused, and the last prefill chunk yields its next token.
-    fn requeue_for_recompute(&mut self, draft: &PlanInProgress) {
+    /// cached prefix is reused, and the last prefill chunk yields its next token. A
+    /// history that no longer fits the device pool (with its decode reserve) could never
+    /// be computed again: that request is aborted instead (`ExceedsDevicePool`), which
+    /// frees its pages just the same.
+    fn requeue_for_recompute(&mut self, draft: &mut PlanInProgress) {
         let mut victim: Option<(usize, usize)> = None;
         for &(key, _) in &draft.candidates {
             if let State::Retracted(held) = &self.requests[key].state {
@@ -706,6 +709,16 @@ impl SchedulerCore {
             }
         }
         let Some((key, _)) = victim else { return };
+        let ps = u64::from(self.config.page_size);
+        let history = self.requests[key].tokens.len() as u64;
+        let need = (history + u64::from(self.config.decode_input_tokens)).div_ceil(ps);
+        if need > u64::from(self.config.usable_device_pages()) {
+            let state = std::mem::replace(&mut self.requests[key].state, State::Finished);
+            drop(state);
+            let id = self.requests[key].id.clone();
+            self.abort_notice(id, AbortReason::ExceedsDevicePool, &mut draft.plan);
+            return;
+        }
         let state = std::mem::replace(&mut self.requests[key].state, State::Submitted);
         drop(state);
         let r = &mut self.requests[key];

@@ -167,21 +167,17 @@ fn scenarios_are_identical_on_every_path() {
 
 // ----- the seeded campaign ------------------------------------------------------------
 
-/// Seeds whose runs failed (shrunk reproductions: `kvtier campaign --from SEED --seeds 1`).
-/// 87256 and 93004: a failed write-back's shared pairs read as written (bug B, fixed).
+/// Seeds whose runs failed (shrunk reproductions: `kvtier campaign --from SEED --seeds 1`),
+/// all fixed (docs/campaign.md#bugs-found): 9069, a host copy orphaned by a write-back
+/// rollback (bug C); 21788 and 78329, a request requeued to recompute that outgrew the
+/// device pool (bug A); 87256 and 93004, a failed write-back's shared pairs read as
+/// written (bug B).
 const REGRESSION_SEEDS: &[u64] = &[9069, 21788, 78329, 87256, 93004];
 
 /// Those of `REGRESSION_SEEDS` that still fail because their scheduler bug is open, with
 /// the check they fail (docs/campaign.md#bugs-found). A fixed bug makes its seeds pass:
 /// the regression test then says so, and they leave this list.
-const OPEN_BUGS: &[(u64, Check, &str)] = &[
-    (
-        21788,
-        Check::Stalled,
-        "A: a request requeued to recompute outgrew the device pool and is never aborted",
-    ),
-    (78329, Check::Stalled, "A (waiting in Submitted)"),
-];
+const OPEN_BUGS: &[(u64, Check, &str)] = &[];
 
 /// The CI-sized campaign: seeds `0..CI_SEEDS`.
 const CI_SEEDS: u64 = 1000;
