@@ -182,6 +182,15 @@ fn unsupported_capabilities_say_so() {
     assert!(err.to_string().contains("not supported yet"));
 }
 
+/// Each refused item's index and reason.
+fn reasons_of(refused: &kvtier_fsm::BatchError) -> Vec<(usize, &SchedError)> {
+    refused
+        .rejected
+        .iter()
+        .map(|r| (r.index, &r.error))
+        .collect()
+}
+
 /// A flood of malformed submits and events, then a normal workload runs to completion
 /// with exactly the plans of a scheduler that never saw the flood.
 #[test]
@@ -201,11 +210,7 @@ fn system_stays_healthy_after_a_flood_of_bad_input() {
                         RequestSpec::new(format!("big{i}"), tokens(1, 100)),
                     ])
                     .expect_err("every spec is bad");
-                let reasons: Vec<_> = refused
-                    .rejected
-                    .iter()
-                    .map(|r| (r.index, &r.error))
-                    .collect();
+                let reasons = reasons_of(&refused);
                 assert!(
                     matches!(
                         reasons[..],
@@ -229,11 +234,7 @@ fn system_stays_healthy_after_a_flood_of_bad_input() {
                         },
                     ])
                     .expect_err("every event is bad");
-                let reasons: Vec<_> = refused
-                    .rejected
-                    .iter()
-                    .map(|r| (r.index, &r.error))
-                    .collect();
+                let reasons = reasons_of(&refused);
                 assert!(
                     matches!(
                         reasons[..],
