@@ -285,3 +285,57 @@ fn dropping_a_local_system_drops_the_cores_on_their_own_threads() {
         );
     }
 }
+
+/// Two actix systems on one thread, the first dropped after the second started (as a
+/// test that builds a second system for a later run does). The caller's thread-local
+/// system handle then names the second system; an actor thread of the first must not end
+/// up holding the first system's last handle, whose drop as that thread ends woke a
+/// controller on a runtime already gone and aborted the process (about one run in 40 before the fix).
+#[test]
+fn a_local_system_dropped_after_a_newer_one_started_ends_cleanly() {
+    for round in 0..200 {
+        let start = || {
+            let mut system = System::builder(config())
+                .runtime(Runtime::Actix)
+                .actor(Apart(Counter {
+                    total: 0,
+                    dropped: Arc::new(AtomicBool::new(false)),
+                }))
+                .start_local()
+                .expect("system starts");
+            assert_eq!(
+                system.ask::<Apart>(CounterMsg::Add(1)).expect("answers"),
+                CounterReply::Total(1),
+                "round {round}"
+            );
+            system
+        };
+        let first = start();
+        let second = start();
+        drop(first);
+        drop(second);
+    }
+}
+
+/// The toy on a thread of its own, quick to drop.
+#[derive(Debug)]
+struct Apart(Counter);
+
+impl ActorCore for Apart {
+    const NAME: ActorName = ActorName::new("apart");
+    const PLACEMENT: kvtier::Placement = kvtier::Placement::OwnThread;
+    type Msg = CounterMsg;
+    type Reply = CounterReply;
+
+    fn handle(&mut self, msg: CounterMsg) -> CounterReply {
+        self.0.handle(msg)
+    }
+
+    fn message_name(msg: &CounterMsg) -> &'static str {
+        Counter::message_name(msg)
+    }
+
+    fn reply_name(reply: &CounterReply) -> &'static str {
+        Counter::reply_name(reply)
+    }
+}

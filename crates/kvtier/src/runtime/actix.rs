@@ -59,13 +59,19 @@ impl Shell {
         }
     }
 
-    /// Starts a shell on the current arbiter, or on a new one.
-    pub fn start_for(actor: Box<dyn Destination>, own_thread: bool) -> Addr<Shell> {
+    /// Starts a shell on the current arbiter, or on a new one, which it returns to be
+    /// joined at shutdown.
+    pub fn start_for(
+        actor: Box<dyn Destination>,
+        own_thread: bool,
+    ) -> (Addr<Shell>, Option<Arbiter>) {
         let shell = Shell { actor, own_thread };
         if own_thread {
-            Shell::start_in_arbiter(&Arbiter::new().handle(), move |_| shell)
+            let arbiter = Arbiter::new();
+            let addr = Shell::start_in_arbiter(&arbiter.handle(), move |_| shell);
+            (addr, Some(arbiter))
         } else {
-            shell.start()
+            (shell.start(), None)
         }
     }
 }
@@ -97,6 +103,27 @@ pub(crate) struct FrontActor {
     front: Front,
     post: Post,
     actors: BTreeMap<ActorName, Addr<Shell>>,
+    /// The arbiters of actors on threads of their own.
+    arbiters: Vec<Arbiter>,
+}
+
+impl FrontActor {
+    /// Stops the actors' own threads and waits for them to end. Their thread-local
+    /// `System` handles must not be the last ones: dropping the last wakes the system's
+    /// controller from a thread whose runtime is already gone, which aborts the process.
+    fn join_arbiters(&mut self) {
+        for arbiter in self.arbiters.drain(..) {
+            arbiter.stop();
+            // A panic on that thread was already reported there.
+            drop(arbiter.join());
+        }
+    }
+}
+
+impl Drop for FrontActor {
+    fn drop(&mut self) {
+        self.join_arbiters();
+    }
 }
 
 impl Actor for FrontActor {
@@ -117,6 +144,7 @@ impl FrontActor {
         let mail = match step {
             Step::Done(result) => {
                 if matches!(result, Ok(Outcome::Report(_))) {
+                    self.join_arbiters();
                     System::current().stop();
                 }
                 return Box::pin(fut::ready(result));
@@ -180,6 +208,7 @@ pub(crate) fn start(
     post: Post,
     threaded: bool,
 ) -> Addr<FrontActor> {
+    let mut arbiters = Vec::new();
     let actors = actors
         .into_iter()
         .map(|(name, actor)| {
@@ -188,13 +217,16 @@ pub(crate) fn start(
                 Placement::OwnThreadWhenThreaded => threaded,
                 Placement::OwnThread => true,
             };
-            (name, Shell::start_for(actor, own_thread))
+            let (addr, arbiter) = Shell::start_for(actor, own_thread);
+            arbiters.extend(arbiter);
+            (name, addr)
         })
         .collect();
     FrontActor {
         front,
         post,
         actors,
+        arbiters,
     }
     .start()
 }
@@ -216,6 +248,11 @@ pub(crate) async fn call(
 
 /// Actix on the caller's thread: each call runs the system until it is answered.
 pub(crate) struct ActixLocal {
+    /// Keeps the system's command channel open until the runner is gone. The caller's
+    /// thread-local handle is replaced when it starts another system; without this one,
+    /// the last handle could be an actor thread's, dropped as that thread ends, which
+    /// wakes the system's controller from a thread whose runtime is gone and aborts.
+    _system: System,
     runner: SystemRunner,
     front: Addr<FrontActor>,
 }
@@ -229,8 +266,13 @@ impl std::fmt::Debug for ActixLocal {
 impl ActixLocal {
     pub fn new(front: Front, actors: Destinations, post: Post) -> Self {
         let runner = System::new();
-        let front = runner.block_on(async move { start(front, actors, post, false) });
-        Self { runner, front }
+        let (system, front) =
+            runner.block_on(async move { (System::current(), start(front, actors, post, false)) });
+        Self {
+            _system: system,
+            runner,
+            front,
+        }
     }
 }
 
