@@ -58,6 +58,7 @@ struct ReplayFile {
     #[serde(default, deserialize_with = "by_name")]
     verify: Option<Verify>,
     fail_every_nth_write_back: Option<u64>,
+    fail_every_nth_load_back: Option<u64>,
     #[serde(default, deserialize_with = "by_name")]
     l3: Option<L3Store>,
     l3_dir: Option<std::path::PathBuf>,
@@ -201,6 +202,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         publish: file.publish.unwrap_or(true),
         verify: args.verify.or(file.verify).unwrap_or(Verify::Full),
         fail_every_nth_write_back: file.fail_every_nth_write_back.unwrap_or(0),
+        fail_every_nth_load_back: file.fail_every_nth_load_back.unwrap_or(0),
         cost,
         path: replay_path(&args),
         ..ScenarioOptions::new(scenario)

@@ -3,7 +3,9 @@
 
 use std::any::Any;
 
-use kvtier_types::{EngineEvent, ExecutionPlan, RequestId, Token, TransferPair, WriteBackOp};
+use kvtier_types::{
+    EngineEvent, ExecutionPlan, LoadBackOp, RequestId, Token, TransferPair, WriteBackOp,
+};
 
 use crate::{DeviceError, KvArenas};
 
@@ -32,6 +34,11 @@ pub trait ModelRunner: Send + std::fmt::Debug {
     /// told only when the copy happened.
     fn written_back(&mut self, _pairs: &[TransferPair]) {}
 
+    /// A load-back that failed: its `dst` device pages hold no valid KV. The rows of the
+    /// next `forward` whose page tables include them are void: the scheduler ignores
+    /// their results and schedules their requests again, so a runner should skip them.
+    fn load_failed(&mut self, _pairs: &[TransferPair]) {}
+
     /// Runs the plan's forward rows and appends the engine's events.
     fn forward(
         &mut self,
@@ -51,6 +58,12 @@ pub trait ModelRunner: Send + std::fmt::Debug {
 pub trait CopyFaults: Send + std::fmt::Debug {
     /// Whether this write-back's copy fails (it then copies nothing).
     fn fail_write_back(&mut self, op: &WriteBackOp) -> bool;
+
+    /// How many leading pairs of this load-back are copied before it fails; `None`: it
+    /// succeeds. A failed load-back is reported whole, however much it copied.
+    fn fail_load_back(&mut self, _op: &LoadBackOp) -> Option<usize> {
+        None
+    }
 }
 
 /// Every copy succeeds.
@@ -63,24 +76,51 @@ impl CopyFaults for NoCopyFaults {
     }
 }
 
-/// Fails every `n`-th write-back (the `n`-th, `2n`-th, …); `n == 0` fails none.
+/// Fails every `n`-th write-back (the `n`-th, `2n`-th, …) and, if asked, every `m`-th
+/// load-back (copying half its pages first); `0` fails none.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct FailEveryNth {
+    write_backs: Every,
+    load_backs: Every,
+}
+
+/// Every `n`-th of a kind of copy.
+#[derive(Debug, Default, Clone, Copy)]
+struct Every {
     n: u64,
     seen: u64,
+}
+
+impl Every {
+    fn hit(&mut self) -> bool {
+        self.seen += 1;
+        self.n > 0 && self.seen.is_multiple_of(self.n)
+    }
 }
 
 impl FailEveryNth {
     /// Fails every `n`-th write-back.
     pub fn new(n: u64) -> Self {
-        Self { n, seen: 0 }
+        Self {
+            write_backs: Every { n, seen: 0 },
+            load_backs: Every::default(),
+        }
+    }
+
+    /// Also fails every `m`-th load-back.
+    pub fn with_load_backs(mut self, m: u64) -> Self {
+        self.load_backs = Every { n: m, seen: 0 };
+        self
     }
 }
 
 impl CopyFaults for FailEveryNth {
     fn fail_write_back(&mut self, _: &WriteBackOp) -> bool {
-        self.seen += 1;
-        self.n > 0 && self.seen.is_multiple_of(self.n)
+        self.write_backs.hit()
+    }
+
+    fn fail_load_back(&mut self, op: &LoadBackOp) -> Option<usize> {
+        self.load_backs.hit().then_some(op.pairs.len() / 2)
     }
 }
 
@@ -93,8 +133,10 @@ pub struct DeviceStats {
     pub failed_write_backs: u64,
     /// Pages written back.
     pub pages_written: u64,
-    /// Load-back ops executed.
+    /// Load-back ops executed (failed ones included).
     pub load_backs: u64,
+    /// Load-back ops that failed (reported with `LoadBackFailed`).
+    pub failed_load_backs: u64,
     /// Pages loaded back.
     pub pages_loaded: u64,
     /// Bytes moved by both.
@@ -140,8 +182,9 @@ impl DeviceCore {
     ///
     /// A write-back whose copy fails (injected, or refused by the kernel library) is
     /// acknowledged with `success: false`: the scheduler rolls its host pages back and
-    /// the device copy stays the valid one. A failed load-back is an error: the rows
-    /// that read its pages cannot run.
+    /// the device copy stays the valid one. A load-back whose copy fails is reported
+    /// with `LoadBackFailed` (before any row's events, as the scheduler expects), and
+    /// the runner is told so it skips the rows that would read its pages.
     pub fn execute(
         &mut self,
         plan: &ExecutionPlan,
@@ -172,12 +215,34 @@ impl DeviceCore {
         }
         let layers = self.arenas.geometry().layers;
         for op in &plan.load_backs {
-            self.arenas.load_back(&op.pairs, 0..layers)?;
             self.stats.load_backs += 1;
-            self.stats.pages_loaded += op.pairs.len() as u64;
-            self.stats.moved_bytes += page_bytes * op.pairs.len() as u64;
+            let copied = match self.faults.fail_load_back(op) {
+                Some(part) => {
+                    let part = part.min(op.pairs.len());
+                    self.arenas
+                        .load_back(&op.pairs[..part], 0..layers)
+                        .map(|()| part)
+                }
+                None => self
+                    .arenas
+                    .load_back(&op.pairs, 0..layers)
+                    .map(|()| op.pairs.len()),
+            };
+            let landed = matches!(copied, Ok(n) if n == op.pairs.len());
+            let moved = copied.unwrap_or(0) as u64;
+            self.stats.moved_bytes += page_bytes * moved;
+            if landed {
+                self.stats.pages_loaded += moved;
+            } else {
+                self.stats.failed_load_backs += 1;
+                events.push(EngineEvent::LoadBackFailed { op_id: op.op_id });
+            }
             if let Some(runner) = &mut self.runner {
-                runner.loaded(&op.pairs);
+                if landed {
+                    runner.loaded(&op.pairs);
+                } else {
+                    runner.load_failed(&op.pairs);
+                }
             }
         }
         if let Some(runner) = &mut self.runner {

@@ -2,10 +2,13 @@
 //! (prefetch completion, finish, abort, write-back completion). Each call queues its
 //! cache work in the outbox; the caller takes it with `take_mail` (`mail.rs`).
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use kvtier_radix::{CacheOp, TokenRef};
-use kvtier_types::{EngineEvent, OpId, RequestId, RequestSpec, Token};
+use kvtier_types::{
+    AbortNotice, AbortReason, EngineEvent, OpId, PageId, RequestId, RequestSpec, Token,
+};
 
 use crate::ops::WriteBackInFlight;
 use crate::outbox::Target;
@@ -93,16 +96,33 @@ impl SchedulerCore {
 
     // ----- advance -----------------------------------------------------------------
 
-    /// Applies engine events in order. Each event is applied or refused on its own; a
-    /// refused event changes nothing and is reported with its index. The cache work the
-    /// events need is queued: take it with [`Self::take_mail`].
+    /// Applies engine events in order, load-back failures first (the rows that read
+    /// their pages are void, wherever the engine reported their results). Each event is
+    /// applied or refused on its own; a refused event changes nothing and is reported
+    /// with its index. The cache work the events need is queued: take it with
+    /// [`Self::take_mail`].
     pub fn advance(&mut self, events: Vec<EngineEvent>) -> Result<(), BatchError> {
         let mut rejected = Vec::new();
+        // Without load-backs in the last plan a failure can only be refused, in order.
+        let early = self.ops.has_load_backs();
+        if early {
+            for (index, event) in events.iter().enumerate() {
+                if let EngineEvent::LoadBackFailed { op_id } = event
+                    && let Err(error) = self.load_back_failed(*op_id)
+                {
+                    rejected.push(Rejected { index, error });
+                }
+            }
+        }
         for (index, event) in events.into_iter().enumerate() {
+            if early && matches!(event, EngineEvent::LoadBackFailed { .. }) {
+                continue;
+            }
             if let Err(error) = self.apply(event) {
                 rejected.push(Rejected { index, error });
             }
         }
+        rejected.sort_by_key(|r| r.index);
         if rejected.is_empty() {
             Ok(())
         } else {
@@ -146,6 +166,16 @@ impl SchedulerCore {
 
     fn apply(&mut self, event: EngineEvent) -> Result<(), SchedError> {
         let name = event.name();
+        if !self.voided.is_empty()
+            && let EngineEvent::ExtendResult { request_id, .. }
+            | EngineEvent::Finish { request_id }
+            | EngineEvent::UpdateReserve { request_id, .. } = &event
+            && self.voided.contains(request_id)
+        {
+            // The result of a row that read a failed load-back: void.
+            self.stats.stale_events += 1;
+            return Ok(());
+        }
         match event {
             EngineEvent::ExtendResult { request_id, tokens } => {
                 // A malformed payload is refused whatever the request's state.
@@ -196,6 +226,8 @@ impl SchedulerCore {
                 }
             }
             EngineEvent::WriteBackDone { op_id, success } => self.write_back_done(op_id, success),
+            // Taken first by `advance` when the last plan had load-backs.
+            EngineEvent::LoadBackFailed { op_id } => self.load_back_failed(op_id),
             EngineEvent::PrefetchDone {
                 op_id,
                 request_id,
@@ -213,6 +245,63 @@ impl SchedulerCore {
                 Err(SchedError::Unsupported("prefill/decode disaggregation"))
             }
         }
+    }
+
+    // ----- load-back failure ----------------------------------------------------------
+
+    /// A load-back of the last plan failed: its device pages hold no valid KV. Every
+    /// running request whose page table includes one of them read garbage in that plan:
+    /// its results are void, it lets go of everything it held, and it is scheduled
+    /// again with its whole history as the prompt (its host copy is still cached, so
+    /// that is a cache miss on device, not lost work). Then the cache takes the failed
+    /// device copies back, leaving those nodes with their host copies.
+    fn load_back_failed(&mut self, op_id: OpId) -> Result<(), SchedError> {
+        let pages = match self.ops.load_back_failed(op_id) {
+            Ok(pages) => pages,
+            Err(true) => {
+                self.stats.stale_events += 1;
+                return Ok(());
+            }
+            Err(false) if self.ops.was_issued(op_id) => {
+                return Err(SchedError::LateLoadBackFailure(op_id));
+            }
+            Err(false) => return Err(SchedError::UnknownOp(op_id)),
+        };
+        self.stats.failed_load_backs += 1;
+        let failed: BTreeSet<PageId> = pages.iter().copied().collect();
+        let readers = self.requests.keys_where(|r| {
+            r.state
+                .running()
+                .is_some_and(|run| run.prefix_pages.iter().any(|p| failed.contains(p)))
+        });
+        let ps = u64::from(self.config.page_size);
+        let usable = u64::from(self.config.usable_device_pages());
+        for key in readers {
+            let state = std::mem::replace(&mut self.requests[key].state, State::Submitted);
+            drop(state);
+            let r = &mut self.requests[key];
+            self.voided.insert(r.id.clone());
+            self.stats.load_back_requeues += 1;
+            let history = r.tokens.len() as u64;
+            if (history + u64::from(self.config.decode_input_tokens)).div_ceil(ps) > usable {
+                // A retracted request resuming from host whose history cannot be
+                // computed again in the device pool (as the deadlock breaker does).
+                self.trace_end(key, "aborted");
+                let r = &mut self.requests[key];
+                r.state = State::Finished;
+                self.stats.scheduler_aborts += 1;
+                self.notices.push(AbortNotice {
+                    request_id: r.id.clone(),
+                    reason: AbortReason::ExceedsDevicePool,
+                });
+                continue;
+            }
+            r.prefill_len = history as u32;
+            tracing::debug!(parent: &r.span, phase = "requeued", reason = "load-back failed");
+        }
+        self.outbox
+            .push(CacheOp::DiscardLoadBack { pages }, Target::Ignore);
+        Ok(())
     }
 
     // ----- prefetch -------------------------------------------------------------------

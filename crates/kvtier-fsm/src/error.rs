@@ -56,6 +56,10 @@ pub enum SchedError {
     /// An acknowledgement for an op id that was never issued.
     #[error("unknown cache op {0}")]
     UnknownOp(OpId),
+    /// A load-back failure reported after the next plan was built: that plan may have
+    /// read its pages. Report failures in the `advance` that follows their plan.
+    #[error("load-back {0} failed after the next plan was built")]
+    LateLoadBackFailure(OpId),
     /// A request's L3 information does not fit its prompt.
     #[error("request {id}: {problem}")]
     InvalidStorageInfo {

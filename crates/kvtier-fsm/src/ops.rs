@@ -2,13 +2,14 @@
 //!
 //! Write-backs and L3 backups keep cache handles (a write-back ticket, a host pin) until
 //! the engine acknowledges them, so they outlive the request that issued them.
-//! Prefetches and load-backs take ids here too, but their bookkeeping lives elsewhere
-//! (a prefetch in its request's state; a load-back needs none).
+//! Prefetches and load-backs take ids here too. A prefetch's bookkeeping lives in its
+//! request's state; a load-back is not acknowledged, but the last plan's are kept here
+//! (with their device pages) so that a failure can name one.
 
 use std::collections::BTreeMap;
 
 use kvtier_radix::{BackupSource, NodeId, NodeLock, WriteBackTicket};
-use kvtier_types::{BackupOp, OpId, RequestId};
+use kvtier_types::{BackupOp, OpId, PageId, RequestId};
 
 /// A write-back in flight. Its cache ticket pins the copy's source and destination pages
 /// until acknowledged, so it survives the request that issued it (an abort cannot free
@@ -42,6 +43,8 @@ pub(crate) struct OpTable {
     pending_backups: Vec<BackupSource>,
     /// Backups in flight: the host lock pinning each one's source pages until acked.
     backups: BTreeMap<OpId, NodeLock>,
+    /// The last plan's load-backs: their device pages, and whether a failure was taken.
+    load_backs: BTreeMap<OpId, (Vec<PageId>, bool)>,
     /// The id the next op gets; ids below it (and above 0) were issued.
     next: OpId,
 }
@@ -54,6 +57,7 @@ impl Default for OpTable {
             depended_on: BTreeMap::new(),
             pending_backups: Vec::new(),
             backups: BTreeMap::new(),
+            load_backs: BTreeMap::new(),
             // 0 is never issued: an acknowledgement for op 0 is always unknown.
             next: 1,
         }
@@ -72,6 +76,37 @@ impl OpTable {
     /// flight is stale (late or repeated), any other is unknown.
     pub fn was_issued(&self, op_id: OpId) -> bool {
         op_id != 0 && op_id < self.next
+    }
+
+    /// A new plan starts: the last plan's load-backs can no longer fail.
+    pub fn forget_load_backs(&mut self) {
+        self.load_backs.clear();
+    }
+
+    /// Records a load-back of this plan onto `pages` under a fresh id, which it returns.
+    pub fn issue_load_back(&mut self, pages: Vec<PageId>) -> OpId {
+        let op_id = self.next_id();
+        self.load_backs.insert(op_id, (pages, false));
+        op_id
+    }
+
+    /// Whether the last plan had load-backs (a failure can only name one of those).
+    pub fn has_load_backs(&self) -> bool {
+        !self.load_backs.is_empty()
+    }
+
+    /// A load-back of the last plan failed: its device pages, the first time it is
+    /// reported. `Err(true)`: reported before (stale); `Err(false)`: not a load-back of
+    /// the last plan.
+    pub fn load_back_failed(&mut self, op_id: OpId) -> Result<Vec<PageId>, bool> {
+        match self.load_backs.get_mut(&op_id) {
+            Some((_, true)) => Err(true),
+            Some((pages, reported)) => {
+                *reported = true;
+                Ok(pages.clone())
+            }
+            None => Err(false),
+        }
     }
 
     /// Records a write-back under a fresh id, which it returns.

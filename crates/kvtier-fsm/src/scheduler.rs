@@ -2,8 +2,10 @@
 //! concern: `advance.rs` (submit and events), `step.rs` (plans), `mail.rs` (the cache's
 //! replies).
 
+use std::collections::BTreeSet;
+
 use kvtier_radix::CacheConfig;
-use kvtier_types::{PageId, RequestId, SchedulerConfig, Token};
+use kvtier_types::{AbortNotice, PageId, RequestId, SchedulerConfig, Token};
 
 use crate::SchedError;
 use crate::draft::Awaiting;
@@ -44,6 +46,10 @@ pub struct SchedulerStats {
     pub stale_events: u64,
     /// Write-backs acknowledged as failed.
     pub failed_write_backs: u64,
+    /// Load-backs reported failed.
+    pub failed_load_backs: u64,
+    /// Requests scheduled again because a row of theirs read a failed load-back.
+    pub load_back_requeues: u64,
     /// Cache batches sent (one per `advance` with cache work, one or two per plan).
     pub cache_batches: u64,
     /// Nothing running, queued or in flight.
@@ -82,6 +88,11 @@ pub struct SchedulerCore {
     pub(crate) outbox: Outbox,
     /// The reply the core waits for, if any (no call may start meanwhile).
     pub(crate) awaiting: Awaiting,
+    /// Requests whose rows in the last plan read a failed load-back: their results in
+    /// this `advance` are void. Cleared by the next plan.
+    pub(crate) voided: BTreeSet<RequestId>,
+    /// Requests the scheduler gave up on between plans: told with the next plan.
+    pub(crate) notices: Vec<AbortNotice>,
 }
 
 impl SchedulerCore {
@@ -97,6 +108,8 @@ impl SchedulerCore {
             page_table_hint: 0,
             outbox: Outbox::default(),
             awaiting: Awaiting::Nothing,
+            voided: BTreeSet::new(),
+            notices: Vec::new(),
         })
     }
 

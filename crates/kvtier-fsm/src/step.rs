@@ -67,7 +67,12 @@ impl SchedulerCore {
         }
         let started = self.config.slow_step_threshold.map(|_| Instant::now());
         self.stats.plans += 1;
-        let mut plan = ExecutionPlan::default();
+        self.ops.forget_load_backs();
+        self.voided.clear();
+        let mut plan = ExecutionPlan {
+            aborted: std::mem::take(&mut self.notices),
+            ..ExecutionPlan::default()
+        };
         let mut seen = Seen::default();
         self.issue_finish_write_backs(&mut plan, &mut seen);
         self.ops.issue_backups(&mut plan.backups);
@@ -562,8 +567,10 @@ impl SchedulerCore {
         if pairs.is_empty() {
             return;
         }
-        let op_id = self.ops.next_id();
         let pairs = seen.new_load_back_pairs(pairs);
+        let op_id = self
+            .ops
+            .issue_load_back(pairs.iter().map(|pair| pair.dst).collect());
         plan.load_backs.push(LoadBackOp { op_id, pairs });
     }
 

@@ -164,17 +164,8 @@ fn invalid_transitions_are_refused_without_change() {
 /// is ignored there.
 #[test]
 fn retracted_requests_accept_late_results() {
-    let mut s = sched(SchedulerConfig {
-        decode_input_tokens: 0,
-        device_pages: 3,
-        ..fixture()
-    });
-    submit(&mut s, "r1", tokens(1, 4));
-    s.next_plan();
-    advance(&mut s, vec![extend("r1", &[5])]);
-    s.next_plan();
-    advance(&mut s, vec![extend("r1", &[6]), reserve("r1", 3)]);
-    let plan = s.next_plan();
+    let mut s = sched(d0_device3());
+    let plan = retract_r1(&mut s);
     assert_eq!(state(&s, "r1"), StateKind::Retracting);
     advance(&mut s, vec![extend("r1", &[7]), reserve("r1", 9)]);
     assert_eq!(s.request_tokens(&rid("r1")), Some(7));

@@ -9,28 +9,6 @@ use common::*;
 use kvtier_fsm::{Scheduler, StateKind};
 use kvtier_types::{AbortNotice, AbortReason, ExecutionPlan, RowKind, SchedulerConfig, Tier};
 
-/// d 0, device 3 (2 usable pages), host 32.
-fn d0_device3() -> SchedulerConfig {
-    SchedulerConfig {
-        decode_input_tokens: 0,
-        device_pages: 3,
-        ..fixture()
-    }
-}
-
-/// r1 (prompt 1..4) decodes with 6 tokens and asks for 3 reserved slots: its next
-/// decode needs 2 pages while the 2 usable pages are its own. Returns the plan that
-/// retracts it.
-fn retract_r1(s: &mut Scheduler) -> ExecutionPlan {
-    submit(s, "r1", tokens(1, 4));
-    s.next_plan();
-    advance(s, vec![extend("r1", &[5])]);
-    let plan = s.next_plan();
-    assert_eq!(row_of(&plan, "r1").kind, RowKind::Decode);
-    advance(s, vec![extend("r1", &[6]), reserve("r1", 3)]);
-    s.next_plan()
-}
-
 #[test]
 fn retract_triggered_when_device_full() {
     let mut s = sched(d0_device3());

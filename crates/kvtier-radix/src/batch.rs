@@ -158,6 +158,12 @@ pub enum CacheOp {
     },
     /// One scheduling step's admissions.
     Admit(AdmitProgram),
+    /// A load-back failed: the device copies it attached hold no valid KV. Every node
+    /// whose device pages are among these goes back to its host copy.
+    DiscardLoadBack {
+        /// The load-back's device pages.
+        pages: Vec<PageId>,
+    },
 }
 
 /// The result of one [`CacheOp`].
@@ -188,6 +194,8 @@ pub enum OpResult {
     Inserted,
     /// The admissions, one per intent.
     Admitted(Vec<Outcome>),
+    /// Device copies of a failed load-back taken back: the pages freed.
+    Discarded(u32),
 }
 
 /// What a retraction did.
@@ -439,6 +447,9 @@ impl RadixCore {
                 OpResult::Inserted
             }
             CacheOp::Admit(program) => OpResult::Admitted(self.admit(program)),
+            CacheOp::DiscardLoadBack { pages } => {
+                OpResult::Discarded(self.discard_load_back(&pages))
+            }
         }
     }
 

@@ -224,6 +224,10 @@ pub struct ReferenceEngine {
     /// Σ over first prefill chunks of the full prompt pages some request had computed
     /// in an earlier step: the best any prefix cache could have reused.
     pub ideal_hit_pages: u64,
+    /// Device pages of this step's failed load-backs: rows reading them are skipped.
+    void_pages: std::collections::BTreeSet<PageId>,
+    /// Rows skipped because they read a failed load-back.
+    pub void_rows: u64,
 }
 
 /// Bytes of one token in one (layer, plane): one slot.
@@ -260,6 +264,8 @@ impl ReferenceEngine {
             steps: 0,
             computed_pages: std::collections::HashMap::new(),
             ideal_hit_pages: 0,
+            void_pages: std::collections::BTreeSet::new(),
+            void_rows: 0,
         })
     }
 
@@ -497,6 +503,10 @@ impl ModelRunner for ReferenceEngine {
         }
     }
 
+    fn load_failed(&mut self, pairs: &[TransferPair]) {
+        self.void_pages.extend(pairs.iter().map(|pair| pair.dst));
+    }
+
     fn forward(
         &mut self,
         plan: &ExecutionPlan,
@@ -507,8 +517,14 @@ impl ModelRunner for ReferenceEngine {
         for notice in &plan.aborted {
             self.forget(&notice.request_id);
         }
+        let void_pages = std::mem::take(&mut self.void_pages);
         for row in &plan.forward.rows {
             let table = plan.forward.page_table_of(row);
+            if !void_pages.is_empty() && table.iter().any(|p| void_pages.contains(p)) {
+                // It would read a failed load-back: the scheduler runs it again later.
+                self.void_rows += 1;
+                continue;
+            }
             let Some(track) = self.tracks.remove(&row.request_id) else {
                 self.errors.push(IntegrityError::UnknownRequest {
                     request: row.request_id.clone(),

@@ -239,6 +239,8 @@ pub struct ScenarioOptions {
     pub verify: Verify,
     /// Fault injection: fail every `n`-th write-back copy (0: none).
     pub fail_every_nth_write_back: u64,
+    /// Fault injection: fail every `n`-th load-back copy, half copied (0: none).
+    pub fail_every_nth_load_back: u64,
     /// The virtual clock's cost model.
     pub cost: CostModel,
     /// The path the run drives: the actor system by default (actix on this thread).
@@ -272,6 +274,7 @@ impl ScenarioOptions {
             publish: true,
             verify: Verify::Full,
             fail_every_nth_write_back: 0,
+            fail_every_nth_load_back: 0,
             cost: CostModel::default(),
             path: Path::Actors,
             l3: if scenario == Scenario::Longdoc {
@@ -333,6 +336,10 @@ pub struct ScenarioReport {
     pub retractions: u64,
     /// Write-back copies that failed (fault injection).
     pub failed_write_backs: u64,
+    /// Load-back copies that failed (fault injection).
+    pub failed_load_backs: u64,
+    /// Rows the engine skipped because they read a failed load-back.
+    pub void_rows: u64,
     /// The L3 store: `off`, `local` or `mooncake`.
     pub l3: String,
     /// Prompt tokens served from pages prefetched from L3 (part of `hit_tokens_host`:
@@ -590,8 +597,11 @@ pub fn run_scenario_with(
         enable_l3_storage: o.l3_on(),
         ..SchedulerConfig::default()
     };
-    let mut device = reference_device(PAGE, device_pages, host_pages, o.verify)?
-        .with_faults(Box::new(FailEveryNth::new(o.fail_every_nth_write_back)));
+    let mut device =
+        reference_device(PAGE, device_pages, host_pages, o.verify)?.with_faults(Box::new(
+            FailEveryNth::new(o.fail_every_nth_write_back)
+                .with_load_backs(o.fail_every_nth_load_back),
+        ));
     // Declared before the system: the store's scratch directory outlives it.
     let mut scratch = None;
     let l3 = l3_core(o, PAGE, device.arenas_mut().host_arena(), &mut scratch)?;
@@ -620,6 +630,8 @@ pub fn run_scenario_with(
         moved_bytes: 0,
         retractions: 0,
         failed_write_backs: 0,
+        failed_load_backs: 0,
+        void_rows: 0,
         l3: if o.l3_on() { o.l3.name() } else { "off" }.into(),
         hit_tokens_l3: 0,
         l3_lookup_hit_pages: 0,
@@ -849,6 +861,10 @@ pub fn run_scenario_with(
     }
     // The device actor's counters, and the reference engine's findings.
     let device = s.take_device()?.ok_or(KvError::NoDevice)?;
+    // Every request is done: shutdown lets go of everything, and the pools must balance
+    // (a page neither free nor in the tree fails the run).
+    let report = s.shutdown()?;
+    report.conservation.map_err(ScenarioError::System)?;
     let engine = ReferenceEngine::of(&device).ok_or(KvError::NoDevice)?;
     debug_assert_eq!(engine.outputs, outputs, "answers as the engine saw them");
     let stats = device.stats();
@@ -858,6 +874,8 @@ pub fn run_scenario_with(
     r.moved_bytes = stats.moved_bytes;
     r.integrity_errors = engine.errors.len() as u64;
     r.failed_write_backs = stats.failed_write_backs;
+    r.failed_load_backs = stats.failed_load_backs;
+    r.void_rows = engine.void_rows;
     r.first_errors = engine.errors.iter().take(8).cloned().collect();
     let mut ttft: Vec<f64> = first_token
         .iter()

@@ -37,6 +37,14 @@ pub enum EngineEvent {
         /// Whether every page was copied.
         success: bool,
     },
+    /// A load-back copy failed: its device pages hold no valid KV. Rows whose page
+    /// tables include them are void (an engine need not run them; the scheduler ignores
+    /// their results) and their requests are scheduled again, as cache misses. Only
+    /// failures are reported: a load-back that is not named here landed.
+    LoadBackFailed {
+        /// The op.
+        op_id: OpId,
+    },
     /// An L3 prefetch finished (L3 tier).
     PrefetchDone {
         /// The op.
@@ -78,6 +86,7 @@ impl EngineEvent {
             EngineEvent::Abort { .. } => "Abort",
             EngineEvent::UpdateReserve { .. } => "UpdateReserve",
             EngineEvent::WriteBackDone { .. } => "WriteBackDone",
+            EngineEvent::LoadBackFailed { .. } => "LoadBackFailed",
             EngineEvent::PrefetchDone { .. } => "PrefetchDone",
             EngineEvent::BackupDone { .. } => "BackupDone",
             EngineEvent::Bootstrapped { .. } => "Bootstrapped",
@@ -95,7 +104,9 @@ impl EngineEvent {
             | EngineEvent::PrefetchDone { request_id, .. }
             | EngineEvent::Bootstrapped { request_id }
             | EngineEvent::RemotePrefillDone { request_id, .. } => Some(request_id),
-            EngineEvent::WriteBackDone { .. } | EngineEvent::BackupDone { .. } => None,
+            EngineEvent::WriteBackDone { .. }
+            | EngineEvent::LoadBackFailed { .. }
+            | EngineEvent::BackupDone { .. } => None,
         }
     }
 }

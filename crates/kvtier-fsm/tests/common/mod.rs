@@ -301,3 +301,25 @@ pub fn drain(s: &mut Scheduler, engine: &mut Engine, limit: usize) -> Vec<Execut
     }
     run_until(s, engine, limit, |s, _| s.is_idle())
 }
+
+/// d 0, device 3 (2 usable pages), host 32.
+pub fn d0_device3() -> SchedulerConfig {
+    SchedulerConfig {
+        decode_input_tokens: 0,
+        device_pages: 3,
+        ..fixture()
+    }
+}
+
+/// r1 (prompt 1..4) decodes with 6 tokens and asks for 3 reserved slots: its next
+/// decode needs 2 pages while the 2 usable pages are its own. Returns the plan that
+/// retracts it.
+pub fn retract_r1(s: &mut Scheduler) -> ExecutionPlan {
+    submit(s, "r1", tokens(1, 4));
+    s.next_plan();
+    advance(s, vec![extend("r1", &[5])]);
+    let plan = s.next_plan();
+    assert_eq!(row_of(&plan, "r1").kind, RowKind::Decode);
+    advance(s, vec![extend("r1", &[6]), reserve("r1", 3)]);
+    s.next_plan()
+}

@@ -78,4 +78,57 @@ impl RadixCore {
         }
         Some(pairs)
     }
+
+    /// Takes back the device copies a failed load-back attached: every node whose device
+    /// pages are among `pages` is left with its host copy only, and its device pages go
+    /// back to the pool. Device copies below them go too (another load-back of the same
+    /// plan may have extended the failed path): a device copy needs its parent's. The
+    /// requests that read them must have let go first (their locks are drained here); a
+    /// node still locked on device keeps its copy. Returns the pages freed.
+    pub fn discard_load_back(&mut self, pages: &[PageId]) -> u32 {
+        self.drain_releases();
+        let failed: std::collections::BTreeSet<PageId> = pages.iter().copied().collect();
+        let mut stack: Vec<NodeId> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.tiers[0].pages.iter().any(|p| failed.contains(p)))
+            .map(|(idx, _)| NodeId {
+                idx: idx as u32,
+                gen_: self.gens[idx],
+            })
+            .collect();
+        let mut doomed = Vec::new();
+        while let Some(id) = stack.pop() {
+            let n = self.node(id);
+            stack.extend(
+                n.children
+                    .iter()
+                    .map(|&(_, child)| child)
+                    .filter(|&child| self.node(child).tiers[0].present()),
+            );
+            doomed.push((n.end_page(self.page_size), id));
+        }
+        // Deepest first, so every detach leaves a node whose children hold no device copy.
+        doomed.sort_unstable_by(|a, b| b.cmp(a));
+        doomed.dedup();
+        let mut freed = 0;
+        for (_, id) in doomed {
+            let n = self.node(id);
+            debug_assert!(
+                n.tiers[1].present(),
+                "a loaded-back node without its host copy"
+            );
+            if n.tiers[0].refs > 0 {
+                debug_assert!(false, "a failed load-back's node is still locked on device");
+                continue;
+            }
+            let host_copy = n.tiers[1].present();
+            freed += n.tiers[0].pages.len() as u32;
+            self.detach(id, Tier::Device);
+            if !host_copy {
+                self.prune_up(id);
+            }
+        }
+        freed
+    }
 }
