@@ -6,7 +6,7 @@
 use kvtier_sim::campaign::{
     CampaignOptions, Check, FaultKind, FaultRates, RunSpec, run_campaign, run_seed, run_spec,
 };
-use kvtier_sim::scenario::{Scenario, ScenarioOptions, run_scenario};
+use kvtier_sim::scenario::{Scenario, ScenarioOptions, ScenarioReport, run_scenario};
 
 fn run(scenario: Scenario, cache: bool, publish: bool) -> kvtier_sim::scenario::ScenarioReport {
     let options = ScenarioOptions {
@@ -63,31 +63,67 @@ fn rollout_hits_at_least_ninety_percent_of_the_bound() {
     assert!(off.hit_tokens < on.hit_tokens);
 }
 
+/// Runs `scenario` with `faults` set and checks that the faults were injected
+/// (`injected` says how often, and why that is enough), the oracle found nothing, and the
+/// answers equal the cache-off run's. The scenario also checks at shutdown that every
+/// page is free or cached: nothing leaked.
+fn faults_become_misses(
+    scenario: Scenario,
+    faults: impl FnOnce(&mut ScenarioOptions),
+    injected: impl FnOnce(&ScenarioReport) -> Result<(), String>,
+) {
+    let mut options = ScenarioOptions::new(scenario);
+    faults(&mut options);
+    let faulty = run_scenario(&options).expect("scenario runs");
+    let off = run(scenario, false, false);
+    if let Err(why) = injected(&faulty) {
+        panic!("{}: {why}", faulty.workload);
+    }
+    assert_eq!(
+        faulty.integrity_errors, 0,
+        "{}: {:?}",
+        faulty.workload, faulty.first_errors
+    );
+    assert_eq!(
+        faulty.outputs, off.outputs,
+        "{}: answers differ",
+        faulty.workload
+    );
+}
+
 /// Failed write-back copies: the host pages never received the KV, so the scheduler must
 /// treat them as a miss. Answers equal the cache-off run and the oracle finds nothing.
 #[test]
 fn failed_write_backs_become_misses_never_wrong_kv() {
     for scenario in [Scenario::Chat, Scenario::Rollout] {
-        let faulty = ScenarioOptions {
-            fail_every_nth_write_back: 2,
-            ..ScenarioOptions::new(scenario)
-        };
-        let faulty = run_scenario(&faulty).expect("scenario runs");
-        let off = run(scenario, false, false);
-        assert!(
-            faulty.failed_write_backs > 0,
-            "{}: faults were injected",
-            faulty.workload
+        faults_become_misses(
+            scenario,
+            |o| o.fail_every_nth_write_back = 2,
+            |r| match r.failed_write_backs {
+                0 => Err("no write-back failed".into()),
+                _ => Ok(()),
+            },
         );
-        assert_eq!(
-            faulty.integrity_errors, 0,
-            "{}: {:?}",
-            faulty.workload, faulty.first_errors
-        );
-        assert_eq!(
-            faulty.outputs, off.outputs,
-            "{}: answers differ",
-            faulty.workload
+    }
+}
+
+/// Failed load-back copies (half the pages copied, then the op fails): the device
+/// pages hold no valid KV, so the rows that would read them are void and their requests
+/// run again as misses. The oracle would find wrong KV had a row read a failed page or
+/// had the cache kept the failed device copy for a later match.
+#[test]
+fn failed_load_backs_become_misses_never_wrong_kv() {
+    for scenario in [Scenario::Chat, Scenario::Longdoc] {
+        faults_become_misses(
+            scenario,
+            |o| o.fail_every_nth_load_back = 2,
+            |r| match (r.failed_load_backs, r.void_rows) {
+                (0, _) | (_, 0) => Err(format!(
+                    "{} load-backs failed, {} rows voided",
+                    r.failed_load_backs, r.void_rows
+                )),
+                _ => Ok(()),
+            },
         );
     }
 }
@@ -136,6 +172,7 @@ fn scenarios_are_identical_on_every_path() {
             let options = ScenarioOptions {
                 path,
                 fail_every_nth_write_back: 3,
+                fail_every_nth_load_back: 4,
                 ..ScenarioOptions::new(scenario)
             };
             run_scenario(&options).expect("scenario runs")
@@ -152,6 +189,8 @@ fn scenarios_are_identical_on_every_path() {
                     r.writeback_pages,
                     r.loadback_pages,
                     r.failed_write_backs,
+                    r.failed_load_backs,
+                    r.void_rows,
                     r.moved_bytes,
                     r.integrity_errors,
                 )
@@ -168,11 +207,12 @@ fn scenarios_are_identical_on_every_path() {
 // ----- the seeded campaign ------------------------------------------------------------
 
 /// Seeds whose runs failed (shrunk reproductions: `kvtier campaign --from SEED --seeds 1`),
-/// all fixed (docs/campaign.md#bugs-found): 9069, a host copy orphaned by a write-back
+/// all fixed (docs/campaign.md#bugs-found): 1064, a device copy left below a failed
+/// load-back's discarded one (bug D); 9069, a host copy orphaned by a write-back
 /// rollback (bug C); 21788 and 78329, a request requeued to recompute that outgrew the
 /// device pool (bug A); 87256 and 93004, a failed write-back's shared pairs read as
 /// written (bug B).
-const REGRESSION_SEEDS: &[u64] = &[9069, 21788, 78329, 87256, 93004];
+const REGRESSION_SEEDS: &[u64] = &[1064, 9069, 21788, 78329, 87256, 93004];
 
 /// Those of `REGRESSION_SEEDS` that still fail because their scheduler bug is open, with
 /// the check they fail (docs/campaign.md#bugs-found). A fixed bug makes its seeds pass:

@@ -11,10 +11,11 @@ use super::spec::ABORT_STATES;
 
 /// The scheduler's and the data plane's paths, in table order (client aborts and faults
 /// follow them).
-pub const PATHS: [&str; 18] = [
+pub const PATHS: [&str; 19] = [
     "prefix hit",
     "host hit (load-back)",
     "load-back on recovery",
+    "load-back failed, readers requeued",
     "retraction",
     "recompute (deadlock breaker)",
     "device eviction",

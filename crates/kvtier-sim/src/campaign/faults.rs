@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use kvtier::{Delivery, Fault, FaultHooks};
 use kvtier_device::CopyFaults;
 use kvtier_l3::{L3Backend, L3Error, L3Faults, L3Key};
-use kvtier_types::WriteBackOp;
+use kvtier_types::{EngineEvent, LoadBackOp, WriteBackOp};
 use serde::Serialize;
 
 use super::SeedRng;
@@ -37,6 +37,10 @@ pub enum FaultKind {
     BusDelay,
     /// The bus delivers another ready message than the oldest.
     BusReorder,
+    /// A load-back copy fails after copying a leading part (maybe none) of its pages.
+    LoadBackCopy,
+    /// The engine acknowledges a write-back, prefetch or backup one to three steps late.
+    SlowAck,
     /// Not a fault but a planted bug, never drawn: the store serves the second object of
     /// a get under the first key, its own checks passing. Only the oracle can catch it;
     /// tests plant it to show that the campaign fails closed.
@@ -45,7 +49,7 @@ pub enum FaultKind {
 
 impl FaultKind {
     /// Every kind a seed draws, in table order.
-    pub const ALL: [FaultKind; 8] = [
+    pub const ALL: [FaultKind; 10] = [
         FaultKind::WriteBackCopy,
         FaultKind::L3GetFails,
         FaultKind::L3ObjectsLost,
@@ -54,6 +58,8 @@ impl FaultKind {
         FaultKind::L3PutPartial,
         FaultKind::BusDelay,
         FaultKind::BusReorder,
+        FaultKind::LoadBackCopy,
+        FaultKind::SlowAck,
     ];
 
     /// Its name in the coverage table.
@@ -67,6 +73,8 @@ impl FaultKind {
             FaultKind::L3PutPartial => "fault: L3 backup partial",
             FaultKind::BusDelay => "fault: bus delay",
             FaultKind::BusReorder => "fault: bus reorder",
+            FaultKind::LoadBackCopy => "fault: load-back copy fails",
+            FaultKind::SlowAck => "fault: acknowledgement late",
             FaultKind::L3ServesWrongObject => "planted: L3 serves a wrong object",
         }
     }
@@ -162,10 +170,11 @@ impl Dice {
     }
 }
 
-/// Write-back copies that fail at the seed's rate.
+/// Write-back and load-back copies that fail at the seed's rates.
 #[derive(Debug)]
 pub struct CampaignCopyFaults {
     write_back: Dice,
+    load_back: Dice,
 }
 
 impl CampaignCopyFaults {
@@ -173,6 +182,7 @@ impl CampaignCopyFaults {
     pub fn new(seed: u64, rates: &FaultRates, tally: &Arc<FaultTally>) -> Self {
         Self {
             write_back: Dice::new(seed, rates, FaultKind::WriteBackCopy, tally),
+            load_back: Dice::new(seed, rates, FaultKind::LoadBackCopy, tally),
         }
     }
 }
@@ -180,6 +190,40 @@ impl CampaignCopyFaults {
 impl CopyFaults for CampaignCopyFaults {
     fn fail_write_back(&mut self, _: &WriteBackOp) -> bool {
         self.write_back.roll()
+    }
+
+    fn fail_load_back(&mut self, op: &LoadBackOp) -> Option<usize> {
+        if !self.load_back.roll() {
+            return None;
+        }
+        Some(self.load_back.below(op.pairs.len() as u64 + 1) as usize)
+    }
+}
+
+/// The engine's late acknowledgements: which of a plan's write-back, prefetch and
+/// backup acknowledgements it holds back, and for how many steps.
+#[derive(Debug)]
+pub struct LateAcks {
+    dice: Dice,
+}
+
+impl LateAcks {
+    /// The late acknowledgements of a run.
+    pub fn new(seed: u64, rates: &FaultRates, tally: &Arc<FaultTally>) -> Self {
+        Self {
+            dice: Dice::new(seed, rates, FaultKind::SlowAck, tally),
+        }
+    }
+
+    /// Steps to hold `event` back (1 to 3), if it is an acknowledgement held back now.
+    pub fn delay(&mut self, event: &EngineEvent) -> Option<u64> {
+        let ack = matches!(
+            event,
+            EngineEvent::WriteBackDone { .. }
+                | EngineEvent::PrefetchDone { .. }
+                | EngineEvent::BackupDone { .. }
+        );
+        (ack && self.dice.roll()).then(|| 1 + self.dice.below(3))
     }
 }
 

@@ -4,8 +4,8 @@
 //! A seed draws a [`RunSpec`] ([`RunSpec::draw`]): page size (1 to 64), pools from
 //! tight to roomy, L2 and L3 on or off, requests with shared prefixes and follow-up
 //! turns arriving over the steps, client aborts at every state, and fault rates for
-//! every hook (write-back copies, L3 gets, lost objects and lookups, bus delays and
-//! reorderings). [`run_spec`] runs it three times — on the direct path with the
+//! every hook (write-back and load-back copies, late acknowledgements, L3 gets, lost
+//! objects and lookups, bus delays and reorderings). [`run_spec`] runs it three times — on the direct path with the
 //! scheduler's invariants after every call, through the actors on the deterministic
 //! runtime with the cache on (plans equal to the direct path's), and with the cache off
 //! — and checks that the oracle found nothing, the answers agree, and nothing leaked
@@ -28,7 +28,7 @@ use serde::Serialize;
 
 pub use coverage::{Coverage, CoverageRow, metric_names, table};
 pub use faults::{
-    BusChaos, CampaignCopyFaults, CampaignL3Faults, FaultKind, FaultRates, FaultTally,
+    BusChaos, CampaignCopyFaults, CampaignL3Faults, FaultKind, FaultRates, FaultTally, LateAcks,
 };
 pub use shrink::shrink;
 pub use spec::{AbortPoint, Base, ClientAbort, L3Spec, Prefix, RequestDraw, RunSpec, StateAbort};

@@ -35,7 +35,7 @@ use kvtier_types::{
 
 use super::coverage::{self, Coverage};
 use super::faults::{
-    BusChaos, CampaignCopyFaults, CampaignL3Faults, FaultKind, FaultRates, FaultTally,
+    BusChaos, CampaignCopyFaults, CampaignL3Faults, FaultKind, FaultRates, FaultTally, LateAcks,
 };
 use super::spec::{AbortPoint, Prefix, RunSpec, longest_prompt};
 use super::{CampaignError, Check, Failure, RunKind, SeedReport};
@@ -367,7 +367,8 @@ fn run_direct(spec: &RunSpec) -> Result<RunRecord, Stop> {
         l3,
     };
     let kind = RunKind::Direct;
-    let mut record = drive(spec, kind, &mut direct, Aborts::Decide, None)?;
+    let late = LateAcks::new(spec.seed, &spec.faults, &tally);
+    let mut record = drive(spec, kind, &mut direct, Aborts::Decide, None, late)?;
     engine_clean(kind, &direct.device)?;
     let s = &mut direct.scheduler;
     if let Err(e) = s.check_invariants() {
@@ -383,6 +384,10 @@ fn run_direct(spec: &RunSpec) -> Result<RunRecord, Stop> {
     coverage.add("retraction", stats.retractions);
     coverage.add("recompute (deadlock breaker)", stats.recomputes);
     coverage.add("stale events ignored", stats.stale_events);
+    coverage.add(
+        "load-back failed, readers requeued",
+        stats.load_back_requeues,
+    );
     if let Some(l3) = &direct.l3 {
         let l3 = l3.stats();
         coverage.add("L3 lookup hit (pages)", l3.lookup_hit_pages);
@@ -433,6 +438,7 @@ fn run_actors(
         spec.faults.bus_only()
     };
     let hooks = BusChaos::new(spec.seed, &rates, tally);
+    let late = LateAcks::new(spec.seed, &rates, tally);
     let system_error =
         |what: &str, e: KvError| fail(Check::System, kind, None, format!("{what}: {e}"));
     let mut s = system_with_hooks(
@@ -444,7 +450,7 @@ fn run_actors(
     )
     .map_err(|e| system_error("start", e))?;
     let expected = cache.then_some(direct.digests.as_slice());
-    let mut record = drive(spec, kind, &mut s, aborts, expected)?;
+    let mut record = drive(spec, kind, &mut s, aborts, expected, late)?;
     if cache {
         if record.digests.len() != direct.digests.len() {
             return Err(fail(
@@ -563,12 +569,15 @@ fn drive(
     sut: &mut dyn Sut,
     aborts: Aborts,
     expected: Option<&[u64]>,
+    late: LateAcks,
 ) -> Result<RunRecord, Stop> {
     let mut d = Driver {
         spec,
         kind,
         sut,
         aborts,
+        late,
+        held: Vec::new(),
         step: 0,
         lives: vec![
             Life {
@@ -613,6 +622,10 @@ struct Driver<'a> {
     kind: RunKind,
     sut: &'a mut dyn Sut,
     aborts: Aborts<'a>,
+    /// Which acknowledgements the engine holds back.
+    late: LateAcks,
+    /// Acknowledgements held back: the step they are delivered at, in arrival order.
+    held: Vec<(u64, EngineEvent)>,
     step: u64,
     lives: Vec<Life>,
     index: BTreeMap<RequestId, usize>,
@@ -754,6 +767,7 @@ impl Driver<'_> {
                 .sut
                 .execute(plan, new_requests)
                 .map_err(|e| self.system("execute", e))?;
+            let events = self.hold_back(events);
             self.aborts_at(Moment::BeforeAdvance)?;
             self.events(&events)?;
             self.sut
@@ -934,6 +948,24 @@ impl Driver<'_> {
             self.prefetches.insert(op.op_id, op.dst_pages.len());
         }
         Ok(())
+    }
+
+    /// Holds back the acknowledgements the engine is late with, and hands over those
+    /// due now (before this plan's events: they are older).
+    fn hold_back(&mut self, events: Vec<EngineEvent>) -> Vec<EngineEvent> {
+        let step = self.step;
+        let mut now = Vec::with_capacity(events.len());
+        let held = std::mem::take(&mut self.held);
+        let (due, later): (Vec<_>, Vec<_>) = held.into_iter().partition(|(at, _)| *at <= step);
+        self.held = later;
+        now.extend(due.into_iter().map(|(_, event)| event));
+        for event in events {
+            match self.late.delay(&event) {
+                Some(steps) => self.held.push((step + steps, event)),
+                None => now.push(event),
+            }
+        }
+        now
     }
 
     /// Takes a plan's events into the requests' lives.
