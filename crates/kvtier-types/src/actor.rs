@@ -23,6 +23,8 @@ impl ActorName {
     pub const DEVICE: Self = Self("device");
     /// The L3 store.
     pub const L3: Self = Self("l3");
+    /// The Mamba (recurrent-state) cache family.
+    pub const MAMBA: Self = Self("mamba");
 
     /// A name of the embedder's own (lower case, unique within a system).
     pub const fn new(name: &'static str) -> Self {

@@ -1,0 +1,88 @@
+//! Where a chunk's checkpoint lands.
+//!
+//! A forward over the tokens `[begin, begin + size)` writes the request's *working* state
+//! after its last token and, where the rule below says so, a copy into its *checkpoint*
+//! slot: the state after the last page boundary it crosses. Only that state can enter
+//! the tree, at exactly its depth (a slot at depth `d` is the state after `tokens[0, d)`,
+//! `d` a multiple of the page size `P`).
+//!
+//! With `end = begin + size` and `last = floor(end / P) · P` (the last page boundary
+//! reached):
+//! * `end` on a page boundary: the state after the whole chunk (the *final* state wins);
+//! * else `last` inside the chunk, at a multiple of the kernel's chunk length from
+//!   `begin` (the scan kernel keeps intermediate states only there): that intermediate
+//!   state;
+//! * else none.
+//!
+//! The worker (which copies the state) and the scheduler (which publishes the slot)
+//! apply the same rule; [`checkpoint_depth`] is the one both use.
+
+/// The depth (in tokens) whose state a chunk `[begin, begin + size)` leaves in the
+/// checkpoint slot, if any. `page_size` is `P`, `kernel_chunk` the scan kernel's chunk
+/// length (64 in the reference; it must equal the Mamba cache chunk size).
+pub fn checkpoint_depth(begin: u32, size: u32, page_size: u32, kernel_chunk: u32) -> Option<u32> {
+    if size == 0 || page_size == 0 || kernel_chunk == 0 {
+        return None;
+    }
+    let end = begin.checked_add(size)?;
+    let last = end / page_size * page_size;
+    if last <= begin {
+        return None;
+    }
+    if last == end {
+        return Some(end);
+    }
+    (last - begin).is_multiple_of(kernel_chunk).then_some(last)
+}
+
+/// The depth a decode step's state is checkpointed at: the new history length, when it
+/// is page-aligned (the worker copies working → checkpoint there).
+pub fn decode_checkpoint_depth(new_len: u32, page_size: u32) -> Option<u32> {
+    (page_size > 0 && new_len > 0 && new_len.is_multiple_of(page_size)).then_some(new_len)
+}
+
+/// `floor(x / chunk) · chunk`: the branching length of a match (§1.4).
+pub fn align_down(x: u32, chunk: u32) -> u32 {
+    x.checked_div(chunk).map_or(0, |q| q * chunk)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reference's worker metadata cases (P = 64, kernel chunk 64).
+    #[test]
+    fn the_final_state_wins_then_an_aligned_intermediate_then_none() {
+        // 192 + 128 = 320, on a page boundary: the final state.
+        assert_eq!(checkpoint_depth(192, 128, 64, 64), Some(320));
+        // 192 → 319: the boundary 256 is 64 tokens in: the intermediate state.
+        assert_eq!(checkpoint_depth(192, 127, 64, 64), Some(256));
+        // 41 → 66: the boundary 64 is 23 tokens in, not a kernel chunk: none.
+        assert_eq!(checkpoint_depth(41, 25, 64, 64), None);
+    }
+
+    #[test]
+    fn a_chunk_that_crosses_no_page_boundary_checkpoints_nothing() {
+        assert_eq!(checkpoint_depth(64, 10, 64, 64), None);
+        assert_eq!(checkpoint_depth(0, 63, 64, 64), None);
+        assert_eq!(checkpoint_depth(0, 64, 64, 64), Some(64));
+        assert_eq!(checkpoint_depth(0, 0, 64, 64), None);
+    }
+
+    #[test]
+    fn small_pages_checkpoint_where_the_kernel_chunk_allows() {
+        // P = 2, kernel chunk 4: end 7 → boundary 6 is 6 tokens in (not a multiple of 4).
+        assert_eq!(checkpoint_depth(0, 7, 2, 4), None);
+        // begin 2, end 7: boundary 6 is 4 tokens in.
+        assert_eq!(checkpoint_depth(2, 5, 2, 4), Some(6));
+        assert_eq!(checkpoint_depth(2, 6, 2, 4), Some(8));
+    }
+
+    #[test]
+    fn decode_checkpoints_on_page_boundaries() {
+        assert_eq!(decode_checkpoint_depth(128, 64), Some(128));
+        assert_eq!(decode_checkpoint_depth(129, 64), None);
+        assert_eq!(align_down(13, 4), 12);
+        assert_eq!(align_down(13, 0), 0);
+    }
+}

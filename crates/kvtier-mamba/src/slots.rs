@@ -1,0 +1,223 @@
+//! State slot pools and the RAII slot handle.
+//!
+//! A pool hands out its **smallest free index** (ranks that free slots in different
+//! orders still allocate alike, which tensor-parallel determinism needs). Slot 0 is a
+//! dummy, as in every pool of kvtier: a pool of `total` has `total - 1` usable slots.
+//! A [`Slot`] held outside the pool is move-only; dropping it sends its index home, and
+//! the pool takes returns back, sorted, before its next allocation.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use kvtier_host::{ReleaseQueue, Releaser};
+use kvtier_types::Tier;
+
+/// The index of a state slot in its pool.
+pub type SlotId = u32;
+
+/// A pool of recurrent-state slots on one tier.
+#[derive(Debug)]
+pub struct SlotPool {
+    tier: Tier,
+    total: u32,
+    free: BinaryHeap<Reverse<SlotId>>,
+    returns: ReleaseQueue<SlotId>,
+    /// Slots handed out as handles and not yet back (dropped, freed or adopted).
+    held: u32,
+    /// Debug builds track which slots are free to catch double frees.
+    #[cfg(debug_assertions)]
+    is_free: Vec<bool>,
+}
+
+/// A state slot held outside its pool: dropping it returns the index.
+#[derive(Debug)]
+#[must_use = "dropping a slot frees it"]
+pub struct Slot {
+    id: SlotId,
+    tier: Tier,
+    home: Option<Releaser<SlotId>>,
+}
+
+impl Slot {
+    /// Its index.
+    pub fn id(&self) -> SlotId {
+        self.id
+    }
+
+    /// Its tier.
+    pub fn tier(&self) -> Tier {
+        self.tier
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(home) = self.home.take() {
+            home.release(self.id);
+        }
+    }
+}
+
+impl SlotPool {
+    /// A pool of `total` slots on `tier`; `1..total` are usable.
+    pub fn new(tier: Tier, total: u32) -> Self {
+        Self {
+            tier,
+            total,
+            free: (1..total.max(1)).map(Reverse).collect(),
+            returns: ReleaseQueue::new(),
+            held: 0,
+            #[cfg(debug_assertions)]
+            is_free: (0..total).map(|s| s != 0).collect(),
+        }
+    }
+
+    /// Slots out as live handles (after taking back dropped ones).
+    pub fn held(&mut self) -> u32 {
+        self.drain_returns();
+        self.held
+    }
+
+    /// Its tier.
+    pub fn tier(&self) -> Tier {
+        self.tier
+    }
+
+    /// Usable slots (`total - 1`).
+    pub fn usable(&self) -> u32 {
+        self.total.saturating_sub(1)
+    }
+
+    /// Free slots without taking back dropped handles (a lower bound of
+    /// [`Self::available`]).
+    pub fn available_hint(&self) -> u32 {
+        self.free.len() as u32
+    }
+
+    /// Free slots right now (after taking back dropped handles).
+    pub fn available(&mut self) -> u32 {
+        self.drain_returns();
+        self.free.len() as u32
+    }
+
+    /// Takes back every slot dropped since the last call, and returns them in ascending
+    /// order (the order the reference drains its host pool in).
+    pub fn drain_returns(&mut self) -> Vec<SlotId> {
+        let mut back = Vec::new();
+        self.returns.drain(|id| back.push(id));
+        back.sort_unstable();
+        for &id in &back {
+            self.held -= 1;
+            self.put_back(id);
+        }
+        back
+    }
+
+    /// The smallest free slot, held by the caller; `None` when the pool is empty.
+    pub fn allocate(&mut self) -> Option<Slot> {
+        self.drain_returns();
+        let Reverse(id) = self.free.pop()?;
+        #[cfg(debug_assertions)]
+        {
+            self.is_free[id as usize] = false;
+        }
+        self.held += 1;
+        Some(Slot {
+            id,
+            tier: self.tier,
+            home: Some(self.returns.releaser()),
+        })
+    }
+
+    /// Takes a slot handle back at once (no channel round trip).
+    pub fn free(&mut self, slot: Slot) {
+        let id = self.adopt(slot);
+        self.release(id);
+    }
+
+    /// Turns a handle into an index the pool's owner keeps (a slot attached to a cached
+    /// state): it no longer returns itself when dropped; [`Self::release`] frees it.
+    pub fn adopt(&mut self, mut slot: Slot) -> SlotId {
+        debug_assert_eq!(slot.tier, self.tier, "a slot of another tier");
+        slot.home = None;
+        self.held -= 1;
+        slot.id
+    }
+
+    /// Frees an index the owner kept (see [`Self::adopt`]).
+    pub fn release(&mut self, id: SlotId) {
+        self.put_back(id);
+    }
+
+    /// Allocates an index the owner keeps (never a handle).
+    pub fn take(&mut self) -> Option<SlotId> {
+        self.allocate().map(|slot| self.adopt(slot))
+    }
+
+    /// Whether `id` is free (debug builds only know; release builds say `false`).
+    pub fn is_free(&self, id: SlotId) -> bool {
+        #[cfg(debug_assertions)]
+        {
+            self.is_free.get(id as usize).copied().unwrap_or(false)
+        }
+        #[cfg(not(debug_assertions))]
+        {
+            let _ = id;
+            false
+        }
+    }
+
+    fn put_back(&mut self, id: SlotId) {
+        if id == 0 || id >= self.total {
+            // Out of range (or the dummy): ignored, as the reference does.
+            return;
+        }
+        #[cfg(debug_assertions)]
+        {
+            debug_assert!(!self.is_free[id as usize], "slot {id} freed twice");
+            self.is_free[id as usize] = true;
+        }
+        self.free.push(Reverse(id));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocation_takes_the_smallest_free_index_whatever_the_free_order() {
+        let mut pool = SlotPool::new(Tier::Device, 6);
+        let slots: Vec<Slot> = (0..5).map(|_| pool.allocate().expect("free")).collect();
+        assert_eq!(
+            slots.iter().map(Slot::id).collect::<Vec<_>>(),
+            [1, 2, 3, 4, 5]
+        );
+        assert!(pool.allocate().is_none(), "slot 0 is a dummy");
+        let mut slots = slots.into_iter();
+        let (s1, s2, s3, s4, s5) = (
+            slots.next(),
+            slots.next(),
+            slots.next(),
+            slots.next(),
+            slots.next(),
+        );
+        drop((s4, s2));
+        assert_eq!(pool.allocate().map(|s| s.id()), Some(2));
+        drop((s1, s3, s5));
+    }
+
+    #[test]
+    fn returns_drain_sorted_and_out_of_range_frees_are_ignored() {
+        let mut pool = SlotPool::new(Tier::Host, 5);
+        let a = pool.allocate().expect("1");
+        let b = pool.allocate().expect("2");
+        let c = pool.allocate().expect("3");
+        drop((c, a, b));
+        assert_eq!(pool.drain_returns(), [1, 2, 3]);
+        assert_eq!(pool.available(), 4);
+        pool.put_back(0);
+        pool.put_back(9);
+        assert_eq!(pool.available(), 4);
+    }
+}
