@@ -20,9 +20,9 @@ use crate::{MambaError, Slot, SlotId, SlotPool};
 pub struct MambaConfig {
     /// KV page size in tokens: states sit at multiples of it.
     pub page_size: u32,
-    /// Device state slots, slot 0 (a dummy) included.
+    /// Device state slots.
     pub device_slots: u32,
-    /// Host state slots, slot 0 included; fewer than 2 means no host copies.
+    /// Host state slots; 0 means no host copies.
     pub host_slots: u32,
     /// The scan kernel's chunk length (the branching length is aligned to it).
     pub kernel_chunk: u32,
@@ -36,9 +36,9 @@ impl MambaConfig {
         if self.kernel_chunk == 0 {
             return Err(MambaError::Config("kernel_chunk must be positive"));
         }
-        if self.device_slots < 3 {
+        if self.device_slots < 2 {
             return Err(MambaError::Config(
-                "a request needs two device slots: device_slots must be at least 3",
+                "a request needs two device slots: device_slots must be at least 2",
             ));
         }
         Ok(())
@@ -46,7 +46,7 @@ impl MambaConfig {
 
     /// Whether states get host copies.
     pub fn host_copies(&self) -> bool {
-        self.host_slots >= 2
+        self.host_slots > 0
     }
 }
 
@@ -128,6 +128,9 @@ pub struct MambaCore {
     write_backs: BTreeMap<OpId, Vec<StateKey>>,
     /// States this step's admissions start from: not evicted until the next step.
     protected: BTreeSet<StateKey>,
+    /// States whose host copy landed and whose device copy is to go once nothing
+    /// reads it (retried every step).
+    to_demote: BTreeSet<StateKey>,
     stats: MambaStats,
 }
 
@@ -137,11 +140,12 @@ impl MambaCore {
         config.validate()?;
         Ok(Self {
             device: SlotPool::new(Tier::Device, config.device_slots),
-            host: SlotPool::new(Tier::Host, config.host_slots.max(1)),
+            host: SlotPool::new(Tier::Host, config.host_slots),
             config,
             states: States::default(),
             write_backs: BTreeMap::new(),
             protected: BTreeSet::new(),
+            to_demote: BTreeSet::new(),
             stats: MambaStats::default(),
         })
     }
@@ -151,9 +155,12 @@ impl MambaCore {
         &self.config
     }
 
-    /// A new scheduling step: the last step's copy sources have been copied.
+    /// A new scheduling step: the last step's copy sources have been copied, so they
+    /// may be evicted, and device copies waiting for their readers may be demoted.
     pub fn begin_step(&mut self) {
         self.protected.clear();
+        self.states.tick();
+        self.demote_idle();
     }
 
     // ----- match --------------------------------------------------------------------
@@ -193,6 +200,24 @@ impl MambaCore {
             source,
             branching: (aligned > pages as u32 * ps).then_some(aligned),
         }
+    }
+
+    /// The state a retracted request resumes from: the deepest device state within
+    /// `kv_pages` of KV on either tier (a device state survives its KV's demotion to
+    /// host when it has no host copy), else the deepest host state. `None`: nothing to
+    /// resume from. The caller checks that the depth is the state it needs. Read-only.
+    pub fn match_for_recovery(
+        &self,
+        path: &[PageHash],
+        kv_pages: u32,
+    ) -> Option<(u32, StateSource)> {
+        let max = kv_pages as usize;
+        if let Some((pages, key)) = self.states.deepest(path, max, |e| e.device.is_some()) {
+            return Some((pages as u32, StateSource::Device(key)));
+        }
+        self.states
+            .deepest(path, max, |e| e.host.is_some())
+            .map(|(pages, key)| (pages as u32, StateSource::Host(key)))
     }
 
     // ----- admission ------------------------------------------------------------------
@@ -383,10 +408,23 @@ impl MambaCore {
         self.device.available_hint() >= need
     }
 
-    /// Evicts host states, oldest first, until `need` host slots are free.
+    /// Evicts host states, oldest first, until `need` host slots are free; `false`,
+    /// with nothing evicted, when that is not possible.
     fn ensure_host(&mut self, need: u32) -> bool {
         if self.host.available() >= need {
             return true;
+        }
+        let evictable = self
+            .states
+            .host_lru
+            .iter()
+            .filter(|(_, _, k)| {
+                !self.protected.contains(k)
+                    && self.states.entries.get(k).is_some_and(|e| e.host_refs == 0)
+            })
+            .count() as u32;
+        if self.host.available_hint() + evictable < need {
+            return false;
         }
         let victims: Vec<StateKey> = self
             .states
@@ -440,7 +478,8 @@ impl MambaCore {
     /// Prepares the state half of write-back `op`: every state among `keys` with a
     /// device slot and no host copy (valid or pending) gets a host slot, pending until
     /// `op` is acknowledged (evicting older host states if it must). Returns the device
-    /// → host copies. A state that cannot get a host slot is left out.
+    /// → host copies: for all of them or, when the host pool cannot make room for all,
+    /// for none.
     pub fn prepare_write_back(
         &mut self,
         op: OpId,
@@ -449,45 +488,47 @@ impl MambaCore {
         if self.write_backs.contains_key(&op) {
             return Err(MambaError::DuplicateWriteBack(op));
         }
-        let mut pairs = Vec::new();
-        let mut filled = Vec::new();
         if !self.config.host_copies() {
-            return Ok(pairs);
+            return Ok(Vec::new());
         }
-        for key in keys {
-            let Some(device) = self.states.entries.get(key).and_then(|e| {
-                (e.host.is_none() && e.pending_host.is_none())
-                    .then_some(e.device)
-                    .flatten()
-            }) else {
-                continue;
-            };
-            if !self.ensure_host(1) {
-                break;
-            }
+        let wanted: Vec<(StateKey, SlotId)> = keys
+            .iter()
+            .filter_map(|key| {
+                let e = self.states.entries.get(key)?;
+                let device = e.device?;
+                (e.host.is_none() && e.pending_host.is_none()).then_some((*key, device))
+            })
+            .collect();
+        // All or nothing: host states are evicted only if every copy then has a slot.
+        if wanted.is_empty() || !self.ensure_host(wanted.len() as u32) {
+            return Ok(Vec::new());
+        }
+        let mut pairs = Vec::with_capacity(wanted.len());
+        let mut filled = Vec::with_capacity(wanted.len());
+        for (key, device) in wanted {
             let Some(host) = self.host.take() else {
+                debug_assert!(false, "ensure_host made room");
                 break;
             };
-            if let Some(e) = self.states.entries.get_mut(key) {
+            if let Some(e) = self.states.entries.get_mut(&key) {
                 e.pending_host = Some((op, host));
                 e.device_refs += 1;
             }
-            filled.push(*key);
+            filled.push(key);
             pairs.push(TransferPair {
                 kind: TransferKind::Mamba,
                 src: device,
                 dst: host,
             });
         }
-        if !filled.is_empty() {
-            self.write_backs.insert(op, filled);
-        }
+        self.write_backs.insert(op, filled);
         Ok(pairs)
     }
 
     /// Write-back `op` finished. On success exactly its states get their host copies,
-    /// and device copies that now have a host copy and no reader are demoted; on
-    /// failure its pending host slots are freed and nothing is demoted.
+    /// and device copies that now have a host copy and no reader are demoted (the
+    /// others when their readers are done); on failure its pending host slots are
+    /// freed and nothing is demoted (#620).
     pub fn ack_write_back(&mut self, op: OpId, success: bool) -> Result<(), MambaError> {
         let Some(keys) = self.write_backs.remove(&op) else {
             return Err(MambaError::UnknownWriteBack(op));
@@ -503,28 +544,36 @@ impl MambaCore {
             debug_assert_eq!(pending_op, op, "a pending slot of another write-back");
             if success {
                 self.states.attach_host(key, slot);
+                self.to_demote.insert(*key);
             } else {
                 self.host.release(slot);
                 self.states.prune(key);
             }
         }
         if success {
-            self.demote(&keys);
+            self.demote_idle();
         }
         Ok(())
     }
 
-    /// Drops the device copy of every state among `keys` that has a host copy and no
-    /// reader.
-    pub fn demote(&mut self, keys: &[StateKey]) {
-        for key in keys {
-            let idle = self
-                .states
-                .entries
-                .get(key)
-                .is_some_and(|e| e.host.is_some() && e.device.is_some() && e.device_refs == 0)
-                && !self.protected.contains(key);
-            if idle && let Some(slot) = self.states.detach_device(key) {
+    /// Demotes every waiting device copy that has a host copy and no reader; the
+    /// others wait for the next try.
+    pub fn demote_idle(&mut self) {
+        let waiting: Vec<StateKey> = self.to_demote.iter().copied().collect();
+        for key in waiting {
+            let Some(e) = self.states.entries.get(&key) else {
+                self.to_demote.remove(&key);
+                continue;
+            };
+            if e.host.is_none() || e.device.is_none() {
+                self.to_demote.remove(&key);
+                continue;
+            }
+            if e.device_refs > 0 || self.protected.contains(&key) {
+                continue;
+            }
+            self.to_demote.remove(&key);
+            if let Some(slot) = self.states.detach_device(&key) {
                 self.device.release(slot);
             }
         }
@@ -637,18 +686,18 @@ impl MambaCore {
             return bad("a stale device leaf".into());
         }
         let device = self.device.available() + self.device.held() + attached[0].len() as u32;
-        if device != self.device.usable() {
+        if device != self.device.total() {
             return bad(format!(
                 "device slots: {device} free, held or attached of {}",
-                self.device.usable()
+                self.device.total()
             ));
         }
         if self.config.host_copies() {
             let host = self.host.available() + self.host.held() + attached[1].len() as u32;
-            if host != self.host.usable() {
+            if host != self.host.total() {
                 return bad(format!(
                     "host slots: {host} free, held or attached of {} ({pending} pending)",
-                    self.host.usable()
+                    self.host.total()
                 ));
             }
         }

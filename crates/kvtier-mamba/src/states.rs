@@ -9,8 +9,9 @@
 //!
 //! Entries form a forest: each links to the nearest entry above it on its path, found
 //! when it is inserted. **Device leaves** — entries with a device slot and no entry below
-//! them with one — are the eviction candidates, oldest first by `(time, seq)`: a logical
-//! clock and an insertion sequence, never an address, so every rank evicts alike.
+//! them with one — are the eviction candidates, oldest first by `(time, seq)`: the step
+//! a state was last used or published in, then its insertion sequence; never an
+//! address, so every rank evicts alike.
 //! Evicting a state keeps the KV: a prefix then caps at a shallower state.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -124,9 +125,13 @@ impl States {
         key
     }
 
-    /// Marks an entry used now (it moves to the back of both eviction orders).
-    pub fn touch(&mut self, key: &StateKey) {
+    /// A new step: states used from now on are newer than all used before.
+    pub fn tick(&mut self) {
         self.clock += 1;
+    }
+
+    /// Marks an entry used in this step (it moves behind every state used earlier).
+    pub fn touch(&mut self, key: &StateKey) {
         let clock = self.clock;
         let Some(e) = self.entries.get(key) else {
             return;
