@@ -15,6 +15,12 @@ use crate::{DeviceError, KvGeometry};
 /// The host arena is a [`HostArena`] shared with the L3 actor ([`Self::host_arena`]):
 /// every copy borrows the host pages it touches, so a copy and an L3 transfer can never
 /// meet on a page (a conflict is [`DeviceError::Host`], and the copy moves nothing).
+///
+/// A hybrid model's recurrent states live in a second pair of arenas of the same shape
+/// ([`Self::with_states`]): a state slot is a page of one token whose items are the
+/// state's layers, so the same kernels copy them. Pairs of kind
+/// [`TransferKind::Mamba`] go there, pairs of kind [`TransferKind::Kv`] to the KV
+/// arenas, within one op.
 pub struct KvArenas {
     // Declared before `host`: the C++ arenas point into it and must go first.
     inner: UniquePtr<bridge::KvArenas>,
@@ -22,6 +28,39 @@ pub struct KvArenas {
     geometry: KvGeometry,
     device_pages: u32,
     host_pages: u32,
+    /// What these arenas hold: KV pages, or state slots.
+    kind: TransferKind,
+    /// The state arenas of a hybrid model.
+    states: Option<Box<KvArenas>>,
+}
+
+/// The shape of a hybrid model's recurrent state: `layers` items of `bytes_per_layer`
+/// (the conv and SSM states of one Mamba layer, as the engine lays them out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateGeometry {
+    /// Mamba layers.
+    pub layers: u32,
+    /// Bytes of one layer's state (a multiple of 4: kernels copy 4-byte words).
+    pub bytes_per_layer: u32,
+}
+
+impl StateGeometry {
+    /// The KV-shaped geometry the kernels see: one token per page, one plane.
+    fn as_pages(&self) -> KvGeometry {
+        KvGeometry {
+            layers: self.layers,
+            planes: 1,
+            heads: 1,
+            head_dim: self.bytes_per_layer / 4,
+            dtype_bytes: 4,
+            page_size: 1,
+        }
+    }
+
+    /// Bytes of one state slot.
+    pub fn slot_bytes(&self) -> u64 {
+        u64::from(self.layers) * u64::from(self.bytes_per_layer)
+    }
 }
 
 impl std::fmt::Debug for KvArenas {
@@ -68,7 +107,97 @@ impl KvArenas {
             geometry,
             device_pages,
             host_pages,
+            kind: TransferKind::Kv,
+            states: None,
         })
+    }
+
+    /// Adds the state arenas of a hybrid model: `device_slots` and `host_slots` slots
+    /// of `geometry`. State pools have no dummy slot: slot `s` is page `s + 1` of the
+    /// state arenas, whose page 0 stays reserved like every arena's.
+    pub fn with_states(
+        mut self,
+        geometry: StateGeometry,
+        device_slots: u32,
+        host_slots: u32,
+    ) -> Result<Self, DeviceError> {
+        if geometry.bytes_per_layer == 0 || !geometry.bytes_per_layer.is_multiple_of(4) {
+            return Err(DeviceError::InvalidGeometry(format!(
+                "a layer's state is {} bytes; kernels copy 4-byte words",
+                geometry.bytes_per_layer
+            )));
+        }
+        let mut states = KvArenas::new(
+            geometry.as_pages(),
+            device_slots.saturating_add(1),
+            host_slots.saturating_add(1),
+            1,
+        )?;
+        states.kind = TransferKind::Mamba;
+        self.states = Some(Box::new(states));
+        Ok(self)
+    }
+
+    /// Bytes of one state slot (0 without state arenas).
+    pub fn state_slot_bytes(&self) -> u64 {
+        self.states.as_ref().map_or(0, |s| s.geometry.page_bytes())
+    }
+
+    /// The host state arena, to share with the L3 actor, if these arenas have states.
+    pub fn host_state_arena(&self) -> Option<Arc<HostArena>> {
+        self.states.as_ref().map(|s| s.host_arena())
+    }
+
+    /// The bytes of one layer of a state slot on `tier` (a host slot holds a write
+    /// borrow until dropped).
+    pub fn state_item_mut(
+        &mut self,
+        tier: Tier,
+        slot: u32,
+        layer: u32,
+    ) -> Result<ItemMut<'_>, DeviceError> {
+        let states = self
+            .states
+            .as_mut()
+            .ok_or(DeviceError::WrongKind("Mamba"))?;
+        states.item_mut(tier, slot.saturating_add(1), layer, 0)
+    }
+
+    /// Copies device state slots to other device state slots (a copy-on-write source
+    /// into a request's working slot).
+    pub fn copy_device_states(&mut self, pairs: &[TransferPair]) -> Result<(), DeviceError> {
+        let (kv, states) = self.by_kind(pairs)?;
+        if !kv.is_empty() {
+            return Err(DeviceError::WrongKind("KV"));
+        }
+        let arenas = self
+            .states
+            .as_mut()
+            .ok_or(DeviceError::WrongKind("Mamba"))?;
+        arenas.copy_device(&states)
+    }
+
+    /// Splits `pairs` by kind: this arena's own, and state pairs for the state arenas
+    /// (refused when there are none), moved to the state arenas' page numbers (slot
+    /// `s` is page `s + 1`).
+    fn by_kind(
+        &self,
+        pairs: &[TransferPair],
+    ) -> Result<(Vec<TransferPair>, Vec<TransferPair>), DeviceError> {
+        let (mine, states): (Vec<TransferPair>, Vec<TransferPair>) =
+            pairs.iter().partition(|p| p.kind == self.kind);
+        if !states.is_empty() && self.states.is_none() {
+            return Err(DeviceError::WrongKind("Mamba"));
+        }
+        let states = states
+            .into_iter()
+            .map(|p| TransferPair {
+                kind: p.kind,
+                src: p.src.saturating_add(1),
+                dst: p.dst.saturating_add(1),
+            })
+            .collect();
+        Ok((mine, states))
     }
 
     /// The KV geometry.
@@ -119,8 +248,11 @@ impl KvArenas {
         let mut src = Vec::with_capacity(pairs.len());
         let mut dst = Vec::with_capacity(pairs.len());
         for pair in pairs {
-            if pair.kind != TransferKind::Kv {
-                return Err(DeviceError::WrongKind("Mamba"));
+            if pair.kind != self.kind {
+                return Err(DeviceError::WrongKind(match pair.kind {
+                    TransferKind::Kv => "KV",
+                    TransferKind::Mamba => "Mamba",
+                }));
             }
             self.check(from, pair.src)?;
             self.check(to, pair.dst)?;
@@ -135,12 +267,30 @@ impl KvArenas {
         bridge::copy_pages(self.inner.pin_mut(), dir, src, dst, layers.start, count);
     }
 
-    /// Copies device pages to host pages, all layers (`src` = device, `dst` = host).
+    /// Copies device pages to host pages, all layers (`src` = device, `dst` = host),
+    /// and device state slots to host state slots. Every page and slot is checked
+    /// before anything moves.
     pub fn write_back(&mut self, pairs: &[TransferPair]) -> Result<(), DeviceError> {
+        if self.states.is_some() {
+            let (mine, states) = self.by_kind(pairs)?;
+            let (src, dst) = self.lists(&mine, Tier::Device, Tier::Host)?;
+            if let Some(s) = self.states.as_ref() {
+                s.lists(&states, Tier::Device, Tier::Host)?;
+            }
+            self.copy_out(&src, &dst)?;
+            return match self.states.as_mut() {
+                Some(s) => s.write_back(&states),
+                None => Ok(()),
+            };
+        }
         let (src, dst) = self.lists(pairs, Tier::Device, Tier::Host)?;
+        self.copy_out(&src, &dst)
+    }
+
+    fn copy_out(&mut self, src: &[PageId], dst: &[PageId]) -> Result<(), DeviceError> {
         let host = Arc::clone(&self.host);
-        let _borrowed = host.write(&dst)?;
-        self.run(Direction::DeviceToHost, &src, &dst, 0..self.geometry.layers);
+        let _borrowed = host.write(dst)?;
+        self.run(Direction::DeviceToHost, src, dst, 0..self.geometry.layers);
         Ok(())
     }
 
@@ -152,10 +302,35 @@ impl KvArenas {
         layers: Range<u32>,
     ) -> Result<(), DeviceError> {
         self.check_layers(&layers)?;
+        if self.states.is_some() {
+            let (mine, states) = self.by_kind(pairs)?;
+            let (src, dst) = self.lists(&mine, Tier::Host, Tier::Device)?;
+            if let Some(s) = self.states.as_ref() {
+                s.lists(&states, Tier::Host, Tier::Device)?;
+            }
+            self.copy_in(&src, &dst, layers)?;
+            return match self.states.as_mut() {
+                // A state is loaded whole, whatever layers of KV this call covers.
+                Some(s) => {
+                    let all = 0..s.geometry.layers;
+                    s.load_back(&states, all)
+                }
+                None => Ok(()),
+            };
+        }
         let (src, dst) = self.lists(pairs, Tier::Host, Tier::Device)?;
+        self.copy_in(&src, &dst, layers)
+    }
+
+    fn copy_in(
+        &mut self,
+        src: &[PageId],
+        dst: &[PageId],
+        layers: Range<u32>,
+    ) -> Result<(), DeviceError> {
         let host = Arc::clone(&self.host);
-        let _borrowed = host.read(&src)?;
-        self.run(Direction::HostToDevice, &src, &dst, layers);
+        let _borrowed = host.read(src)?;
+        self.run(Direction::HostToDevice, src, dst, layers);
         Ok(())
     }
 

@@ -4,7 +4,8 @@
 use std::any::Any;
 
 use kvtier_types::{
-    EngineEvent, ExecutionPlan, LoadBackOp, RequestId, Token, TransferPair, WriteBackOp,
+    EngineEvent, ExecutionPlan, LoadBackOp, RequestId, Token, TransferKind, TransferPair,
+    WriteBackOp,
 };
 
 use crate::{DeviceError, KvArenas};
@@ -131,15 +132,15 @@ pub struct DeviceStats {
     pub write_backs: u64,
     /// Write-back ops that failed (acknowledged with `success: false`).
     pub failed_write_backs: u64,
-    /// Pages written back.
+    /// KV pages written back.
     pub pages_written: u64,
     /// Load-back ops executed (failed ones included).
     pub load_backs: u64,
     /// Load-back ops that failed (reported with `LoadBackFailed`).
     pub failed_load_backs: u64,
-    /// Pages loaded back.
+    /// KV pages loaded back.
     pub pages_loaded: u64,
-    /// Bytes moved by both.
+    /// Bytes moved by both (KV pages and state slots).
     pub moved_bytes: u64,
 }
 
@@ -194,14 +195,22 @@ impl DeviceCore {
             runner.admit(new_requests);
         }
         let page_bytes = self.arenas.geometry().page_bytes();
+        let slot_bytes = self.arenas.state_slot_bytes();
+        // Bytes and KV pages a list of pairs moves (state slots move no pages).
+        let moves = |pairs: &[TransferPair]| {
+            let kv = pairs.iter().filter(|p| p.kind == TransferKind::Kv).count() as u64;
+            let states = pairs.len() as u64 - kv;
+            (kv, kv * page_bytes + states * slot_bytes)
+        };
         let mut events = Vec::with_capacity(plan.write_backs.len() + plan.forward.rows.len());
         for op in &plan.write_backs {
             self.stats.write_backs += 1;
             let success =
                 !self.faults.fail_write_back(op) && self.arenas.write_back(&op.pairs).is_ok();
             if success {
-                self.stats.pages_written += op.pairs.len() as u64;
-                self.stats.moved_bytes += page_bytes * op.pairs.len() as u64;
+                let (pages, bytes) = moves(&op.pairs);
+                self.stats.pages_written += pages;
+                self.stats.moved_bytes += bytes;
                 if let Some(runner) = &mut self.runner {
                     runner.written_back(&op.pairs);
                 }
@@ -229,10 +238,10 @@ impl DeviceCore {
                     .map(|()| op.pairs.len()),
             };
             let landed = matches!(copied, Ok(n) if n == op.pairs.len());
-            let moved = copied.unwrap_or(0) as u64;
-            self.stats.moved_bytes += page_bytes * moved;
+            let (pages, bytes) = moves(&op.pairs[..copied.unwrap_or(0)]);
+            self.stats.moved_bytes += bytes;
             if landed {
-                self.stats.pages_loaded += moved;
+                self.stats.pages_loaded += pages;
             } else {
                 self.stats.failed_load_backs += 1;
                 events.push(EngineEvent::LoadBackFailed { op_id: op.op_id });

@@ -24,7 +24,8 @@ use std::collections::BTreeMap;
 
 use kvtier_device::{DeviceCore, DeviceError, KvArenas, KvGeometry, ModelRunner, NewRequest};
 use kvtier_types::{
-    EngineEvent, ExecutionPlan, PageId, RequestId, RowKind, Tier, Token, TransferPair, engine_rule,
+    EngineEvent, ExecutionPlan, PageId, RequestId, RowKind, Tier, Token, TransferKind,
+    TransferPair, engine_rule,
 };
 
 use crate::tokens::splitmix64;
@@ -488,13 +489,13 @@ impl ModelRunner for ReferenceEngine {
     }
 
     fn written_back(&mut self, pairs: &[TransferPair]) {
-        for pair in pairs {
+        for pair in pairs.iter().filter(|p| p.kind == TransferKind::Kv) {
             *self.host_source(pair.dst) = HostSource::WrittenBack;
         }
     }
 
     fn loaded(&mut self, pairs: &[TransferPair]) {
-        for pair in pairs {
+        for pair in pairs.iter().filter(|p| p.kind == TransferKind::Kv) {
             let from = *self.host_source(pair.src);
             self.device_sources[pair.dst as usize] = DeviceSource::LoadedBack {
                 host_page: pair.src,
@@ -504,7 +505,8 @@ impl ModelRunner for ReferenceEngine {
     }
 
     fn load_failed(&mut self, pairs: &[TransferPair]) {
-        self.void_pages.extend(pairs.iter().map(|pair| pair.dst));
+        let kv = pairs.iter().filter(|p| p.kind == TransferKind::Kv);
+        self.void_pages.extend(kv.map(|pair| pair.dst));
     }
 
     fn forward(
