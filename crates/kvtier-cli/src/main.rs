@@ -82,6 +82,27 @@ struct ReplayArgs {
     /// of the first.
     #[arg(long)]
     l3_dir: Option<std::path::PathBuf>,
+    /// Replay a Mooncake request trace (JSON Lines: timestamp, input_length,
+    /// output_length, hash_ids; see docs/traces.md) through device, host and the L3
+    /// store, with sparse verification unless --verify says otherwise.
+    #[arg(long, conflicts_with = "workload")]
+    trace: Option<std::path::PathBuf>,
+    /// Traces: arrivals come this many times faster than in the trace (default 1).
+    #[arg(long)]
+    time_scale: Option<f64>,
+    /// Traces: replay at most this many requests (a bare `replay`: 300).
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Traces: replay the requests arriving in START..END (seconds from the trace's
+    /// start; either side may be empty).
+    #[arg(long)]
+    window: Option<String>,
+    /// Device pool in pages of 16 tokens (page 0 included) instead of the workload's.
+    #[arg(long)]
+    device_pages: Option<u32>,
+    /// Host pool in pages of 16 tokens (page 0 included) instead of the workload's.
+    #[arg(long)]
+    host_pages: Option<u32>,
 }
 
 #[derive(Debug, Clone, clap::Args)]

@@ -9,8 +9,9 @@ use clap::ValueEnum;
 use clap::builder::PossibleValue;
 use kvtier_sim::reference::Verify;
 use kvtier_sim::scenario::{
-    CostModel, L3Store, Scenario, ScenarioOptions, run_scenario_with_progress,
+    CostModel, L3Store, Scenario, ScenarioOptions, TraceWorkload, run_scenario_with_progress,
 };
+use kvtier_sim::trace::{TraceSlice, parse_trace, read_trace};
 use kvtier_sim::{Path, WorkloadKind, WorkloadOptions, run_workload};
 use serde::de::{self, Deserializer, EnumAccess, VariantAccess, Visitor};
 
@@ -166,22 +167,85 @@ fn replay_path(args: &ReplayArgs) -> Path {
     }
 }
 
+/// The Mooncake conversation trace (FAST'25, Apache-2.0; data/mooncake-traces/), built
+/// into the binary so that a bare `kvtier replay` runs anywhere.
+const CONVERSATION_TRACE: &str =
+    include_str!("../../../data/mooncake-traces/conversation_trace.jsonl");
+
+/// Requests a bare `kvtier replay` takes from the conversation trace: its first minute
+/// and a half, about half a minute of wall time on 2 cores.
+pub const DEFAULT_TRACE_REQUESTS: usize = 300;
+
+/// The default replay: the embedded conversation trace, its first
+/// [`DEFAULT_TRACE_REQUESTS`] requests unless `--limit` or `--window` say otherwise.
+fn embedded_trace(args: &ReplayArgs) -> Result<TraceWorkload> {
+    let slice = trace_slice(args, Some(DEFAULT_TRACE_REQUESTS))?;
+    Ok(TraceWorkload {
+        name: "conversation_trace".into(),
+        requests: parse_trace(CONVERSATION_TRACE, &slice)?,
+        time_scale: args.time_scale.unwrap_or(1.0),
+    })
+}
+
+/// The slice `--window` and `--limit` select (`limit` when `--limit` is not given),
+/// after checking `--time-scale`.
+fn trace_slice(args: &ReplayArgs, limit: Option<usize>) -> Result<TraceSlice> {
+    if let Some(scale) = args.time_scale
+        && !(scale.is_finite() && scale > 0.0)
+    {
+        bail!("--time-scale must be a positive number, not {scale}");
+    }
+    Ok(TraceSlice {
+        window_ms: args
+            .window
+            .as_deref()
+            .map(TraceSlice::parse_window)
+            .transpose()?,
+        limit: args.limit.or(limit),
+    })
+}
+
+/// The trace `--trace` names, sliced by `--window` and `--limit`.
+fn read_trace_workload(path: &std::path::Path, args: &ReplayArgs) -> Result<TraceWorkload> {
+    let slice = trace_slice(args, None)?;
+    let requests = read_trace(path, &slice)?;
+    let name = path
+        .file_stem()
+        .map_or_else(|| "trace".into(), |s| s.to_string_lossy().into_owned());
+    Ok(TraceWorkload {
+        name,
+        requests,
+        time_scale: args.time_scale.unwrap_or(1.0),
+    })
+}
+
 /// `kvtier replay`.
 pub fn run(args: ReplayArgs) -> Result<()> {
     let file = match &args.config {
         Some(path) => read_replay_file(path)?,
         None => ReplayFile::default(),
     };
-    let workload = args
-        .workload
-        .or(file.workload)
-        .unwrap_or(ReplayWorkload::Scenario(Scenario::Chat));
+    // Nothing named: the embedded conversation trace's first requests.
+    let default_trace = args.trace.is_none() && args.workload.is_none() && file.workload.is_none();
+    let workload = match (&args.trace, default_trace) {
+        (Some(_), _) | (None, true) => ReplayWorkload::Scenario(Scenario::Trace),
+        (None, false) => args
+            .workload
+            .or(file.workload)
+            .unwrap_or(ReplayWorkload::Scenario(Scenario::Chat)),
+    };
     let scenario = match workload {
         ReplayWorkload::Scenario(scenario) => scenario,
         ReplayWorkload::Bench(kind) => {
-            if args.no_cache || args.l3.is_some() || args.l3_dir.is_some() {
+            let scenario_only = args.no_cache
+                || args.l3.is_some()
+                || args.l3_dir.is_some()
+                || args.device_pages.is_some()
+                || args.host_pages.is_some();
+            if scenario_only {
                 bail!(
-                    "--no-cache, --l3 and --l3-dir apply to the chat, rollout and longdoc scenarios"
+                    "--no-cache, --l3, --l3-dir, --device-pages and --host-pages apply to \
+                     scenarios and traces"
                 );
             }
             let options = WorkloadOptions {
@@ -197,15 +261,26 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         Some(c) => c.apply(CostModel::default())?,
         None => CostModel::default(),
     };
+    let traced = args.trace.is_some() || default_trace;
+    if !traced && (args.limit.is_some() || args.window.is_some() || args.time_scale.is_some()) {
+        bail!("--limit, --window and --time-scale apply to trace replays");
+    }
+    let base = match (&args.trace, default_trace) {
+        (Some(path), _) => ScenarioOptions::trace(read_trace_workload(path, &args)?),
+        (None, true) => ScenarioOptions::trace(embedded_trace(&args)?),
+        (None, false) => ScenarioOptions::new(scenario),
+    };
     let options = ScenarioOptions {
         cache: !args.no_cache && file.cache.unwrap_or(true),
         publish: file.publish.unwrap_or(true),
-        verify: args.verify.or(file.verify).unwrap_or(Verify::Full),
+        verify: args.verify.or(file.verify).unwrap_or(base.verify),
         fail_every_nth_write_back: file.fail_every_nth_write_back.unwrap_or(0),
         fail_every_nth_load_back: file.fail_every_nth_load_back.unwrap_or(0),
         cost,
         path: replay_path(&args),
-        ..ScenarioOptions::new(scenario)
+        device_pages: args.device_pages,
+        host_pages: args.host_pages,
+        ..base
     };
     let l3 = args.l3.or(file.l3).unwrap_or(options.l3);
     let l3_dir = args.l3_dir.clone().or(file.l3_dir);
@@ -221,7 +296,13 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} requests")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    bar.set_message(format!("replay {}", scenario.name()));
+    bar.set_message(format!(
+        "replay {}",
+        options
+            .trace
+            .as_ref()
+            .map_or(scenario.name(), |t| t.name.as_str())
+    ));
     let report = run_scenario_with_progress(&options, |done, total| {
         bar.set_length(total);
         bar.set_position(done);
@@ -263,6 +344,34 @@ mod tests {
         assert_eq!(cost.h2d_gbps, 50.0);
     }
 
+    /// A bare `kvtier replay` replays the embedded conversation trace's first requests;
+    /// trace flags are refused for the other workloads.
+    #[test]
+    fn the_default_replay_is_the_embedded_conversation_trace() {
+        let trace = embedded_trace(&ReplayArgs::default()).expect("the embedded trace parses");
+        assert_eq!(trace.requests.len(), DEFAULT_TRACE_REQUESTS);
+        assert_eq!(trace.time_scale, 1.0);
+        let windowed = ReplayArgs {
+            window: Some("0..10".into()),
+            limit: Some(1000),
+            ..ReplayArgs::default()
+        };
+        let trace = embedded_trace(&windowed).expect("valid slice");
+        assert!(trace.requests.iter().all(|r| r.timestamp_ms < 10_000));
+        let bad_scale = ReplayArgs {
+            time_scale: Some(0.0),
+            ..ReplayArgs::default()
+        };
+        assert!(embedded_trace(&bad_scale).is_err());
+        let chat_with_limit = ReplayArgs {
+            workload: Some(ReplayWorkload::Scenario(Scenario::Chat)),
+            limit: Some(3),
+            ..ReplayArgs::default()
+        };
+        let err = run(chat_with_limit).unwrap_err();
+        assert!(err.to_string().contains("apply to trace replays"), "{err}");
+    }
+
     #[test]
     fn config_values_take_the_flags_names() {
         let file: ReplayFile =
@@ -289,9 +398,9 @@ mod tests {
         );
         let bad_enum = toml::from_str::<ReplayFile>("verify = \"most\"").unwrap_err();
         assert!(
-            bad_enum
-                .to_string()
-                .contains("unknown variant `most`, expected one of `full`, `sampled`, `off`"),
+            bad_enum.to_string().contains(
+                "unknown variant `most`, expected one of `full`, `sampled`, `sparse`, `off`"
+            ),
             "{bad_enum}"
         );
         let bad_type = toml::from_str::<ReplayFile>("l3 = true").unwrap_err();

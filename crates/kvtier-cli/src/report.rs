@@ -35,8 +35,20 @@ pub fn scenario(r: &ScenarioReport) {
         (
             "requests",
             format!(
-                "{} ({} finished, {} aborted)",
-                r.requests, r.finished, r.aborted
+                "{} ({} finished, {} aborted{})",
+                r.requests,
+                r.finished,
+                r.aborted,
+                if r.abort_reasons.is_empty() {
+                    String::new()
+                } else {
+                    let reasons: Vec<String> = r
+                        .abort_reasons
+                        .iter()
+                        .map(|(why, n)| format!("{n} {why}"))
+                        .collect();
+                    format!(": {}", reasons.join(", "))
+                }
             ),
         ),
         ("prompt tokens", r.prompt_tokens.to_string()),
@@ -48,6 +60,14 @@ pub fn scenario(r: &ScenarioReport) {
                 pct(r.hit_tokens, r.prompt_tokens),
                 r.hit_tokens,
                 r.ideal_hit_tokens
+            ),
+        ),
+        (
+            "  unbounded cache",
+            format!(
+                "{:.1} % ({} tokens: every earlier prompt cached, whatever the timing)",
+                pct(r.unbounded_hit_tokens, r.prompt_tokens),
+                r.unbounded_hit_tokens
             ),
         ),
         (
@@ -112,11 +132,17 @@ pub fn scenario(r: &ScenarioReport) {
         (
             "TTFT",
             format!(
-                "{:.1} ms mean, {:.1} ms median",
-                r.ttft_mean_ms, r.ttft_p50_ms
+                "{:.1} ms mean, {:.1} / {:.1} / {:.1} ms p50 / p90 / p99",
+                r.ttft_mean_ms, r.ttft_p50_ms, r.ttft_p90_ms, r.ttft_p99_ms
             ),
         ),
-        ("time per token", format!("{:.1} ms", r.tpot_mean_ms)),
+        (
+            "time per token",
+            format!(
+                "{:.1} ms mean, {:.1} / {:.1} ms p50 / p99",
+                r.tpot_mean_ms, r.tpot_p50_ms, r.tpot_p99_ms
+            ),
+        ),
         (
             "throughput",
             format!("{:.0} tokens/s", r.throughput_tokens_per_s),
@@ -131,8 +157,10 @@ pub fn scenario(r: &ScenarioReport) {
         ),
     ];
     let l3_on = r.l3 != "off";
+    let traced = r.unbounded_hit_tokens > 0;
     let rows = rows
         .into_iter()
+        .filter(|(name, _)| traced || *name != "  unbounded cache")
         .chain(l3_rows.into_iter().filter(|_| l3_on))
         .chain(tail_rows);
     for (name, value) in rows {

@@ -14,6 +14,7 @@ pub mod l3_bench;
 pub mod reference;
 pub mod scenario;
 pub mod tokens;
+pub mod trace;
 pub mod workloads;
 
 pub use api::{Path, scheduler_on, system_on};

@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use kvtier::KvError;
@@ -28,6 +29,7 @@ use serde::Serialize;
 use crate::api::{Path, system_on};
 use crate::reference::{IntegrityError, ReferenceEngine, Verify};
 use crate::tokens::{gen_tokens, tag};
+use crate::trace::{TraceRequest, unbounded_hit_tokens};
 
 /// Which scenario.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +41,9 @@ pub enum Scenario {
     Rollout,
     /// Questions about long documents that leave device and host between questions.
     Longdoc,
+    /// A production request trace ([`ScenarioOptions::trace`]; `kvtier replay --trace`).
+    #[cfg_attr(feature = "clap", value(skip))]
+    Trace,
 }
 
 impl Scenario {
@@ -48,6 +53,7 @@ impl Scenario {
             Scenario::Chat => "chat",
             Scenario::Rollout => "rollout",
             Scenario::Longdoc => "longdoc",
+            Scenario::Trace => "trace",
         }
     }
 }
@@ -262,6 +268,23 @@ pub struct ScenarioOptions {
     /// `Mooncake`: the cluster (default: the one the environment describes,
     /// `cargo xtask mooncake run`).
     pub mooncake: Option<MooncakeConfig>,
+    /// The requests of [`Scenario::Trace`].
+    pub trace: Option<Arc<TraceWorkload>>,
+    /// Device pages (page 0 included) instead of the scenario's own.
+    pub device_pages: Option<u32>,
+    /// Host pages (page 0 included) instead of the scenario's own.
+    pub host_pages: Option<u32>,
+}
+
+/// A trace to replay: its requests, and how much faster than real time they arrive.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceWorkload {
+    /// What the report calls it (the file's name).
+    pub name: String,
+    /// The requests, in arrival order.
+    pub requests: Vec<TraceRequest>,
+    /// Arrival times are divided by this (1: real time).
+    pub time_scale: f64,
 }
 
 impl ScenarioOptions {
@@ -287,6 +310,21 @@ impl ScenarioOptions {
             l3_fault: L3Fault::None,
             l3_model: "kvtier-reference".into(),
             mooncake: None,
+            trace: None,
+            device_pages: None,
+            host_pages: None,
+        }
+    }
+
+    /// The replay of a trace: cache on, the embedded L3 store, sparse verification
+    /// (reading every history at every step of a production trace would take hours).
+    pub fn trace(trace: TraceWorkload) -> Self {
+        Self {
+            verify: Verify::SPARSE,
+            l3: L3Store::Local,
+            l3_memory_bytes: 64 << 20,
+            trace: Some(Arc::new(trace)),
+            ..Self::new(Scenario::Trace)
         }
     }
 
@@ -377,6 +415,19 @@ pub struct ScenarioReport {
     pub ttft_mean_ms: f64,
     /// Median time to first token, ms.
     pub ttft_p50_ms: f64,
+    /// Requests the scheduler gave up on, by reason.
+    pub abort_reasons: BTreeMap<String, u64>,
+    /// 90th percentile of the TTFT, ms.
+    pub ttft_p90_ms: f64,
+    /// 99th percentile of the TTFT, ms.
+    pub ttft_p99_ms: f64,
+    /// 50th and 99th percentiles of the time per output token, ms.
+    pub tpot_p50_ms: f64,
+    /// 99th percentile of the time per output token, ms.
+    pub tpot_p99_ms: f64,
+    /// Traces: the hit tokens of an unbounded cache over the prompts in arrival order,
+    /// whatever the timing (`trace::unbounded_hit_tokens`); 0 for the other scenarios.
+    pub unbounded_hit_tokens: u64,
     /// Time per output token after the first, mean over requests, ms.
     pub tpot_mean_ms: f64,
     /// Generated tokens per virtual second.
@@ -408,6 +459,9 @@ pub enum ScenarioError {
     /// The run stopped making progress.
     #[error("scenario stalled after {0} steps")]
     Stalled(u64),
+    /// `Scenario::Trace` without a trace.
+    #[error("a trace replay needs a trace (`ScenarioOptions::trace`)")]
+    NoTrace,
     /// The L3 store could not be set up.
     #[error("L3 store: {0}")]
     L3(String),
@@ -576,6 +630,11 @@ pub fn run_scenario_with(
     mut between_steps: impl FnMut(u64),
 ) -> Result<ScenarioReport, ScenarioError> {
     const PAGE: u32 = 16;
+    let trace = match (o.scenario, &o.trace) {
+        (Scenario::Trace, Some(trace)) => Some(Arc::clone(trace)),
+        (Scenario::Trace, None) => return Err(ScenarioError::NoTrace),
+        _ => None,
+    };
     let (device_pages, host_pages, batch, budget) = match o.scenario {
         // Working set 16 × 4 × 128 tokens = 512 pages; device holds under a third.
         Scenario::Chat => (161, 641, 16, 2048),
@@ -584,7 +643,12 @@ pub fn run_scenario_with(
         // A document is 2,048 pages: the device holds one and a quarter, the host two
         // and a bit, so a document is gone from both by its next question.
         Scenario::Longdoc => (2601, 4401, 16, 8192),
+        // A modern GPU's KV for an 8B-class model (about 260,000 tokens), four times
+        // that in host DRAM: a production batch of 64 rows.
+        Scenario::Trace => (16_385, 65_537, 64, 8192),
     };
+    let device_pages = o.device_pages.unwrap_or(device_pages);
+    let host_pages = o.host_pages.unwrap_or(host_pages);
     let config = SchedulerConfig {
         page_size: PAGE,
         device_pages,
@@ -606,13 +670,26 @@ pub fn run_scenario_with(
     let mut scratch = None;
     let l3 = l3_core(o, PAGE, device.arenas_mut().host_arena(), &mut scratch)?;
     let mut s = system_on(o.path, config, Some(device), l3)?;
+    // A step computes at least one token of some request: a run that takes more steps
+    // than its requests have tokens has stopped making progress.
+    let step_limit = match &trace {
+        Some(t) => t
+            .requests
+            .iter()
+            .map(|q| u64::from(q.input_length) + u64::from(q.output_length.max(1)))
+            .sum::<u64>()
+            .max(100_000),
+        None => 100_000,
+    };
     // Requests submitted since the last plan, announced to the engine with the next one.
     let mut new_requests: Vec<NewRequest> = Vec::new();
     // Tokens generated so far per request, and the finished requests' answers.
     let mut generating: BTreeMap<RequestId, Vec<Token>> = BTreeMap::new();
     let mut outputs: BTreeMap<RequestId, Vec<Token>> = BTreeMap::new();
     let mut r = ScenarioReport {
-        workload: o.scenario.name().into(),
+        workload: trace
+            .as_ref()
+            .map_or(o.scenario.name().into(), |t| t.name.clone()),
         cache: o.cache,
         requests: 0,
         finished: 0,
@@ -650,6 +727,14 @@ pub fn run_scenario_with(
         virtual_s: 0.0,
         ttft_mean_ms: 0.0,
         ttft_p50_ms: 0.0,
+        abort_reasons: BTreeMap::new(),
+        ttft_p90_ms: 0.0,
+        ttft_p99_ms: 0.0,
+        tpot_p50_ms: 0.0,
+        tpot_p99_ms: 0.0,
+        unbounded_hit_tokens: trace
+            .as_ref()
+            .map_or(0, |t| unbounded_hit_tokens(&t.requests, PAGE)),
         tpot_mean_ms: 0.0,
         throughput_tokens_per_s: 0.0,
         outputs: BTreeMap::new(),
@@ -670,6 +755,8 @@ pub fn run_scenario_with(
             .collect(),
         _ => Vec::new(),
     };
+    // Trace: the next request to arrive.
+    let mut next_arrival = 0usize;
     let mut started = std::collections::HashSet::new();
     // Virtual clock (µs): submit, first-token and finish times per request.
     let mut now = 0.0f64;
@@ -717,6 +804,18 @@ pub fn run_scenario_with(
                     next_question += 1;
                 }
             }
+            Scenario::Trace => {
+                let requests = trace.as_ref().map_or(&[][..], |t| &t.requests[..]);
+                let scale = trace.as_ref().map_or(1.0, |t| t.time_scale);
+                while let Some(request) = requests.get(next_arrival)
+                    && request.arrival_us(scale) <= now
+                {
+                    let id = RequestId::from(format!("t{:06}", request.line));
+                    let answer = request.output_length.max(1) as usize;
+                    batch_specs.push((RequestSpec::new(id, request.prompt()), answer));
+                    next_arrival += 1;
+                }
+            }
             Scenario::Rollout => {
                 if pending_rollout {
                     for p in 0..PROMPTS {
@@ -752,9 +851,19 @@ pub fn run_scenario_with(
         r.scheduler_ns += t.elapsed().as_nanos() as u64;
         r.steps += 1;
         if plan.is_empty() && new_requests.is_empty() && s.stats()?.scheduler.idle {
-            break;
+            // Idle until the trace's next arrival, if one is to come.
+            match trace
+                .as_ref()
+                .and_then(|t| t.requests.get(next_arrival).map(|q| (t, q)))
+            {
+                Some((t, next)) => {
+                    now = now.max(next.arrival_us(t.time_scale));
+                    continue;
+                }
+                None => break,
+            }
         }
-        if r.steps > 100_000 {
+        if r.steps > step_limit {
             return Err(ScenarioError::Stalled(r.steps));
         }
         // Counters.
@@ -776,6 +885,9 @@ pub fn run_scenario_with(
         }
         for notice in &plan.aborted {
             r.aborted += 1;
+            *r.abort_reasons
+                .entry(format!("{:?}", notice.reason))
+                .or_default() += 1;
             generating.remove(&notice.request_id);
             if let Some(turn) = live.remove(&notice.request_id) {
                 history[turn.conversation].extend_from_slice(&turn.user);
@@ -830,6 +942,7 @@ pub fn run_scenario_with(
             Scenario::Chat => (CONVERSATIONS * TURNS) as u64,
             Scenario::Rollout => PROMPTS * SAMPLES,
             Scenario::Longdoc => (DOCS * QUESTIONS) as u64,
+            Scenario::Trace => trace.as_ref().map_or(0, |t| t.requests.len() as u64),
         };
         progress(outputs.len() as u64 + r.aborted, total);
         // Finished turns extend their conversation with the engine's own answer.
@@ -884,7 +997,9 @@ pub fn run_scenario_with(
     ttft.sort_by(f64::total_cmp);
     if !ttft.is_empty() {
         r.ttft_mean_ms = ttft.iter().sum::<f64>() / ttft.len() as f64 / 1e3;
-        r.ttft_p50_ms = ttft[ttft.len() / 2] / 1e3;
+        r.ttft_p50_ms = percentile(&ttft, 50) / 1e3;
+        r.ttft_p90_ms = percentile(&ttft, 90) / 1e3;
+        r.ttft_p99_ms = percentile(&ttft, 99) / 1e3;
     }
     let tpot: Vec<f64> = finished_at
         .iter()
@@ -896,6 +1011,10 @@ pub fn run_scenario_with(
         .collect();
     if !tpot.is_empty() {
         r.tpot_mean_ms = tpot.iter().sum::<f64>() / tpot.len() as f64 / 1e3;
+        let mut sorted = tpot.clone();
+        sorted.sort_by(f64::total_cmp);
+        r.tpot_p50_ms = percentile(&sorted, 50) / 1e3;
+        r.tpot_p99_ms = percentile(&sorted, 99) / 1e3;
     }
     r.virtual_s = now / 1e6;
     if now > 0.0 {
@@ -903,4 +1022,13 @@ pub fn run_scenario_with(
     }
     r.outputs = outputs;
     Ok(r)
+}
+
+/// The `p`-th percentile of sorted values (nearest rank).
+fn percentile(sorted: &[f64], p: usize) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (sorted.len() * p).div_ceil(100).max(1);
+    sorted[rank.min(sorted.len()) - 1]
 }

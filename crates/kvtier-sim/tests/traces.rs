@@ -1,0 +1,214 @@
+//! Mooncake request traces: the reader (bad input named by line and field), the slice
+//! selectors, the tokens a replay makes, the unbounded-cache bound on a hand-made trace,
+//! and a replay whose capacity holds everything reaching that bound exactly.
+
+use kvtier_sim::reference::Verify;
+use kvtier_sim::scenario::{L3Store, ScenarioOptions, TraceWorkload, run_scenario};
+use kvtier_sim::trace::{
+    BLOCK_TOKENS, TraceError, TraceRequest, TraceSlice, parse_trace, read_trace,
+    unbounded_hit_tokens,
+};
+
+fn line(ts: u64, input: u32, output: u32, ids: &[u64]) -> String {
+    format!(
+        "{{\"timestamp\": {ts}, \"input_length\": {input}, \"output_length\": {output}, \"hash_ids\": {ids:?}}}"
+    )
+}
+
+fn parse(text: &str) -> Result<Vec<TraceRequest>, TraceError> {
+    parse_trace(text, &TraceSlice::default())
+}
+
+fn line_error(text: &str) -> (usize, Option<&'static str>, String) {
+    match parse(text) {
+        Err(TraceError::Line {
+            line,
+            field,
+            problem,
+        }) => (line, field, problem),
+        other => panic!("a line error expected, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_trace_line_reads_into_a_request() {
+    let text = format!(
+        "{}\n\n{}\n",
+        line(0, 600, 5, &[1, 2]),
+        line(7, 512, 0, &[1])
+    );
+    let requests = parse(&text).expect("valid");
+    assert_eq!(requests.len(), 2);
+    assert_eq!(
+        requests[0],
+        TraceRequest {
+            line: 1,
+            timestamp_ms: 0,
+            input_length: 600,
+            output_length: 5,
+            hash_ids: vec![1, 2],
+        }
+    );
+    assert_eq!(requests[1].line, 3, "blank lines keep their numbers");
+}
+
+#[test]
+fn bad_lines_are_named_by_line_and_field() {
+    let good = line(0, 10, 1, &[1]);
+    let cases: Vec<(String, Option<&str>, &str)> = vec![
+        ("not json".into(), None, "not JSON"),
+        ("[1, 2]".into(), None, "not a JSON object"),
+        (
+            "{\"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}".into(),
+            Some("timestamp"),
+            "`timestamp` is missing",
+        ),
+        (
+            "{\"timestamp\": -4, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}"
+                .into(),
+            Some("timestamp"),
+            "not a non-negative integer",
+        ),
+        (line(9, 0, 1, &[]), Some("input_length"), "is 0"),
+        (
+            "{\"timestamp\": 9, \"input_length\": 10, \"output_length\": \"many\", \"hash_ids\": [1]}"
+                .into(),
+            Some("output_length"),
+            "not a non-negative integer",
+        ),
+        (line(9, 600, 1, &[1]), Some("hash_ids"), "1 ids for 600 tokens"),
+        (
+            "{\"timestamp\": 9, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [\"a\"]}"
+                .into(),
+            Some("hash_ids"),
+            "not an id",
+        ),
+    ];
+    for (bad, field, words) in cases {
+        let (at, got_field, problem) = line_error(&format!("{good}\n{bad}"));
+        assert_eq!(at, 2, "{bad}");
+        assert_eq!(got_field, field, "{bad}");
+        assert!(problem.contains(words), "{bad}: {problem}");
+    }
+    // Arrivals out of order.
+    let (at, field, _) = line_error(&format!(
+        "{}\n{}",
+        line(50, 10, 1, &[1]),
+        line(20, 10, 1, &[1])
+    ));
+    assert_eq!((at, field), (2, Some("timestamp")));
+}
+
+#[test]
+fn windows_and_limits_select_a_slice() {
+    let text: String = (0..10)
+        .map(|i| line(i * 1000, 10, 1, &[i]) + "\n")
+        .collect();
+    let slice = TraceSlice {
+        window_ms: Some(TraceSlice::parse_window("2..6").expect("valid")),
+        limit: Some(3),
+    };
+    let picked = parse_trace(&text, &slice).expect("valid");
+    let seconds: Vec<u64> = picked.iter().map(|r| r.timestamp_ms / 1000).collect();
+    assert_eq!(seconds, [2, 3, 4]);
+    assert_eq!(TraceSlice::parse_window("..1.5").expect("valid"), 0..1500);
+    for bad in ["5..2", "a..b", "7", "-1..3"] {
+        assert!(
+            matches!(TraceSlice::parse_window(bad), Err(TraceError::Slice(_))),
+            "{bad}"
+        );
+    }
+    let none = TraceSlice {
+        window_ms: Some(100_000..200_000),
+        limit: None,
+    };
+    assert!(matches!(parse_trace(&text, &none), Err(TraceError::Empty)));
+    assert!(matches!(
+        read_trace(
+            std::path::Path::new("/nonexistent/trace.jsonl"),
+            &TraceSlice::default()
+        ),
+        Err(TraceError::Io { .. })
+    ));
+}
+
+/// Equal ids give equal tokens; a partial last block is a prefix of the full one;
+/// different ids differ.
+#[test]
+fn the_tokens_of_a_block_depend_on_its_id_and_position_only() {
+    let requests = parse(&format!(
+        "{}\n{}\n{}",
+        line(0, 1024, 1, &[7, 8]),
+        line(1, 700, 1, &[7, 8]),
+        line(2, 1024, 1, &[7, 9]),
+    ))
+    .expect("valid");
+    let (a, b, c) = (
+        requests[0].prompt(),
+        requests[1].prompt(),
+        requests[2].prompt(),
+    );
+    assert_eq!((a.len(), b.len()), (1024, 700));
+    assert_eq!(&a[..700], &b[..]);
+    assert_eq!(a[..BLOCK_TOKENS], c[..BLOCK_TOKENS]);
+    assert_ne!(a[BLOCK_TOKENS..], c[BLOCK_TOKENS..]);
+    assert!(a.iter().all(|&t| (1..=32_000).contains(&t)));
+}
+
+/// A hand-made trace: the bound counts, per request, the whole pages of its prompt
+/// (never the last token) that an earlier prompt had.
+#[test]
+fn the_unbounded_bound_of_a_hand_made_trace() {
+    let requests = parse(&format!(
+        "{}\n{}\n{}\n{}",
+        line(0, 1000, 1, &[1, 2]),    // nothing before it
+        line(1, 1100, 1, &[1, 2, 3]), // blocks 1, 2 whole: 1000 tokens, 62 pages of 16
+        line(2, 300, 1, &[1]),        // 299 reusable tokens: 18 pages
+        line(3, 512, 1, &[4]),        // new
+    ))
+    .expect("valid");
+    // Block 2 of the first request is partial (488 tokens): pages ending past 1000
+    // were never seen.
+    assert_eq!(unbounded_hit_tokens(&requests, 16), (62 + 18) * 16);
+}
+
+/// Requests far apart on the clock, a cache that holds everything: kvtier's hits are
+/// exactly the unbounded cache's, and the answers are those of a run without cache.
+#[test]
+fn with_room_for_everything_the_replay_reaches_the_unbounded_bound() {
+    let requests = parse(&format!(
+        "{}\n{}\n{}\n{}\n{}",
+        line(0, 1500, 4, &[1, 2, 3]),
+        line(60_000, 1800, 4, &[1, 2, 3, 4]),
+        line(120_000, 700, 4, &[1, 5]),
+        line(180_000, 1800, 4, &[1, 2, 3, 6]),
+        line(240_000, 520, 3, &[7, 8]),
+    ))
+    .expect("valid");
+    let bound = unbounded_hit_tokens(&requests, 16);
+    assert!(bound > 0);
+    let workload = |requests: Vec<TraceRequest>| TraceWorkload {
+        name: "hand-made".into(),
+        requests,
+        time_scale: 1.0,
+    };
+    let run = |cache: bool, l3: L3Store| {
+        let options = ScenarioOptions {
+            cache,
+            l3,
+            verify: Verify::Full,
+            ..ScenarioOptions::trace(workload(requests.clone()))
+        };
+        run_scenario(&options).expect("replay runs")
+    };
+    let off = run(false, L3Store::Off);
+    for l3 in [L3Store::Off, L3Store::Local] {
+        let on = run(true, l3);
+        assert_eq!(on.unbounded_hit_tokens, bound);
+        assert_eq!(on.hit_tokens, bound, "{l3:?}");
+        assert_eq!(on.ideal_hit_tokens, bound, "{l3:?}");
+        assert_eq!(on.integrity_errors, 0, "{:?}", on.first_errors);
+        assert_eq!(on.outputs, off.outputs, "{l3:?}: answers");
+        assert_eq!(on.finished, 5);
+    }
+}
