@@ -16,6 +16,7 @@ mod bench;
 mod campaign;
 mod replay;
 mod report;
+mod sweep;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -46,6 +47,9 @@ enum Command {
     /// Run the seeded campaign: random workloads with faults, cache on and off, under
     /// the integrity oracle (docs/campaign.md).
     Campaign(CampaignArgs),
+    /// Replay a trace over a grid of capacities; print the table and write a plot of
+    /// hit ratio against device capacity (docs/traces.md).
+    Sweep(SweepArgs),
 }
 
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -158,6 +162,34 @@ struct CampaignArgs {
     json: bool,
 }
 
+#[derive(Debug, Clone, clap::Args)]
+struct SweepArgs {
+    /// The trace (default: the conversation trace built into the binary).
+    #[arg(long)]
+    trace: Option<std::path::PathBuf>,
+    /// Replay at most this many requests (default 300).
+    #[arg(long, default_value_t = 300)]
+    limit: usize,
+    /// Device capacities, tokens of KV, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [16384u64, 65536, 262144, 1048576])]
+    device_tokens: Vec<u64>,
+    /// Host capacities, tokens of KV, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [1048576u64])]
+    host_tokens: Vec<u64>,
+    /// L3 settings, comma-separated.
+    #[arg(long, value_delimiter = ',', value_enum, default_values_t = [L3Store::Off, L3Store::Local])]
+    l3: Vec<L3Store>,
+    /// Replays run at once (default: one per core); the results do not depend on it.
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Write the plot here (SVG).
+    #[arg(long, default_value = "sweep.svg")]
+    svg: std::path::PathBuf,
+    /// Write the points as JSON here.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli
@@ -167,5 +199,6 @@ fn main() -> Result<()> {
         Command::Replay(args) => replay::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Campaign(args) => campaign::run(args),
+        Command::Sweep(args) => sweep::run(args),
     }
 }

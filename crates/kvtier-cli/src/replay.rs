@@ -169,7 +169,7 @@ fn replay_path(args: &ReplayArgs) -> Path {
 
 /// The Mooncake conversation trace (FAST'25, Apache-2.0; data/mooncake-traces/), built
 /// into the binary so that a bare `kvtier replay` runs anywhere.
-const CONVERSATION_TRACE: &str =
+pub const CONVERSATION_TRACE: &str =
     include_str!("../../../data/mooncake-traces/conversation_trace.jsonl");
 
 /// Requests a bare `kvtier replay` takes from the conversation trace: its first minute

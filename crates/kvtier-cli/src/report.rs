@@ -35,10 +35,11 @@ pub fn scenario(r: &ScenarioReport) {
         (
             "requests",
             format!(
-                "{} ({} finished, {} aborted{})",
+                "{} ({} finished, {} aborted, {} refused{})",
                 r.requests,
                 r.finished,
                 r.aborted,
+                r.refused,
                 if r.abort_reasons.is_empty() {
                     String::new()
                 } else {
@@ -74,7 +75,10 @@ pub fn scenario(r: &ScenarioReport) {
             "  from device",
             format!(
                 "{:.1} %",
-                pct(r.hit_tokens - r.hit_tokens_host, r.prompt_tokens)
+                pct(
+                    r.hit_tokens.saturating_sub(r.hit_tokens_host),
+                    r.prompt_tokens
+                )
             ),
         ),
         (

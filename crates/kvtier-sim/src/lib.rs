@@ -13,6 +13,7 @@ pub mod engine;
 pub mod l3_bench;
 pub mod reference;
 pub mod scenario;
+pub mod sweep;
 pub mod tokens;
 pub mod trace;
 pub mod workloads;

@@ -319,11 +319,16 @@ impl ScenarioOptions {
     /// The replay of a trace: cache on, the embedded L3 store, sparse verification
     /// (reading every history at every step of a production trace would take hours).
     pub fn trace(trace: TraceWorkload) -> Self {
+        Self::shared_trace(Arc::new(trace))
+    }
+
+    /// [`Self::trace`] over a trace other runs share.
+    pub fn shared_trace(trace: Arc<TraceWorkload>) -> Self {
         Self {
             verify: Verify::SPARSE,
             l3: L3Store::Local,
             l3_memory_bytes: 64 << 20,
-            trace: Some(Arc::new(trace)),
+            trace: Some(trace),
             ..Self::new(Scenario::Trace)
         }
     }
@@ -415,7 +420,9 @@ pub struct ScenarioReport {
     pub ttft_mean_ms: f64,
     /// Median time to first token, ms.
     pub ttft_p50_ms: f64,
-    /// Requests the scheduler gave up on, by reason.
+    /// Requests refused at submit (traces only: a prompt no pool of this size takes).
+    pub refused: u64,
+    /// Requests the scheduler gave up on or refused, by reason.
     pub abort_reasons: BTreeMap<String, u64>,
     /// 90th percentile of the TTFT, ms.
     pub ttft_p90_ms: f64,
@@ -727,6 +734,7 @@ pub fn run_scenario_with(
         virtual_s: 0.0,
         ttft_mean_ms: 0.0,
         ttft_p50_ms: 0.0,
+        refused: 0,
         abort_reasons: BTreeMap::new(),
         ttft_p90_ms: 0.0,
         ttft_p99_ms: 0.0,
@@ -757,6 +765,8 @@ pub fn run_scenario_with(
     };
     // Trace: the next request to arrive.
     let mut next_arrival = 0usize;
+    // Pages prefetched from L3 for a request that has not run its first chunk yet.
+    let mut prefetched_for: BTreeMap<RequestId, u64> = BTreeMap::new();
     let mut started = std::collections::HashSet::new();
     // Virtual clock (µs): submit, first-token and finish times per request.
     let mut now = 0.0f64;
@@ -842,9 +852,28 @@ pub fn run_scenario_with(
                 r.prompt_tokens += spec.tokens.len() as u64;
                 specs.push(spec);
             }
+            let ids: Vec<RequestId> = specs.iter().map(|spec| spec.id.clone()).collect();
             let t = Instant::now();
-            s.submit(specs)?;
+            let submitted = s.submit(specs);
             r.scheduler_ns += t.elapsed().as_nanos() as u64;
+            match submitted {
+                // A trace may hold a prompt no pool of this size can take: it is refused
+                // (and counted), the others run.
+                Err(KvError::Batch(refused)) if trace.is_some() => {
+                    for rejected in &refused.rejected {
+                        let id = &ids[rejected.index];
+                        new_requests.retain(|n| &n.id != id);
+                        submitted_at.remove(id);
+                        r.refused += 1;
+                        let why = match rejected.error {
+                            SchedError::PromptTooLong { .. } => "PromptTooLong".to_string(),
+                            ref other => other.to_string(),
+                        };
+                        *r.abort_reasons.entry(why).or_default() += 1;
+                    }
+                }
+                other => other?,
+            }
         }
         let t = Instant::now();
         let plan = s.next_plan()?;
@@ -875,12 +904,31 @@ pub fn run_scenario_with(
         r.loadback_ops += plan.load_backs.len() as u64;
         let lb = plan.load_back_pages() as u64;
         r.loadback_pages += lb;
-        if plan.forward.num_prefill_rows > 0 {
-            r.hit_tokens_host += lb * u64::from(PAGE);
-        }
+        // Hits by tier, per request at its first chunk: of the prefix it reuses, the
+        // pages this plan loads back came from host, and of those, the ones its own
+        // prefetch brought from L3.
+        let loaded: std::collections::HashSet<u32> = plan
+            .load_backs
+            .iter()
+            .flat_map(|op| op.pairs.iter())
+            .filter(|pair| pair.kind == kvtier_types::TransferKind::Kv)
+            .map(|pair| pair.dst)
+            .collect();
         for row in plan.forward.prefill_rows() {
             if started.insert(row.request_id.clone()) {
                 r.hit_tokens += u64::from(row.extend_prefix_len);
+                let prefix_pages = (row.extend_prefix_len / PAGE) as usize;
+                let table = plan.forward.page_table_of(row);
+                let from_host = table[..prefix_pages.min(table.len())]
+                    .iter()
+                    .filter(|page| loaded.contains(page))
+                    .count() as u64;
+                let from_l3 = prefetched_for
+                    .remove(&row.request_id)
+                    .unwrap_or(0)
+                    .min(from_host);
+                r.hit_tokens_host += from_host * u64::from(PAGE);
+                r.hit_tokens_l3 += from_l3 * u64::from(PAGE);
             }
         }
         for notice in &plan.aborted {
@@ -901,16 +949,20 @@ pub fn run_scenario_with(
             .sum();
         let decode_rows = plan.forward.decode_rows().len() as u64;
         let events = s.execute(plan, std::mem::take(&mut new_requests))?;
-        let prefetched: u64 = events
-            .iter()
-            .map(|event| match event {
-                EngineEvent::PrefetchDone {
-                    completed_pages, ..
-                } => u64::from(*completed_pages),
-                _ => 0,
-            })
-            .sum();
-        r.hit_tokens_l3 += prefetched * u64::from(PAGE);
+        let mut prefetched = 0u64;
+        for event in &events {
+            if let EngineEvent::PrefetchDone {
+                request_id,
+                completed_pages,
+                success: true,
+                ..
+            } = event
+            {
+                prefetched += u64::from(*completed_pages);
+                *prefetched_for.entry(request_id.clone()).or_default() +=
+                    u64::from(*completed_pages);
+            }
+        }
         now += o.cost.step_cost(StepWork {
             prefill_tokens,
             decode_rows,

@@ -212,3 +212,52 @@ fn with_room_for_everything_the_replay_reaches_the_unbounded_bound() {
         assert_eq!(on.finished, 5);
     }
 }
+
+/// A sweep runs every point of its grid; the points do not depend on how many run at
+/// once; none beats the unbounded cache; the plot has one line per host and L3 setting.
+#[test]
+fn a_sweep_is_the_same_on_one_worker_or_two_and_draws_every_series() {
+    use kvtier_sim::sweep::{SweepOptions, run_sweep};
+    let requests = parse(&format!(
+        "{}\n{}\n{}\n{}",
+        line(0, 1100, 2, &[1, 2, 3]),
+        line(30_000, 1100, 2, &[1, 2, 4]),
+        line(60_000, 600, 2, &[5, 6]),
+        line(90_000, 1100, 2, &[1, 2, 3]),
+    ))
+    .expect("valid");
+    let options = |jobs| SweepOptions {
+        trace: std::sync::Arc::new(TraceWorkload {
+            name: "hand-made".into(),
+            requests: requests.clone(),
+            time_scale: 1.0,
+        }),
+        device_tokens: vec![1024, 8192],
+        host_tokens: vec![16, 8192],
+        l3: vec![L3Store::Off, L3Store::Local],
+        jobs,
+    };
+    let one = run_sweep(&options(1), |_, _| {}).expect("sweep runs");
+    let two = run_sweep(&options(2), |_, _| {}).expect("sweep runs");
+    assert_eq!(one, two);
+    assert_eq!(one.points.len(), 8);
+    for p in &one.points {
+        assert!(p.hit_tokens <= one.unbounded_hit_tokens, "{p:?}");
+        assert!(p.hit_tokens_l3 <= p.hit_tokens_host && p.hit_tokens_host <= p.hit_tokens);
+    }
+    // With room on device, the repeated prompt hits its whole reusable prefix.
+    let roomy = one
+        .points
+        .iter()
+        .find(|p| p.device_tokens == 8192 && p.host_tokens == 8192 && p.l3 == "off")
+        .expect("that point");
+    assert_eq!(roomy.hit_tokens, one.unbounded_hit_tokens);
+    let svg = one.svg();
+    assert_eq!(
+        svg.matches("<polyline").count(),
+        4,
+        "one line per host and L3 setting"
+    );
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert!(svg.contains("unbounded cache"));
+}
