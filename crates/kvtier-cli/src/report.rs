@@ -94,6 +94,13 @@ pub fn scenario(r: &ScenarioReport) {
             format!("{} ops, {} pages", r.loadback_ops, r.loadback_pages),
         ),
         ("bytes moved", format!("{:.1} MiB", mib(r.moved_bytes))),
+        (
+            "evictions",
+            format!(
+                "{} device pages, {} host pages",
+                r.evicted_device_pages, r.evicted_host_pages
+            ),
+        ),
         ("L3 store", r.l3.clone()),
     ];
     let l3_rows: Vec<(&str, String)> = vec![

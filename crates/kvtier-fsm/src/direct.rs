@@ -25,6 +25,8 @@ impl SchedulerStats {
         self.available_host_pages = tree.free_pages[1];
         self.cached_device_pages = tree.cached_pages[0];
         self.cached_host_pages = tree.cached_pages[1];
+        self.evicted_device_pages = tree.evicted_pages[0];
+        self.evicted_host_pages = tree.evicted_pages[1];
         self
     }
 }

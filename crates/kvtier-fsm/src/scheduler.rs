@@ -34,6 +34,10 @@ pub struct SchedulerStats {
     pub cached_device_pages: u64,
     /// Host pages in the prefix cache.
     pub cached_host_pages: u64,
+    /// Device pages evicted from the prefix cache so far.
+    pub evicted_device_pages: u64,
+    /// Host pages evicted from the prefix cache so far.
+    pub evicted_host_pages: u64,
     /// Plans built.
     pub plans: u64,
     /// Retractions performed.

@@ -206,3 +206,21 @@ fn eviction_deterministic_on_time_ties() {
     assert_eq!(device_hit(&cache, 1, 5), 1, "B survives");
     assert_invariants(&mut cache);
 }
+
+/// The tree counts the pages it evicts, per tier (the replay's report shows them); a
+/// request that finds room evicts nothing.
+#[test]
+fn evicted_pages_are_counted_per_tier() {
+    let mut cache = fixture();
+    let initial = cache.available(Tier::Device);
+    insert(&mut cache, 2, 1);
+    insert(&mut cache, 3, 100);
+    assert!(cache.ensure_free(Tier::Device, initial - 5));
+    assert_eq!(cache.stats().evicted_pages, [0, 0]);
+    // Two more free pages: the older node (2 pages) goes.
+    assert!(cache.ensure_free(Tier::Device, initial - 3));
+    assert_eq!(cache.stats().evicted_pages, [2, 0]);
+    assert!(cache.ensure_free(Tier::Device, initial));
+    assert_eq!(cache.stats().evicted_pages, [5, 0]);
+    assert_invariants(&mut cache);
+}

@@ -420,6 +420,10 @@ pub struct ScenarioReport {
     pub ttft_mean_ms: f64,
     /// Median time to first token, ms.
     pub ttft_p50_ms: f64,
+    /// Device pages evicted from the prefix cache.
+    pub evicted_device_pages: u64,
+    /// Host pages evicted from the prefix cache.
+    pub evicted_host_pages: u64,
     /// Requests refused at submit (traces only: a prompt no pool of this size takes).
     pub refused: u64,
     /// Requests the scheduler gave up on or refused, by reason.
@@ -734,6 +738,8 @@ pub fn run_scenario_with(
         virtual_s: 0.0,
         ttft_mean_ms: 0.0,
         ttft_p50_ms: 0.0,
+        evicted_device_pages: 0,
+        evicted_host_pages: 0,
         refused: 0,
         abort_reasons: BTreeMap::new(),
         ttft_p90_ms: 0.0,
@@ -1011,7 +1017,10 @@ pub fn run_scenario_with(
             }
         }
     }
-    if let Some(l3) = s.stats()?.l3 {
+    let stats = s.stats()?;
+    r.evicted_device_pages = stats.scheduler.evicted_device_pages;
+    r.evicted_host_pages = stats.scheduler.evicted_host_pages;
+    if let Some(l3) = stats.l3 {
         r.l3_lookup_hit_pages = l3.lookup_hit_pages;
         r.l3_prefetch_ops = l3.prefetch_ops;
         r.l3_prefetched_pages = l3.prefetched_pages;

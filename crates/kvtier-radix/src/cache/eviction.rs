@@ -61,7 +61,9 @@ impl RadixCore {
                 parked.push(id);
                 continue;
             }
-            freed += self.node(id).tiers[t].pages.len() as u32;
+            let pages = self.node(id).tiers[t].pages.len() as u32;
+            freed += pages;
+            self.evicted_pages[t] += u64::from(pages);
             self.detach(id, tier);
             evicted.push(id);
         }

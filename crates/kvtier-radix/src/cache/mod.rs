@@ -55,6 +55,9 @@ pub struct TreeStats {
     pub locked_pages: [u64; 2],
     /// Free pages per tier.
     pub free_pages: [u32; 2],
+    /// Pages evicted so far, per tier (LRU eviction to make room; demotions of copies
+    /// held on the other tier too and discarded load-backs are not counted).
+    pub evicted_pages: [u64; 2],
 }
 
 /// The radix prefix cache with device and host tiers.
@@ -68,6 +71,8 @@ pub struct RadixCore {
     pools: [PagePool; 2],
     lru: [BTreeSet<LruKey>; 2],
     cached_pages: [u64; 2],
+    /// Pages evicted so far, per tier.
+    evicted_pages: [u64; 2],
     locked_pages: [u64; 2],
     clock: u64,
     next_seq: u64,
@@ -111,6 +116,7 @@ impl RadixCore {
             ],
             lru: [BTreeSet::new(), BTreeSet::new()],
             cached_pages: [0; 2],
+            evicted_pages: [0; 2],
             locked_pages: [0; 2],
             clock: 0,
             next_seq: 1,
@@ -286,6 +292,7 @@ impl RadixCore {
             cached_pages: self.cached_pages,
             locked_pages: self.locked_pages,
             free_pages: [self.pools[0].available(), self.pools[1].available()],
+            evicted_pages: self.evicted_pages,
         }
     }
 }
