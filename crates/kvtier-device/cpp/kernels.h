@@ -29,6 +29,7 @@ class KvArenas {
 
   bool ok() const { return device_ != nullptr && host_ != nullptr; }
   rust::Slice<uint8_t> device_item(uint32_t page, uint32_t layer, uint32_t plane);
+  rust::Slice<uint8_t> device_all();
   rust::Str backend_name() const;
 
   void copy(Direction dir, rust::Slice<const uint32_t> src, rust::Slice<const uint32_t> dst,

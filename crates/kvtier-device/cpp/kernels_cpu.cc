@@ -74,6 +74,11 @@ rust::Slice<uint8_t> KvArenas::device_item(uint32_t page, uint32_t layer, uint32
   return {device_at(page, layer, plane), static_cast<size_t>(item_bytes_)};
 }
 
+rust::Slice<uint8_t> KvArenas::device_all() {
+  const uint64_t items = uint64_t{layers_} * planes_;
+  return {device_, static_cast<size_t>(items * device_pages_ * item_bytes_)};
+}
+
 rust::Str KvArenas::backend_name() const { return "cpu"; }
 
 void KvArenas::copy(Direction dir, rust::Slice<const uint32_t> src,

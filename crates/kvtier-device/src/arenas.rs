@@ -366,6 +366,18 @@ impl KvArenas {
         Ok(self.inner.pin_mut().device_item(page, layer, plane))
     }
 
+    /// The whole device arena at once, for a model runner that touches many items per
+    /// row: one call across the kernel library instead of one per item.
+    pub fn device_view(&mut self) -> DeviceView<'_> {
+        let geometry = self.geometry;
+        let pages = self.device_pages;
+        DeviceView {
+            bytes: self.inner.pin_mut().device_all(),
+            geometry,
+            pages,
+        }
+    }
+
     /// The bytes of one page of one plane of one layer on `tier`. A host item holds a
     /// write borrow of its page until it is dropped.
     pub fn item_mut(
@@ -403,6 +415,40 @@ impl KvArenas {
             )));
         }
         Ok(())
+    }
+}
+
+/// The device arena as one slice (see [`KvArenas::device_view`]): layer-first, a row of
+/// `pages` items per (layer, plane).
+#[derive(Debug)]
+pub struct DeviceView<'a> {
+    bytes: &'a mut [u8],
+    geometry: KvGeometry,
+    pages: u32,
+}
+
+impl DeviceView<'_> {
+    /// The bytes of one item (one page of one plane of one layer).
+    pub fn item(&mut self, page: PageId, layer: u32, plane: u32) -> Result<&mut [u8], DeviceError> {
+        let g = &self.geometry;
+        if page == 0 || page >= self.pages {
+            return Err(DeviceError::PageOutOfRange {
+                tier: Tier::Device,
+                page,
+                pages: self.pages,
+            });
+        }
+        if layer >= g.layers || plane >= g.planes {
+            return Err(DeviceError::LayerOutOfRange {
+                first: layer,
+                end: layer + 1,
+                layers: g.layers,
+            });
+        }
+        let item = g.item_bytes() as usize;
+        let row = (layer * g.planes + plane) as usize;
+        let at = (row * self.pages as usize + page as usize) * item;
+        Ok(&mut self.bytes[at..at + item])
     }
 }
 

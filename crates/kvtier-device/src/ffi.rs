@@ -44,6 +44,8 @@ pub(crate) mod bridge {
         );
         fn zero_device_pages(arenas: Pin<&mut KvArenas>, pages: &[u32]);
         fn device_item(self: Pin<&mut KvArenas>, page: u32, layer: u32, plane: u32) -> &mut [u8];
+        /// The whole device arena: (layer, plane) rows of `device_pages` items each.
+        fn device_all(self: Pin<&mut KvArenas>) -> &mut [u8];
         fn backend_name(self: &KvArenas) -> &str;
     }
 }

@@ -29,7 +29,7 @@ mod ffi;
 mod geometry;
 pub mod protocol;
 
-pub use arenas::{ItemMut, KvArenas, StateGeometry};
+pub use arenas::{DeviceView, ItemMut, KvArenas, StateGeometry};
 pub use error::DeviceError;
 pub use executor::{
     CopyFaults, DeviceCore, DeviceStats, FailEveryNth, ModelRunner, NewRequest, NoCopyFaults,

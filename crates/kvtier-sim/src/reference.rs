@@ -22,7 +22,9 @@
 use std::any::Any;
 use std::collections::BTreeMap;
 
-use kvtier_device::{DeviceCore, DeviceError, KvArenas, KvGeometry, ModelRunner, NewRequest};
+use kvtier_device::{
+    DeviceCore, DeviceError, DeviceView, KvArenas, KvGeometry, ModelRunner, NewRequest,
+};
 use kvtier_types::{
     EngineEvent, ExecutionPlan, PageId, RequestId, RowKind, Tier, Token, TransferKind,
     TransferPair, engine_rule,
@@ -321,7 +323,7 @@ impl ReferenceEngine {
 
     fn forward_row(
         &mut self,
-        arenas: &mut KvArenas,
+        view: &mut DeviceView<'_>,
         row: &kvtier_types::ForwardRow,
         table: &[PageId],
         mut track: Track,
@@ -358,7 +360,7 @@ impl ReferenceEngine {
             return Ok(track);
         }
         for pos in compute.clone() {
-            self.write_slot(arenas, &row.request_id, &track, table, pos)?;
+            self.write_slot(view, &row.request_id, &track, table, pos)?;
             if (pos + 1) % ps == 0 {
                 self.computed_pages
                     .entry(track.prefix[pos as usize])
@@ -367,7 +369,7 @@ impl ReferenceEngine {
         }
         // Read after the writes, as attention does: a table that maps two positions to
         // one slot shows up as well as a stale or misplaced page.
-        let digest = self.read(arenas, &row.request_id, &track, table, compute.end)?;
+        let digest = self.read(view, &row.request_id, &track, table, compute.end)?;
         if !engine_rule::yields_token(row) {
             return Ok(track);
         }
@@ -388,7 +390,7 @@ impl ReferenceEngine {
     /// The slot of position `pos` in (`layer`, `plane`); the table must reach `pos`.
     fn slot<'a>(
         &self,
-        arenas: &'a mut KvArenas,
+        view: &'a mut DeviceView<'_>,
         table: &[PageId],
         pos: u32,
         layer: u32,
@@ -397,14 +399,14 @@ impl ReferenceEngine {
         let ps = self.geometry.page_size;
         let page = table[(pos / ps) as usize];
         let bytes = slot_bytes(&self.geometry);
-        let item = arenas.device_item(page, layer, plane)?;
+        let item = view.item(page, layer, plane)?;
         let at = (pos % ps) as usize * bytes;
         Ok((page, &mut item[at..at + bytes]))
     }
 
     fn write_slot(
         &mut self,
-        arenas: &mut KvArenas,
+        view: &mut DeviceView<'_>,
         request: &RequestId,
         track: &Track,
         table: &[PageId],
@@ -414,7 +416,7 @@ impl ReferenceEngine {
         let mut written = 0;
         for layer in 0..self.geometry.layers {
             for plane in 0..self.geometry.planes {
-                let (page, slot) = self.slot(arenas, table, pos, layer, plane)?;
+                let (page, slot) = self.slot(view, table, pos, layer, plane)?;
                 for (w, chunk) in slot.chunks_exact_mut(8).enumerate() {
                     chunk.copy_from_slice(&kv_word(h, layer, plane, w).to_le_bytes());
                 }
@@ -441,7 +443,7 @@ impl ReferenceEngine {
     /// verifying the positions the verify mode picks; records the first wrong slot.
     fn read(
         &mut self,
-        arenas: &mut KvArenas,
+        view: &mut DeviceView<'_>,
         request: &RequestId,
         track: &Track,
         table: &[PageId],
@@ -459,7 +461,7 @@ impl ReferenceEngine {
             let h = track.prefix[pos as usize];
             for layer in 0..self.geometry.layers {
                 for plane in 0..self.geometry.planes {
-                    let (page, slot) = self.slot(arenas, table, pos, layer, plane)?;
+                    let (page, slot) = self.slot(view, table, pos, layer, plane)?;
                     let mut good = true;
                     for (w, chunk) in slot.chunks_exact(8).enumerate() {
                         let word = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
@@ -536,6 +538,7 @@ impl ModelRunner for ReferenceEngine {
             self.forget(&notice.request_id);
         }
         let void_pages = std::mem::take(&mut self.void_pages);
+        let mut view = arenas.device_view();
         for row in &plan.forward.rows {
             let table = plan.forward.page_table_of(row);
             if !void_pages.is_empty() && table.iter().any(|p| void_pages.contains(p)) {
@@ -549,7 +552,7 @@ impl ModelRunner for ReferenceEngine {
                 });
                 continue;
             };
-            let track = self.forward_row(arenas, row, table, track, events)?;
+            let track = self.forward_row(&mut view, row, table, track, events)?;
             if track.generated < track.max_new {
                 self.tracks.insert(row.request_id.clone(), track);
             } else {
