@@ -318,15 +318,26 @@ pub fn l3_header(options: &L3BenchOptions) {
 /// `bench l3`'s table.
 pub fn l3_table(r: &L3BenchReport) {
     println!(
-        "  {:>8} {:>6} {:>9} {:>11} {:>6} {:>9} {:>13} {:>6}",
-        "page", "pages", "put GB/s", "backup GB/s", "ratio", "get GB/s", "prefetch GB/s", "ratio"
+        "  {:>8} {:>6} {:>10} {:>9} {:>6} {:>11} {:>6} {:>9} {:>13} {:>6}",
+        "page",
+        "pages",
+        "plain GB/s",
+        "put GB/s",
+        "of it",
+        "backup GB/s",
+        "ratio",
+        "get GB/s",
+        "prefetch GB/s",
+        "ratio"
     );
     for row in &r.rows {
         println!(
-            "  {:>4} KiB {:>6} {:>9.2} {:>11.2} {:>5.0}% {:>9.2} {:>13.2} {:>5.0}%",
+            "  {:>4} KiB {:>6} {:>10.2} {:>9.2} {:>5.0}% {:>11.2} {:>5.0}% {:>9.2} {:>13.2} {:>5.0}%",
             row.page_kib,
             row.pages,
+            row.plain_write_gbps,
             row.raw_put_gbps,
+            100.0 * row.put_vs_plain,
             row.actor_backup_gbps,
             100.0 * row.backup_ratio,
             row.raw_get_gbps,
@@ -345,6 +356,11 @@ pub fn l3_json(r: &L3BenchReport) -> serde_json::Value {
     out.insert("rounds".into(), r.rounds.into());
     for row in &r.rows {
         let k = row.page_kib;
+        out.insert(
+            format!("p{k}k_plain_write_gbps"),
+            row.plain_write_gbps.into(),
+        );
+        out.insert(format!("p{k}k_put_vs_plain"), row.put_vs_plain.into());
         out.insert(format!("p{k}k_put_gbps"), row.raw_put_gbps.into());
         out.insert(format!("p{k}k_backup_gbps"), row.actor_backup_gbps.into());
         out.insert(format!("p{k}k_backup_ratio"), row.backup_ratio.into());

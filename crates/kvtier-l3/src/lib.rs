@@ -27,6 +27,7 @@ mod key;
 mod local;
 mod mooncake;
 pub mod protocol;
+mod segments;
 mod tier;
 
 pub use backend::{Capabilities, L3Backend, L3Stats, PutOutcome};
@@ -37,4 +38,5 @@ pub use local::{LocalStore, LocalStoreConfig};
 pub use mooncake::testing;
 pub use mooncake::{MooncakeConfig, MooncakeStore};
 pub use protocol::{L3Msg, L3Reply};
+pub use segments::payload_extents;
 pub use tier::{L3Core, L3Faults, L3TierStats, LOOKUP_CHUNK, NoL3Faults};

@@ -1,8 +1,9 @@
 //! `LocalStore`: the embedded L3 store.
 //!
-//! A bounded memory tier over a bounded disk directory, one file per object, named by a
-//! hash of its key, so the store survives a restart without an index. Objects are
-//! write-once and checksummed: a corrupt object reads as a miss and is dropped.
+//! A bounded memory tier over a bounded disk tier: an append-only log of segment files
+//! (`segments`), which a restart replays, so the store survives without a separate
+//! index. Objects are write-once and checksummed: a corrupt object reads as a miss and
+//! is dropped.
 //!
 //! Prefetch-on-exist (reference 001/002): an existence query with the
 //! `prefetch_to_memory` hint sends disk-only hits to a bounded pool of worker threads,
@@ -16,9 +17,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
-
 use crate::backend::{Capabilities, L3Backend, L3Stats, PutOutcome, check_batch};
+use crate::segments::{self, Extent, Record, Segments};
 use crate::{L3Error, L3Key, codec};
 
 /// Sizes and timings of a `LocalStore`.
@@ -38,6 +38,8 @@ pub struct LocalStoreConfig {
     pub prefetch_ttl: Duration,
     /// How long a batch get waits, in all, for promotions in flight.
     pub get_deadline: Duration,
+    /// A segment file is closed once it holds this many bytes.
+    pub segment_bytes: u64,
 }
 
 impl LocalStoreConfig {
@@ -51,6 +53,7 @@ impl LocalStoreConfig {
             prefetch_queue: 1024,
             prefetch_ttl: Duration::from_secs(10),
             get_deadline: Duration::from_millis(50),
+            segment_bytes: 64 << 20,
         }
     }
 }
@@ -64,6 +67,8 @@ enum Promotion {
 struct Job {
     key: L3Key,
     path: PathBuf,
+    offset: u64,
+    size: u32,
 }
 
 type JobResult = (L3Key, Option<Vec<u8>>);
@@ -76,8 +81,9 @@ pub struct LocalStore {
     memory: HashMap<L3Key, (Vec<u8>, u64)>,
     memory_lru: BTreeMap<u64, L3Key>,
     memory_used: u64,
-    /// Disk tier: key → payload length, with LRU ticks.
-    disk: HashMap<L3Key, (u64, u64)>,
+    /// Disk tier: key → payload length, LRU tick, and where its envelope lies.
+    disk: HashMap<L3Key, (u64, u64, Extent)>,
+    log: Segments,
     disk_lru: BTreeMap<u64, L3Key>,
     disk_used: u64,
     tick: u64,
@@ -131,8 +137,7 @@ impl LocalStore {
                         if gate.as_ref().is_some_and(|g| g.recv().is_err()) {
                             return;
                         }
-                        let payload = std::fs::read(&job.path)
-                            .ok()
+                        let payload = segments::read_at(&job.path, job.offset, job.size)
                             .and_then(|b| codec::decode(job.key.as_str(), &b));
                         if results.send((job.key, payload)).is_err() {
                             return;
@@ -141,8 +146,10 @@ impl LocalStore {
                 })
             })
             .collect();
+        let (log, records) = Segments::open(&cfg.dir, cfg.segment_bytes)?;
         let mut store = Self {
             cfg,
+            log,
             memory: HashMap::new(),
             memory_lru: BTreeMap::new(),
             memory_used: 0,
@@ -157,53 +164,46 @@ impl LocalStore {
             stats: L3Stats::default(),
             waiting,
         };
-        store.load_index()?;
+        store.replay(records);
         Ok(store)
     }
 
-    /// Rebuilds the disk index from the directory (oldest files first in LRU order).
-    /// Keys are read back from the objects themselves.
-    fn load_index(&mut self) -> Result<(), L3Error> {
-        let dir = self.cfg.dir.clone();
-        let mut found = Vec::new();
-        for entry in std::fs::read_dir(&dir).map_err(|e| io(&dir, e))? {
-            let path = entry.map_err(|e| io(&dir, e))?.path();
-            if path.extension().is_none_or(|e| e != "obj") {
-                continue;
+    /// Rebuilds the disk index from the log's records, oldest first in LRU order: a
+    /// key's first object wins (objects are write-once), a tombstone removes it, a
+    /// corrupt record is counted and skipped. Then the disk bound is enforced and
+    /// segments without live objects are deleted.
+    fn replay(&mut self, records: Vec<Record>) {
+        for record in records {
+            match record {
+                Record::Object(key, len, extent) => {
+                    let key = L3Key::from_stored(key);
+                    if self.disk.contains_key(&key) {
+                        continue;
+                    }
+                    self.tick += 1;
+                    self.log.mark_live(&extent);
+                    self.disk.insert(key.clone(), (len, self.tick, extent));
+                    self.disk_lru.insert(self.tick, key);
+                    self.disk_used += len;
+                }
+                Record::Corrupt => self.stats.corrupt_objects += 1,
+                Record::Tombstone(key) => {
+                    let key = L3Key::from_stored(key);
+                    if let Some((len, at, extent)) = self.disk.remove(&key) {
+                        self.disk_lru.remove(&at);
+                        self.disk_used -= len;
+                        self.log.unmark(&extent);
+                    }
+                }
             }
-            let meta = std::fs::metadata(&path).map_err(|e| io(&path, e))?;
-            let modified = meta.modified().ok();
-            found.push((modified, path));
         }
-        found.sort();
-        for (_, path) in found {
-            let Ok(bytes) = std::fs::read(&path) else {
-                continue;
+        while self.disk_used > self.cfg.disk_bytes {
+            let Some(old) = self.disk_lru.values().next().cloned() else {
+                break;
             };
-            // Verified at open: a corrupt or foreign file is dropped, never served.
-            let Some((key, len)) = codec::verified_key(&bytes) else {
-                let _ = std::fs::remove_file(&path);
-                self.stats.corrupt_objects += 1;
-                continue;
-            };
-            let key = L3Key::from_stored(key);
-            if self.path_of(&key) != path {
-                continue;
-            }
-            self.tick += 1;
-            self.disk.insert(key.clone(), (len, self.tick));
-            self.disk_lru.insert(self.tick, key);
-            self.disk_used += len;
+            self.drop_disk(&old);
         }
-        Ok(())
-    }
-
-    fn path_of(&self, key: &L3Key) -> PathBuf {
-        let digest = Sha256::digest(key.as_str().as_bytes());
-        let mut name = String::with_capacity(44);
-        kvtier_types::hash::push_hex(&digest[..20], &mut name);
-        name.push_str(".obj");
-        self.cfg.dir.join(name)
+        self.log.drop_dead();
     }
 
     /// Applies finished promotions and sweeps expired throttle entries (never in-flight
@@ -263,10 +263,10 @@ impl LocalStore {
     }
 
     fn drop_disk(&mut self, key: &L3Key) {
-        if let Some((len, at)) = self.disk.remove(key) {
+        if let Some((len, at, extent)) = self.disk.remove(key) {
             self.disk_lru.remove(&at);
             self.disk_used -= len;
-            let _ = std::fs::remove_file(self.path_of(key));
+            self.log.forget(&extent);
         }
     }
 
@@ -278,10 +278,85 @@ impl LocalStore {
         self.drop_disk(key);
     }
 
+    /// Appends the objects `batch` names (indices into `keys`) in one write and indexes
+    /// them; if the write fails, none of them is stored.
+    fn commit(
+        &mut self,
+        keys: &[L3Key],
+        buffers: &[&[u8]],
+        batch: &[usize],
+        out: &mut [PutOutcome],
+    ) {
+        let envelopes: Vec<(&str, Vec<u8>)> = batch
+            .iter()
+            .map(|&i| {
+                (
+                    keys[i].as_str(),
+                    codec::encode(keys[i].as_str(), buffers[i]),
+                )
+            })
+            .collect();
+        let Ok(extents) = self.log.append(&envelopes) else {
+            return;
+        };
+        for (&i, extent) in batch.iter().zip(extents) {
+            let (key, payload) = (&keys[i], buffers[i]);
+            let len = payload.len() as u64;
+            self.tick += 1;
+            self.disk.insert(key.clone(), (len, self.tick, extent));
+            self.disk_lru.insert(self.tick, key.clone());
+            self.disk_used += len;
+            self.insert_memory(key.clone(), payload.to_vec());
+            out[i] = PutOutcome::Stored;
+        }
+    }
+
+    /// When dead records outgrow the live ones, copies the oldest segment's live
+    /// objects forward (one write, their LRU order kept) and deletes it.
+    fn compact(&mut self) {
+        while let Some(n) = self.log.compaction_candidate(self.cfg.disk_bytes) {
+            let mut live: Vec<(u64, L3Key, Extent)> = self
+                .disk
+                .iter()
+                .filter(|(_, (_, _, e))| e.segment == n)
+                .map(|(k, (_, tick, e))| (*tick, k.clone(), *e))
+                .collect();
+            live.sort_by_key(|(tick, _, _)| *tick);
+            let mut keep = Vec::with_capacity(live.len());
+            let mut envelopes = Vec::with_capacity(live.len());
+            for (_, key, extent) in &live {
+                match self.log.read(extent) {
+                    Some(envelope) => {
+                        keep.push(key.clone());
+                        envelopes.push(envelope);
+                    }
+                    None => self.stats.corrupt_objects += 1,
+                }
+            }
+            let bodies: Vec<(&str, Vec<u8>)> =
+                keep.iter().map(|k| k.as_str()).zip(envelopes).collect();
+            let Ok(extents) = self.log.append(&bodies) else {
+                return;
+            };
+            for (key, extent) in keep.iter().zip(extents) {
+                if let Some(entry) = self.disk.get_mut(key) {
+                    entry.2 = extent;
+                }
+            }
+            for (_, key, _) in &live {
+                if !keep.contains(key) {
+                    self.drop_disk(key);
+                }
+            }
+            self.log.drop_segment(n);
+        }
+    }
+
     /// Reads and verifies an object from disk.
     fn read_disk(&mut self, key: &L3Key) -> Option<Vec<u8>> {
-        let bytes = std::fs::read(self.path_of(key)).ok()?;
-        let payload = codec::decode(key.as_str(), &bytes);
+        let extent = self.disk.get(key)?.2;
+        let bytes = self.log.read(&extent);
+        let payload = bytes.and_then(|b| codec::decode(key.as_str(), &b));
         if payload.is_none() {
             self.stats.corrupt_objects += 1;
             self.drop_object(key);
@@ -312,9 +387,18 @@ impl L3Backend for LocalStore {
                     self.stats.hints_deduplicated += 1;
                     continue;
                 }
+                let Some((path, offset, size)) = self
+                    .disk
+                    .get(key)
+                    .and_then(|(_, _, extent)| self.log.locate(extent))
+                else {
+                    continue;
+                };
                 let job = Job {
                     key: key.clone(),
-                    path: self.path_of(key),
+                    path,
+                    offset,
+                    size,
                 };
                 // A full queue drops the hint; registration happens only once queued, so
                 // a dropped hint leaves no entry behind to block later ones.
@@ -386,52 +470,56 @@ impl L3Backend for LocalStore {
     fn put(&mut self, keys: &[L3Key], buffers: &[&[u8]]) -> Result<Vec<PutOutcome>, L3Error> {
         check_batch(keys.len(), buffers.len())?;
         self.drain();
-        let mut out = Vec::with_capacity(keys.len());
-        for (key, payload) in keys.iter().zip(buffers) {
-            if self.disk.contains_key(key) || self.memory.contains_key(key) {
-                out.push(PutOutcome::AlreadyPresent);
+        let mut out = vec![PutOutcome::Failed; keys.len()];
+        // The batch's new objects go to the log together, in one write; only when the
+        // disk cannot hold the next one beside them are they written first, so that
+        // they can be evicted like any stored object.
+        let mut batch: Vec<usize> = Vec::new();
+        let mut pending = 0u64;
+        for (i, (key, payload)) in keys.iter().zip(buffers).enumerate() {
+            let duplicate = batch.iter().any(|&j| keys[j] == *key);
+            if duplicate || self.disk.contains_key(key) || self.memory.contains_key(key) {
+                out[i] = PutOutcome::AlreadyPresent;
                 continue;
             }
             let len = payload.len() as u64;
             if len > self.cfg.disk_bytes {
-                out.push(PutOutcome::Failed);
                 continue;
             }
-            while self.disk_used + len > self.cfg.disk_bytes {
+            if self.disk_used + pending + len > self.cfg.disk_bytes && !batch.is_empty() {
+                self.commit(keys, buffers, &std::mem::take(&mut batch), &mut out);
+                pending = 0;
+            }
+            while self.disk_used + pending + len > self.cfg.disk_bytes {
                 let Some(old) = self.disk_lru.values().next().cloned() else {
                     break;
                 };
                 self.drop_object(&old);
             }
-            let path = self.path_of(key);
-            let tmp = path.with_extension("tmp");
-            let written = std::fs::write(&tmp, codec::encode(key.as_str(), payload))
-                .and_then(|()| std::fs::rename(&tmp, &path));
-            if written.is_err() {
-                let _ = std::fs::remove_file(&tmp);
-                out.push(PutOutcome::Failed);
-                continue;
-            }
-            self.tick += 1;
-            self.disk.insert(key.clone(), (len, self.tick));
-            self.disk_lru.insert(self.tick, key.clone());
-            self.disk_used += len;
-            self.insert_memory(key.clone(), payload.to_vec());
-            out.push(PutOutcome::Stored);
+            pending += len;
+            batch.push(i);
         }
+        self.commit(keys, buffers, &batch, &mut out);
+        self.compact();
         Ok(out)
     }
 
     fn remove(&mut self, keys: &[L3Key]) -> Result<usize, L3Error> {
         self.drain();
         let mut removed = 0;
+        let mut gone = Vec::new();
         for key in keys {
+            if self.disk.contains_key(key) {
+                gone.push(key.as_str());
+            }
             if self.disk.contains_key(key) || self.memory.contains_key(key) {
                 removed += 1;
             }
             self.drop_object(key);
             self.promotions.remove(key);
         }
+        // Tombstones keep them removed across a restart.
+        self.log.tombstones(&gone)?;
         Ok(removed)
     }
 

@@ -77,6 +77,11 @@ pub struct L3BenchRow {
     pub actor_prefetch_gbps: f64,
     /// Backup through the actor over raw put.
     pub backup_ratio: f64,
+    /// The same bytes written as one plain sequential file in the same run (`local`
+    /// only; 0 otherwise).
+    pub plain_write_gbps: f64,
+    /// Raw put over the plain write, the median of each round's ratio.
+    pub put_vs_plain: f64,
     /// Prefetch through the actor over raw get.
     pub prefetch_ratio: f64,
 }
@@ -90,6 +95,28 @@ pub struct L3BenchReport {
     pub rounds: usize,
     /// One row per page size.
     pub rows: Vec<L3BenchRow>,
+}
+
+/// Writes the batch's pages to a new file at `path` as one sequential stream (the page
+/// cache takes it, as it takes the store's segments), then removes the file; its GB/s.
+fn plain_write(
+    arena: &HostArena,
+    pages: &[PageId],
+    path: &std::path::Path,
+    batch: u64,
+) -> Result<f64, ScenarioError> {
+    use std::io::Write;
+    let io = |e: std::io::Error| ScenarioError::L3(format!("{}: {e}", path.display()));
+    let read = arena.read(pages).map_err(arena_error)?;
+    let t = Instant::now();
+    let mut file = std::fs::File::create(path).map_err(io)?;
+    for page in read.slices() {
+        file.write_all(page).map_err(io)?;
+    }
+    drop(file);
+    let rate = gbps(batch, t.elapsed().as_secs_f64());
+    std::fs::remove_file(path).map_err(io)?;
+    Ok(rate)
 }
 
 /// A store of the bench's kind over `arena`; the scratch directory must outlive it.
@@ -235,6 +262,12 @@ fn measure_page_size(o: &L3BenchOptions, kib: u32, run: u64) -> Result<L3BenchRo
     )?;
     let actor = L3Service::start(core)?;
     let mut samples = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+    // The plain sequential write of the same bytes, beside the local store's files.
+    let plain_dir = match o.store {
+        L3Store::Local => Some(scratch_dir("bench-l3-plain")?),
+        _ => None,
+    };
+    let mut plain = Vec::new();
     for round in 0..o.rounds as u64 {
         // Fresh keys each round (objects are write-once); the raw side's are formatted
         // beforehand, the actor formats its own from the ops' hashes.
@@ -275,6 +308,14 @@ fn measure_page_size(o: &L3BenchOptions, kib: u32, run: u64) -> Result<L3BenchRo
                     }
                 }
             }
+        }
+        if let Some(dir) = &plain_dir {
+            plain.push(plain_write(
+                &raw_arena,
+                &ids,
+                &dir.path().join(format!("{round}")),
+                batch,
+            )?);
         }
         // The last round's gets land in zeroed pages and are checked, so a get that
         // writes nothing or the wrong bytes cannot pass. (Not every round: touching the
@@ -329,9 +370,17 @@ fn measure_page_size(o: &L3BenchOptions, kib: u32, run: u64) -> Result<L3BenchRo
     let [raw_put, actor_backup, raw_get, actor_prefetch] = samples;
     let ratios =
         |actor: &[f64], raw: &[f64]| median(actor.iter().zip(raw).map(|(a, r)| a / r).collect());
+    let (plain_write_gbps, put_vs_plain) = if plain.is_empty() {
+        (0.0, 0.0)
+    } else {
+        let vs = ratios(&raw_put, &plain);
+        (median(plain), vs)
+    };
     Ok(L3BenchRow {
         page_kib: kib,
         pages,
+        plain_write_gbps,
+        put_vs_plain,
         backup_ratio: ratios(&actor_backup, &raw_put),
         prefetch_ratio: ratios(&actor_prefetch, &raw_get),
         raw_put_gbps: median(raw_put),

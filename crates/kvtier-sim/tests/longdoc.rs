@@ -126,30 +126,26 @@ fn corrupt_store_files_are_misses_never_wrong_kv() {
         l3_memory_bytes: 0,
         ..options()
     };
-    // After each step, flip a byte in the middle of every object that is not already
-    // the one this test corrupted (a page recomputed after its corrupt object was dropped
-    // is put again, under the same file name).
-    let mut corrupted: std::collections::BTreeMap<std::path::PathBuf, Vec<u8>> =
-        std::collections::BTreeMap::new();
+    // After each step, flip a byte in the middle of every object's payload that this
+    // test has not corrupted yet (a page recomputed after its corrupt object was dropped
+    // is put again, as a new record).
+    let mut corrupted: std::collections::BTreeSet<(std::path::PathBuf, u64)> =
+        std::collections::BTreeSet::new();
     let r = run_scenario_with(
         &options,
         |_, _| {},
         |_| {
-            for entry in std::fs::read_dir(dir.path()).expect("store dir").flatten() {
-                let path = entry.path();
-                if path.extension().is_none_or(|e| e != "obj") {
+            let extents = kvtier_l3::payload_extents(dir.path()).expect("store segments");
+            for (path, payload) in extents {
+                if !corrupted.insert((path.clone(), payload.start)) {
                     continue;
                 }
                 let Ok(mut bytes) = std::fs::read(&path) else {
                     continue;
                 };
-                if corrupted.get(&path) == Some(&bytes) {
-                    continue;
-                }
-                let mid = bytes.len() / 2;
+                let mid = ((payload.start + payload.end) / 2) as usize;
                 bytes[mid] ^= 0x5a;
-                std::fs::write(&path, &bytes).expect("rewrite object");
-                corrupted.insert(path, bytes);
+                std::fs::write(&path, &bytes).expect("rewrite segment");
             }
         },
     )
