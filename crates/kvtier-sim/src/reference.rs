@@ -224,7 +224,8 @@ pub struct ReferenceEngine {
     device_sources: Vec<DeviceSource>,
     /// Per host page (grown on demand: the engine learns the pool from the copies).
     host_sources: Vec<HostSource>,
-    tracks: BTreeMap<RequestId, Track>,
+    /// Looked up by id only, never iterated: its order cannot reach an answer.
+    tracks: std::collections::HashMap<RequestId, Track>,
     /// Integrity errors found so far.
     pub errors: Vec<IntegrityError>,
     /// Tokens generated per finished request.
@@ -270,7 +271,7 @@ impl ReferenceEngine {
             verify,
             device_sources: vec![DeviceSource::Fresh; device_pages as usize],
             host_sources: Vec::new(),
-            tracks: BTreeMap::new(),
+            tracks: std::collections::HashMap::new(),
             errors: Vec::new(),
             outputs: BTreeMap::new(),
             steps: 0,
