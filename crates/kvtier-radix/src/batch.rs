@@ -734,9 +734,15 @@ impl RadixCore {
         held: Vec<NodeLock>,
         d: u32,
     ) -> Outcome {
+        let (reserve_pages, new_tail_free) = grow(tail_free, d, self.page_size());
+        // Cheap first: when even the new pages cannot be freed, no probe can change the
+        // answer (a load-back only adds to the need), so the history is not walked. A
+        // history too big for the device is then found once there is room to try.
+        if reserve_pages > 0 && !self.can_free(Tier::Device, reserve_pages, 0) {
+            return Outcome::Waits { held };
+        }
         let probe = self.probe(tokens);
         let load_back = probe.host_pages.saturating_sub(probe.device_pages);
-        let (reserve_pages, new_tail_free) = grow(tail_free, d, self.page_size());
         // Exact need: the kept tail page may still have room for the reserved slots.
         let need = load_back + reserve_pages;
         // Its whole footprint: the published prefix, the kept tail pages and the new ones.
