@@ -287,16 +287,11 @@ impl LocalStore {
         batch: &[usize],
         out: &mut [PutOutcome],
     ) {
-        let envelopes: Vec<(&str, Vec<u8>)> = batch
+        let objects: Vec<(&str, &[u8])> = batch
             .iter()
-            .map(|&i| {
-                (
-                    keys[i].as_str(),
-                    codec::encode(keys[i].as_str(), buffers[i]),
-                )
-            })
+            .map(|&i| (keys[i].as_str(), buffers[i]))
             .collect();
-        let Ok(extents) = self.log.append(&envelopes) else {
+        let Ok(extents) = self.log.append_objects(&objects) else {
             return;
         };
         for (&i, extent) in batch.iter().zip(extents) {
