@@ -226,15 +226,18 @@ fn dropping_the_view_of_a_threaded_system_shuts_it_down() {
     }
 }
 
-/// The toy again, on a thread of its own (as the L3 store's client is), and slow to
-/// drop (as a store client that unregisters its memory is): a drop that does not wait
-/// for it cannot see it done.
+/// The toy again, on a thread of its own (as the L3 store's client is), and as slow to
+/// drop as asked (as a store client that unregisters its memory is): a drop that does
+/// not wait for it cannot see it done.
 #[derive(Debug)]
-struct Lonely(Counter);
+struct Lonely {
+    counter: Counter,
+    drop_delay: std::time::Duration,
+}
 
 impl Drop for Lonely {
     fn drop(&mut self) {
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        std::thread::sleep(self.drop_delay);
     }
 }
 
@@ -245,7 +248,7 @@ impl ActorCore for Lonely {
     type Reply = CounterReply;
 
     fn handle(&mut self, msg: CounterMsg) -> CounterReply {
-        self.0.handle(msg)
+        self.counter.handle(msg)
     }
 
     fn message_name(msg: &CounterMsg) -> &'static str {
@@ -265,10 +268,13 @@ impl ActorCore for Lonely {
 fn dropping_a_local_system_drops_the_cores_on_their_own_threads() {
     for runtime in RUNTIMES {
         let dropped = Arc::new(AtomicBool::new(false));
-        let lonely = Lonely(Counter {
-            total: 0,
-            dropped: Arc::clone(&dropped),
-        });
+        let lonely = Lonely {
+            counter: Counter {
+                total: 0,
+                dropped: Arc::clone(&dropped),
+            },
+            drop_delay: std::time::Duration::from_millis(50),
+        };
         let mut system = System::builder(config())
             .runtime(runtime)
             .actor(lonely)
@@ -290,21 +296,25 @@ fn dropping_a_local_system_drops_the_cores_on_their_own_threads() {
 /// test that builds a second system for a later run does). The caller's thread-local
 /// system handle then names the second system; an actor thread of the first must not end
 /// up holding the first system's last handle, whose drop as that thread ends woke a
-/// controller on a runtime already gone and aborted the process (about one run in 40 before the fix).
+/// controller on a runtime already gone and aborted the process (about one run in 40
+/// before the fix).
 #[test]
 fn a_local_system_dropped_after_a_newer_one_started_ends_cleanly() {
     for round in 0..200 {
         let start = || {
             let mut system = System::builder(config())
                 .runtime(Runtime::Actix)
-                .actor(Apart(Counter {
-                    total: 0,
-                    dropped: Arc::new(AtomicBool::new(false)),
-                }))
+                .actor(Lonely {
+                    counter: Counter {
+                        total: 0,
+                        dropped: Arc::new(AtomicBool::new(false)),
+                    },
+                    drop_delay: std::time::Duration::ZERO,
+                })
                 .start_local()
                 .expect("system starts");
             assert_eq!(
-                system.ask::<Apart>(CounterMsg::Add(1)).expect("answers"),
+                system.ask::<Lonely>(CounterMsg::Add(1)).expect("answers"),
                 CounterReply::Total(1),
                 "round {round}"
             );
@@ -314,28 +324,5 @@ fn a_local_system_dropped_after_a_newer_one_started_ends_cleanly() {
         let second = start();
         drop(first);
         drop(second);
-    }
-}
-
-/// The toy on a thread of its own, quick to drop.
-#[derive(Debug)]
-struct Apart(Counter);
-
-impl ActorCore for Apart {
-    const NAME: ActorName = ActorName::new("apart");
-    const PLACEMENT: kvtier::Placement = kvtier::Placement::OwnThread;
-    type Msg = CounterMsg;
-    type Reply = CounterReply;
-
-    fn handle(&mut self, msg: CounterMsg) -> CounterReply {
-        self.0.handle(msg)
-    }
-
-    fn message_name(msg: &CounterMsg) -> &'static str {
-        Counter::message_name(msg)
-    }
-
-    fn reply_name(reply: &CounterReply) -> &'static str {
-        Counter::reply_name(reply)
     }
 }

@@ -169,54 +169,55 @@ fn replay_path(args: &ReplayArgs) -> Path {
 
 /// The Mooncake conversation trace (FAST'25, Apache-2.0; data/mooncake-traces/), built
 /// into the binary so that a bare `kvtier replay` runs anywhere.
-pub const CONVERSATION_TRACE: &str =
+const CONVERSATION_TRACE: &str =
     include_str!("../../../data/mooncake-traces/conversation_trace.jsonl");
 
 /// Requests a bare `kvtier replay` takes from the conversation trace: its first minute
 /// and a half, about half a minute of wall time on 2 cores.
 pub const DEFAULT_TRACE_REQUESTS: usize = 300;
 
-/// The default replay: the embedded conversation trace, its first
-/// [`DEFAULT_TRACE_REQUESTS`] requests unless `--limit` or `--window` say otherwise.
-fn embedded_trace(args: &ReplayArgs) -> Result<TraceWorkload> {
-    let slice = trace_slice(args, Some(DEFAULT_TRACE_REQUESTS))?;
+/// The trace at `path`, or the embedded conversation trace, sliced by `slice`.
+pub fn load_trace(
+    path: Option<&std::path::Path>,
+    slice: &TraceSlice,
+    time_scale: f64,
+) -> Result<TraceWorkload> {
+    let (name, requests) = match path {
+        Some(path) => (
+            path.file_stem()
+                .map_or_else(|| "trace".into(), |s| s.to_string_lossy().into_owned()),
+            read_trace(path, slice)?,
+        ),
+        None => (
+            "conversation_trace".to_string(),
+            parse_trace(CONVERSATION_TRACE, slice)?,
+        ),
+    };
     Ok(TraceWorkload {
-        name: "conversation_trace".into(),
-        requests: parse_trace(CONVERSATION_TRACE, &slice)?,
-        time_scale: args.time_scale.unwrap_or(1.0),
+        name,
+        requests,
+        time_scale,
     })
 }
 
-/// The slice `--window` and `--limit` select (`limit` when `--limit` is not given),
-/// after checking `--time-scale`.
-fn trace_slice(args: &ReplayArgs, limit: Option<usize>) -> Result<TraceSlice> {
-    if let Some(scale) = args.time_scale
-        && !(scale.is_finite() && scale > 0.0)
-    {
+/// The trace `--trace` names (the embedded one, its first [`DEFAULT_TRACE_REQUESTS`]
+/// requests, when none is named), sliced by `--window` and `--limit`, after checking
+/// `--time-scale`.
+fn trace_workload(args: &ReplayArgs) -> Result<TraceWorkload> {
+    let scale = args.time_scale.unwrap_or(1.0);
+    if !(scale.is_finite() && scale > 0.0) {
         bail!("--time-scale must be a positive number, not {scale}");
     }
-    Ok(TraceSlice {
+    let default_limit = args.trace.is_none().then_some(DEFAULT_TRACE_REQUESTS);
+    let slice = TraceSlice {
         window_ms: args
             .window
             .as_deref()
             .map(TraceSlice::parse_window)
             .transpose()?,
-        limit: args.limit.or(limit),
-    })
-}
-
-/// The trace `--trace` names, sliced by `--window` and `--limit`.
-fn read_trace_workload(path: &std::path::Path, args: &ReplayArgs) -> Result<TraceWorkload> {
-    let slice = trace_slice(args, None)?;
-    let requests = read_trace(path, &slice)?;
-    let name = path
-        .file_stem()
-        .map_or_else(|| "trace".into(), |s| s.to_string_lossy().into_owned());
-    Ok(TraceWorkload {
-        name,
-        requests,
-        time_scale: args.time_scale.unwrap_or(1.0),
-    })
+        limit: args.limit.or(default_limit),
+    };
+    load_trace(args.trace.as_deref(), &slice, scale)
 }
 
 /// `kvtier replay`.
@@ -265,10 +266,10 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     if !traced && (args.limit.is_some() || args.window.is_some() || args.time_scale.is_some()) {
         bail!("--limit, --window and --time-scale apply to trace replays");
     }
-    let base = match (&args.trace, default_trace) {
-        (Some(path), _) => ScenarioOptions::trace(read_trace_workload(path, &args)?),
-        (None, true) => ScenarioOptions::trace(embedded_trace(&args)?),
-        (None, false) => ScenarioOptions::new(scenario),
+    let base = if traced {
+        ScenarioOptions::trace(trace_workload(&args)?)
+    } else {
+        ScenarioOptions::new(scenario)
     };
     let options = ScenarioOptions {
         cache: !args.no_cache && file.cache.unwrap_or(true),
@@ -348,7 +349,7 @@ mod tests {
     /// trace flags are refused for the other workloads.
     #[test]
     fn the_default_replay_is_the_embedded_conversation_trace() {
-        let trace = embedded_trace(&ReplayArgs::default()).expect("the embedded trace parses");
+        let trace = trace_workload(&ReplayArgs::default()).expect("the embedded trace parses");
         assert_eq!(trace.requests.len(), DEFAULT_TRACE_REQUESTS);
         assert_eq!(trace.time_scale, 1.0);
         let windowed = ReplayArgs {
@@ -356,13 +357,13 @@ mod tests {
             limit: Some(1000),
             ..ReplayArgs::default()
         };
-        let trace = embedded_trace(&windowed).expect("valid slice");
+        let trace = trace_workload(&windowed).expect("valid slice");
         assert!(trace.requests.iter().all(|r| r.timestamp_ms < 10_000));
         let bad_scale = ReplayArgs {
             time_scale: Some(0.0),
             ..ReplayArgs::default()
         };
-        assert!(embedded_trace(&bad_scale).is_err());
+        assert!(trace_workload(&bad_scale).is_err());
         let chat_with_limit = ReplayArgs {
             workload: Some(ReplayWorkload::Scenario(Scenario::Chat)),
             limit: Some(3),

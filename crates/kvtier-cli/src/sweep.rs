@@ -3,12 +3,12 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use kvtier_sim::scenario::{L3Store, TraceWorkload};
+use kvtier_sim::scenario::L3Store;
 use kvtier_sim::sweep::{SweepOptions, run_sweep};
-use kvtier_sim::trace::{TraceSlice, parse_trace, read_trace};
+use kvtier_sim::trace::TraceSlice;
 
 use crate::SweepArgs;
-use crate::replay::CONVERSATION_TRACE;
+use crate::replay::load_trace;
 
 /// Runs the grid, prints its table, writes the plot (and the JSON when asked).
 pub fn run(args: SweepArgs) -> Result<()> {
@@ -22,26 +22,12 @@ pub fn run(args: SweepArgs) -> Result<()> {
         window_ms: None,
         limit: Some(args.limit),
     };
-    let (name, requests) = match &args.trace {
-        Some(path) => (
-            path.file_stem()
-                .map_or_else(|| "trace".into(), |s| s.to_string_lossy().into_owned()),
-            read_trace(path, &slice)?,
-        ),
-        None => (
-            "conversation_trace".to_string(),
-            parse_trace(CONVERSATION_TRACE, &slice)?,
-        ),
-    };
+    let trace = load_trace(args.trace.as_deref(), &slice, 1.0)?;
     let jobs = args
         .jobs
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let options = SweepOptions {
-        trace: Arc::new(TraceWorkload {
-            name,
-            requests,
-            time_scale: 1.0,
-        }),
+        trace: Arc::new(trace),
         device_tokens: args.device_tokens.clone(),
         host_tokens: args.host_tokens.clone(),
         l3: args.l3.clone(),

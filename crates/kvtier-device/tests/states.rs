@@ -2,7 +2,7 @@
 //! write-back and load-back ops as KV pages (pairs of kind `Mamba`), through the same
 //! kernels, and a refused op moves nothing.
 
-use kvtier_device::{DeviceCore, DeviceError, FailEveryNth, KvArenas, KvGeometry, StateGeometry};
+use kvtier_device::{DeviceCore, DeviceError, KvArenas, KvGeometry, StateGeometry};
 use kvtier_types::{
     EngineEvent, ExecutionPlan, LoadBackOp, Tier, TransferKind, TransferPair, WriteBackOp,
 };
@@ -160,8 +160,7 @@ fn the_device_executes_state_pairs_and_fails_those_it_cannot_hold() {
     assert!(holds_state(hybrid.arenas_mut(), Tier::Host, 1, 0x55));
     assert!(holds_state(hybrid.arenas_mut(), Tier::Device, 2, 0x66));
 
-    let mut plain = DeviceCore::new(KvArenas::new(kv(), 8, 8, 1).expect("arenas"))
-        .with_faults(Box::new(FailEveryNth::new(0)));
+    let mut plain = DeviceCore::new(KvArenas::new(kv(), 8, 8, 1).expect("arenas"));
     let events = plain.execute(&plan, &[]).expect("executed");
     assert_eq!(
         events,

@@ -96,14 +96,14 @@ impl OpTable {
     }
 
     /// A load-back of the last plan failed: its device pages, the first time it is
-    /// reported. `Err(true)`: reported before (stale); `Err(false)`: not a load-back of
+    /// reported (taken: a second report needs none). `Err(true)`: reported before (stale); `Err(false)`: not a load-back of
     /// the last plan.
     pub fn load_back_failed(&mut self, op_id: OpId) -> Result<Vec<PageId>, bool> {
         match self.load_backs.get_mut(&op_id) {
             Some((_, true)) => Err(true),
             Some((pages, reported)) => {
                 *reported = true;
-                Ok(pages.clone())
+                Ok(std::mem::take(pages))
             }
             None => Err(false),
         }

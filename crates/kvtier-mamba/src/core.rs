@@ -409,33 +409,22 @@ impl MambaCore {
     }
 
     /// Evicts host states, oldest first, until `need` host slots are free; `false`,
-    /// with nothing evicted, when that is not possible.
+    /// with nothing evicted, when that is not possible. (A host state being loaded back
+    /// this step is protected.)
     fn ensure_host(&mut self, need: u32) -> bool {
         if self.host.available() >= need {
             return true;
-        }
-        let evictable = self
-            .states
-            .host_lru
-            .iter()
-            .filter(|(_, _, k)| {
-                !self.protected.contains(k)
-                    && self.states.entries.get(k).is_some_and(|e| e.host_refs == 0)
-            })
-            .count() as u32;
-        if self.host.available_hint() + evictable < need {
-            return false;
         }
         let victims: Vec<StateKey> = self
             .states
             .host_lru
             .iter()
-            .filter(|(_, _, k)| {
-                !self.protected.contains(k)
-                    && self.states.entries.get(k).is_some_and(|e| e.host_refs == 0)
-            })
-            .map(|(_, _, k)| *k)
+            .map(|&(_, _, k)| k)
+            .filter(|k| !self.protected.contains(k))
             .collect();
+        if self.host.available_hint() + (victims.len() as u32) < need {
+            return false;
+        }
         for key in victims {
             if self.host.available_hint() >= need {
                 break;
@@ -454,10 +443,12 @@ impl MambaCore {
     /// cannot have evicted it).
     pub fn drop_states(&mut self, keys: &[PageHash], tier: Tier) {
         for key in keys {
-            let busy = self.states.entries.get(key).is_some_and(|e| match tier {
-                Tier::Device => e.device_refs > 0,
-                Tier::Host => e.host_refs > 0,
-            });
+            let busy = tier == Tier::Device
+                && self
+                    .states
+                    .entries
+                    .get(key)
+                    .is_some_and(|e| e.device_refs > 0);
             if busy {
                 continue;
             }

@@ -156,19 +156,6 @@ impl SlotPool {
         self.allocate().map(|slot| self.adopt(slot))
     }
 
-    /// Whether `id` is free (debug builds only know; release builds say `false`).
-    pub fn is_free(&self, id: SlotId) -> bool {
-        #[cfg(debug_assertions)]
-        {
-            self.is_free.get(id as usize).copied().unwrap_or(false)
-        }
-        #[cfg(not(debug_assertions))]
-        {
-            let _ = id;
-            false
-        }
-    }
-
     fn put_back(&mut self, id: SlotId) {
         if id >= self.total {
             // Out of range: ignored, as the reference does.

@@ -41,8 +41,6 @@ pub(crate) struct Entry {
     pub pending_host: Option<(OpId, SlotId)>,
     /// Requests reading the device copy (a copy-on-write source not yet copied).
     pub device_refs: u32,
-    /// Requests reading the host copy (a load-back source not yet copied).
-    pub host_refs: u32,
     pub time: u64,
     pub seq: u64,
 }
@@ -117,7 +115,6 @@ impl States {
                 host: None,
                 pending_host: None,
                 device_refs: 0,
-                host_refs: 0,
                 time: self.clock,
                 seq: self.next_seq,
             },
@@ -221,7 +218,7 @@ impl States {
         let Some(e) = self.entries.get(key) else {
             return;
         };
-        if !e.is_empty() || e.device_refs > 0 || e.host_refs > 0 {
+        if !e.is_empty() || e.device_refs > 0 {
             return;
         }
         let parent = e.parent;

@@ -913,13 +913,17 @@ pub fn run_scenario_with(
         // Hits by tier, per request at its first chunk: of the prefix it reuses, the
         // pages this plan loads back came from host, and of those, the ones its own
         // prefetch brought from L3.
-        let loaded: std::collections::HashSet<u32> = plan
-            .load_backs
-            .iter()
-            .flat_map(|op| op.pairs.iter())
-            .filter(|pair| pair.kind == kvtier_types::TransferKind::Kv)
-            .map(|pair| pair.dst)
-            .collect();
+        // Only prompt rows are attributed: a decode-only plan builds no set.
+        let loaded: std::collections::HashSet<u32> = if plan.forward.num_prefill_rows == 0 {
+            std::collections::HashSet::new()
+        } else {
+            plan.load_backs
+                .iter()
+                .flat_map(|op| op.pairs.iter())
+                .filter(|pair| pair.kind == kvtier_types::TransferKind::Kv)
+                .map(|pair| pair.dst)
+                .collect()
+        };
         for row in plan.forward.prefill_rows() {
             if started.insert(row.request_id.clone()) {
                 r.hit_tokens += u64::from(row.extend_prefix_len);
@@ -1072,7 +1076,7 @@ pub fn run_scenario_with(
         .collect();
     if !tpot.is_empty() {
         r.tpot_mean_ms = tpot.iter().sum::<f64>() / tpot.len() as f64 / 1e3;
-        let mut sorted = tpot.clone();
+        let mut sorted = tpot;
         sorted.sort_by(f64::total_cmp);
         r.tpot_p50_ms = percentile(&sorted, 50) / 1e3;
         r.tpot_p99_ms = percentile(&sorted, 99) / 1e3;

@@ -215,6 +215,11 @@ impl LateAcks {
         }
     }
 
+    /// Whether this run holds acknowledgements back at all.
+    pub fn fires(&self) -> bool {
+        self.dice.per_mille > 0
+    }
+
     /// Steps to hold `event` back (1 to 3), if it is an acknowledgement held back now.
     pub fn delay(&mut self, event: &EngineEvent) -> Option<u64> {
         let ack = matches!(

@@ -953,6 +953,9 @@ impl Driver<'_> {
     /// Holds back the acknowledgements the engine is late with, and hands over those
     /// due now (before this plan's events: they are older).
     fn hold_back(&mut self, events: Vec<EngineEvent>) -> Vec<EngineEvent> {
+        if self.held.is_empty() && !self.late.fires() {
+            return events;
+        }
         let step = self.step;
         let mut now = Vec::with_capacity(events.len());
         let held = std::mem::take(&mut self.held);
