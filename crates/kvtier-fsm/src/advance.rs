@@ -12,7 +12,7 @@ use kvtier_types::{
 
 use crate::ops::WriteBackInFlight;
 use crate::outbox::Target;
-use crate::request::{Prefetch, Request, Retracted, Running, State, StateKind};
+use crate::request::{Prefetch, Request, Retracted, Running, Settled, State, StateKind};
 use crate::{BatchError, Rejected, SchedError, SchedulerCore};
 
 impl SchedulerCore {
@@ -427,9 +427,12 @@ impl SchedulerCore {
     /// write-back possible the request is `Draining` until the reply says whether one
     /// was attached.
     fn finish_running(&mut self, key: usize, run: Running) -> State {
-        let (publication, device_lock, local_kv) =
-            self.requests[key].settle(run, self.config.page_size);
-        drop(local_kv);
+        let Settled {
+            publication,
+            device_lock,
+            host_lock,
+            local_kv,
+        } = self.requests[key].settle(run, self.config.page_size);
         let write_back = self.config.l2_enabled()
             && !self.config.disable_prefix_cache
             && !publication.tokens.is_empty();
@@ -438,7 +441,9 @@ impl SchedulerCore {
             CacheOp::Finish {
                 publication,
                 device_lock,
+                host_lock,
                 write_back,
+                leftover: local_kv.pages,
             },
             Target::Finish { key, id },
         );

@@ -182,6 +182,19 @@ impl State {
     }
 }
 
+/// What a request that stops running hands on (see [`Request::settle`]).
+#[derive(Debug)]
+pub(crate) struct Settled {
+    /// Its full pages not yet in the tree.
+    pub publication: Publication,
+    /// Its device lock on its prefix.
+    pub device_lock: NodeLock,
+    /// Its host lock on a load-back source, if any.
+    pub host_lock: Option<NodeLock>,
+    /// Its own pages past the publication.
+    pub local_kv: LocalKv,
+}
+
 #[derive(Debug)]
 pub(crate) struct Request {
     pub id: RequestId,
@@ -203,9 +216,8 @@ impl Request {
 
     /// The request stops running (finish or retraction): its full pages except the
     /// newest token's are to go into the tree. Returns that publication (possibly empty),
-    /// the device lock on its prefix and its remaining own pages; the rest of what it
-    /// held while running (its slot, a load-back source lock) is released.
-    pub fn settle(&self, mut run: Running, page_size: u32) -> (Publication, NodeLock, LocalKv) {
+    /// the locks it held and its remaining own pages; its slot is released.
+    pub fn settle(&self, mut run: Running, page_size: u32) -> Settled {
         let full = self.full_pages_except_last(page_size);
         let publication = self
             .publication(&mut run, full, page_size)
@@ -217,10 +229,16 @@ impl Request {
             });
         let Running {
             device_lock,
+            host_lock,
             local_kv,
             ..
         } = run;
-        (publication, device_lock, local_kv)
+        Settled {
+            publication,
+            device_lock,
+            host_lock,
+            local_kv,
+        }
     }
 
     /// Takes the request's computed full pages (up to `pages`, clamped to what it holds)

@@ -68,6 +68,7 @@ pub fn cache_config(config: &SchedulerConfig) -> CacheConfig {
         host_pages: config.host_pages,
         kv_events: config.enable_kv_cache_events,
         page_hashes: config.enable_l3_storage,
+        policy: config.policy,
     }
 }
 

@@ -32,7 +32,7 @@ use kvtier_types::{
 use crate::draft::{Awaiting, Entry, PlanInProgress, Retraction, Rows, Seen};
 use crate::ops::WriteBackInFlight;
 use crate::outbox::{FamilyMail, Progress, Target};
-use crate::request::{LocalKv, Prefetch, Retracted, Running, State, StateKind};
+use crate::request::{LocalKv, Prefetch, Retracted, Running, Settled, State, StateKind};
 use crate::{SchedError, SchedulerCore};
 
 /// Priority class of a state (lower runs first).
@@ -636,8 +636,12 @@ impl SchedulerCore {
         };
         self.stats.retractions += 1;
         tracing::debug!(parent: &self.requests[key].span, phase = "retracted");
-        let (publication, device_lock, local_kv) =
-            self.requests[key].settle(run, self.config.page_size);
+        let Settled {
+            publication,
+            device_lock,
+            host_lock,
+            local_kv,
+        } = self.requests[key].settle(run, self.config.page_size);
         let published_pages = (publication.tokens.len() / self.config.page_size as usize) as u32;
         draft.retract = Some(Retraction {
             key,
@@ -648,6 +652,7 @@ impl SchedulerCore {
             ops: vec![CacheOp::Retract {
                 publication,
                 device_lock,
+                host_lock,
             }],
         })
     }

@@ -133,6 +133,7 @@ impl Workload {
             host_pages: 0,
             kv_events: false,
             page_hashes: false,
+            policy: Default::default(),
         });
         for seq in &self.seqs {
             admit_and_insert(&mut cache, seq);

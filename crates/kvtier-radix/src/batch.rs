@@ -127,15 +127,20 @@ pub enum CacheOp {
     },
     /// Mid-flight publication of a running request's computed pages.
     Publish(Publication),
-    /// A request finished: publish its pages, release its prefix lock and, when
+    /// A request finished: publish its pages, release its locks and, when
     /// `write_back` is set, attach host pages for whatever is not on host yet.
     Finish {
         /// What to publish (may be empty).
         publication: Publication,
         /// The request's device lock on its prefix.
         device_lock: NodeLock,
+        /// The request's host lock on a load-back source.
+        host_lock: Option<NodeLock>,
         /// Attach a write-back for the device-only part.
         write_back: bool,
+        /// The request's own pages left after the publication (its last, partial page):
+        /// freed once the publication is in, in the order the reference frees them.
+        leftover: OwnedPages,
     },
     /// A request is preempted: publish its pages, keep its prefix on host, and attach a
     /// write-back for the device-only part or demote it.
@@ -144,6 +149,8 @@ pub enum CacheOp {
         publication: Publication,
         /// The request's device lock on its prefix.
         device_lock: NodeLock,
+        /// The request's host lock on a load-back source.
+        host_lock: Option<NodeLock>,
     },
     /// Prefetched host pages land: insert them after the locked host prefix.
     InsertPrefetched {
@@ -382,13 +389,12 @@ impl RadixCore {
             CacheOp::Finish {
                 publication,
                 device_lock,
+                host_lock,
                 write_back,
+                leftover,
             } => {
                 let tokens = publication.tokens.clone();
-                let (lock, pages) = self.publish(publication, Some(device_lock));
-                if let Some(lock) = lock {
-                    self.unlock(lock);
-                }
+                let (lock, pages) = self.publish(publication, None);
                 let write_back = if write_back && pages > 0 {
                     let m =
                         self.match_prefix(&tokens[..pages as usize * self.page_size() as usize]);
@@ -398,11 +404,19 @@ impl RadixCore {
                 } else {
                     None
                 };
+                // The request lets go of its prefix only now, after the match above
+                // used it, as the reference does (its unlock re-keys the LRU order).
+                for lock in lock.into_iter().chain([device_lock]).chain(host_lock) {
+                    self.unlock(lock);
+                }
+                let freed = self.free(Tier::Device, leftover);
+                debug_assert!(freed.is_ok(), "leftover pages of another pool: {freed:?}");
                 OpResult::Finished { write_back }
             }
             CacheOp::Retract {
                 publication,
                 device_lock,
+                host_lock: old_host_lock,
             } => {
                 let tokens = publication.tokens.clone();
                 let (lock, pages) = self.publish(publication, Some(device_lock));
@@ -433,6 +447,9 @@ impl RadixCore {
                         write_back: None,
                     }
                 };
+                if let Some(lock) = old_host_lock {
+                    self.unlock(lock);
+                }
                 OpResult::Retracted(outcome)
             }
             CacheOp::InsertPrefetched {
@@ -672,56 +689,82 @@ impl RadixCore {
         use_host: bool,
         reuse: bool,
     ) -> Outcome {
-        let ps = self.page_size();
+        if self.is_reference() {
+            // The reference commits the match (split, touch) before it knows whether
+            // the request fits.
+            let m = self.committed_match(tokens, reuse);
+            let host = if use_host { m.host_pages } else { 0 };
+            let shape = ChunkShape::new(
+                m.device_pages,
+                host,
+                prefill_len,
+                remaining,
+                d,
+                self.page_size(),
+            );
+            return self.admit_first_chunk(m, shape, use_host);
+        }
         let probe = if reuse {
             self.probe(tokens)
         } else {
             crate::Probe::default()
         };
-        let dev = probe.device_pages;
         let host = if use_host { probe.host_pages } else { 0 };
-        let begin_pages = dev.max(host);
-        let load_back = host.saturating_sub(dev);
-        let t = remaining.min(prefill_len - begin_pages * ps);
-        let (chunk_pages, tail) = grow(0, t, ps);
-        let (reserve_pages, tail_free) = grow(tail, d, ps);
-        let need = load_back + chunk_pages + reserve_pages;
-        if !self.can_free(Tier::Device, need, probe.device_unlocked_pages) {
+        let shape = ChunkShape::new(
+            probe.device_pages,
+            host,
+            prefill_len,
+            remaining,
+            d,
+            self.page_size(),
+        );
+        if !self.can_free(Tier::Device, shape.need, probe.device_unlocked_pages) {
             return Outcome::Waits { held: Vec::new() };
         }
-        let m = if reuse {
-            self.match_prefix(tokens)
-        } else {
-            let root = self.root();
-            Match {
-                device: root,
-                device_pages: 0,
-                host: root,
-                host_pages: 0,
-            }
-        };
+        let m = self.committed_match(tokens, reuse);
         debug_assert_eq!(
             (m.device_pages, if use_host { m.host_pages } else { 0 }),
-            (dev, host)
+            (probe.device_pages, host)
         );
-        let Some((device_lock, host_lock, load_back)) = self.pin_prefix(m, need, use_host) else {
+        self.admit_first_chunk(m, shape, use_host)
+    }
+
+    /// The committing match of a first chunk (the root when reuse is off).
+    fn committed_match(&mut self, tokens: &[Token], reuse: bool) -> Match {
+        if reuse {
+            return self.match_prefix(tokens);
+        }
+        let root = self.root();
+        Match {
+            device: root,
+            device_pages: 0,
+            host: root,
+            host_pages: 0,
+        }
+    }
+
+    /// Pins the matched prefix, makes room and allocates the chunk's pages.
+    fn admit_first_chunk(&mut self, m: Match, shape: ChunkShape, use_host: bool) -> Outcome {
+        let ps = self.page_size();
+        let Some((device_lock, host_lock, load_back)) = self.pin_prefix(m, shape.need, use_host)
+        else {
             return Outcome::Waits { held: Vec::new() };
         };
-        let Some(pages) = self.allocate(Tier::Device, (chunk_pages + reserve_pages) as usize)
-        else {
+        let Some(pages) = self.allocate(Tier::Device, shape.own_pages as usize) else {
             debug_assert!(false, "admission reserved the pages");
             return Outcome::Waits { held: Vec::new() };
         };
-        let mut prefix_pages = Vec::with_capacity((begin_pages + t.div_ceil(ps)) as usize);
+        let mut prefix_pages =
+            Vec::with_capacity((shape.begin_pages + shape.tokens.div_ceil(ps)) as usize);
         self.device_path_pages(device_lock.node(), &mut prefix_pages);
         Outcome::Admitted(Box::new(Admission {
-            tokens: t,
-            begin_pages,
+            tokens: shape.tokens,
+            begin_pages: shape.begin_pages,
             device_lock,
             host_lock,
             load_back,
             pages,
-            tail_free,
+            tail_free: shape.tail_free,
             prefix_pages,
         }))
     }
@@ -790,7 +833,8 @@ impl RadixCore {
     ) -> Option<(NodeLock, Option<NodeLock>, Vec<TransferPair>)> {
         let guard = self.lock(m.device, Tier::Device);
         if !self.ensure_free(Tier::Device, need) {
-            debug_assert!(false, "admission probe promised {need} pages");
+            // Only the reference's admission tries without a probe first.
+            debug_assert!(self.is_reference(), "admission probe promised {need} pages");
             self.unlock(guard);
             return None;
         }
@@ -809,6 +853,39 @@ impl RadixCore {
         };
         self.unlock(guard);
         pinned
+    }
+}
+
+/// The page arithmetic of a first chunk over a prefix matched `device` pages deep on
+/// device and `host` pages deep on host.
+#[derive(Debug, Clone, Copy)]
+struct ChunkShape {
+    /// Prefix pages reused.
+    begin_pages: u32,
+    /// Tokens of the chunk.
+    tokens: u32,
+    /// Pages of the request's own (chunk and decode reserve).
+    own_pages: u32,
+    /// Free slots left in the last of them.
+    tail_free: u32,
+    /// Device pages to make free: the load-back and the own pages.
+    need: u32,
+}
+
+impl ChunkShape {
+    fn new(device: u32, host: u32, prefill_len: u32, budget: u32, d: u32, ps: u32) -> Self {
+        let begin_pages = device.max(host);
+        let load_back = host.saturating_sub(device);
+        let tokens = budget.min(prefill_len - begin_pages * ps);
+        let (chunk_pages, tail) = grow(0, tokens, ps);
+        let (reserve_pages, tail_free) = grow(tail, d, ps);
+        Self {
+            begin_pages,
+            tokens,
+            own_pages: chunk_pages + reserve_pages,
+            tail_free,
+            need: load_back + chunk_pages + reserve_pages,
+        }
     }
 }
 

@@ -21,6 +21,26 @@ pub enum Role {
     Decode,
 }
 
+/// Whose decisions the scheduler makes where kvtier and the reference scheduler differ.
+///
+/// kvtier fixes the reference's known defects (docs/scheduler.md). Some of those fixes
+/// change *which* requests run or what gets evicted without any being wrong, so runs
+/// cannot be compared decision for decision with the reference. `Reference` keeps the
+/// reference's choices there, for conformance runs against it (the hybrid benchmark
+/// digests); it never reproduces a defect that loses or corrupts data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum Policy {
+    /// kvtier's own decisions: exact LRU, read-only probes, transactional eviction,
+    /// decode-phase recurrent states cached.
+    #[default]
+    Default,
+    /// The reference's decisions (TokenSpeed scheduler at 350cf505): LRU keys taken when
+    /// a node becomes a leaf or is unlocked (a touch alone does not reorder), committing
+    /// matches and eviction even for requests that are then not admitted, recurrent
+    /// states cached at prefill chunk ends only.
+    Reference,
+}
+
 /// Everything the scheduler core needs to know about its pools and policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SchedulerConfig {
@@ -59,6 +79,8 @@ pub struct SchedulerConfig {
     /// Scheduling steps slower than this are recorded as a `slow_step` tracing event
     /// (tail-based: fast steps cost nothing). `None` records none.
     pub slow_step_threshold: Option<std::time::Duration>,
+    /// kvtier's decisions, or the reference's where they differ (conformance runs).
+    pub policy: Policy,
 }
 
 impl Default for SchedulerConfig {
@@ -79,6 +101,7 @@ impl Default for SchedulerConfig {
             disable_prefix_cache: false,
             publish_prefix_mid_flight: true,
             slow_step_threshold: Some(std::time::Duration::from_millis(1)),
+            policy: Policy::Default,
         }
     }
 }

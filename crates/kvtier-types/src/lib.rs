@@ -18,12 +18,12 @@ mod plan;
 mod request;
 
 pub use actor::{ActorCore, ActorName, Placement};
-pub use config::{Role, SchedulerConfig};
+pub use config::{Policy, Role, SchedulerConfig};
 pub use error::TypesError;
 pub use event::{EngineEvent, KvEvent};
 pub use ids::{OpId, PageId, RequestId, SlotId, Tier, Token};
 pub use plan::{
     AbortNotice, AbortReason, BackupOp, ExecutionPlan, ForwardBatch, ForwardRow, LoadBackOp,
-    PrefetchOp, RowKind, TransferKind, TransferPair, WriteBackOp,
+    MambaRow, PrefetchOp, RowKind, TransferKind, TransferPair, WriteBackOp,
 };
 pub use request::RequestSpec;

@@ -20,14 +20,15 @@ impl RadixCore {
     }
 
     /// Makes `need` pages free on `tier`, evicting least recently used leaves, but only
-    /// when that can succeed: a failed attempt evicts nothing.
+    /// when that can succeed: a failed attempt evicts nothing. (Under `Policy::Reference`
+    /// a failed attempt evicts what it can, as the reference does.)
     pub fn ensure_free(&mut self, tier: Tier, need: u32) -> bool {
         self.drain_releases();
         let free = self.pools[tier.index()].available();
         if free >= need {
             return true;
         }
-        if u64::from(free) + self.evictable(tier) < u64::from(need) {
+        if !self.reference && u64::from(free) + self.evictable(tier) < u64::from(need) {
             return false;
         }
         self.evict(tier, need - free);

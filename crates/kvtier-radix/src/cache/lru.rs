@@ -1,5 +1,10 @@
 //! The per-tier LRU order of leaves: touching a node on a committed match, and keeping
 //! each tier's LRU set equal to its leaves as copies come and go.
+//!
+//! kvtier keys a leaf by the logical time it was last used *or* became a leaf, and a
+//! touch re-keys it at once (exact LRU). Under `Policy::Reference` a leaf is keyed by
+//! its node's last access when it becomes a leaf or is unlocked, and a touch alone does
+//! not move it (the reference's order: spec/cache-core.md §5.2).
 
 use kvtier_types::Tier;
 
@@ -10,6 +15,9 @@ impl RadixCore {
     pub(super) fn touch(&mut self, id: NodeId) {
         let clock = self.clock;
         self.node_mut(id).last_access = clock;
+        if self.reference {
+            return;
+        }
         for tier in Tier::ALL {
             if self.node(id).tiers[tier.index()].lru.is_some() {
                 self.lru_insert(id, tier);
@@ -19,7 +27,13 @@ impl RadixCore {
 
     pub(super) fn lru_insert(&mut self, id: NodeId, tier: Tier) {
         let t = tier.index();
-        let key = (self.clock, self.node(id).seq, id);
+        let n = self.node(id);
+        let time = if self.reference {
+            n.last_access
+        } else {
+            self.clock
+        };
+        let key = (time, n.seq, id);
         if let Some(old) = self.node_mut(id).tiers[t].lru.replace(key) {
             self.lru[t].remove(&old);
         }

@@ -17,7 +17,7 @@ mod write_back;
 use std::collections::{BTreeMap, BTreeSet};
 
 use kvtier_host::{OwnedPages, PagePool, ReleaseQueue};
-use kvtier_types::{Tier, Token};
+use kvtier_types::{Policy, Tier, Token};
 use slab::Slab;
 
 pub use insert::InsertResult;
@@ -42,6 +42,8 @@ pub struct CacheConfig {
     pub kv_events: bool,
     /// Keep SHA-256 rolling page hashes on every node (needed for L3 keys).
     pub page_hashes: bool,
+    /// kvtier's LRU and eviction, or the reference scheduler's (see [`Policy`]).
+    pub policy: Policy,
 }
 
 /// Counters of the tree for stats and tests.
@@ -77,6 +79,8 @@ pub struct RadixCore {
     clock: u64,
     next_seq: u64,
     keep_page_hashes: bool,
+    /// The reference scheduler's LRU keys and eviction (`Policy::Reference`).
+    reference: bool,
     events: Option<EventSink>,
     lock_releases: ReleaseQueue<(NodeId, Tier)>,
     /// Write-backs in flight → the nodes they fill, leaf→root. A split of a covered node
@@ -121,6 +125,7 @@ impl RadixCore {
             clock: 0,
             next_seq: 1,
             keep_page_hashes: config.page_hashes,
+            reference: config.policy == Policy::Reference,
             events: config.kv_events.then(EventSink::default),
             lock_releases: ReleaseQueue::new(),
             tickets: BTreeMap::new(),
@@ -149,6 +154,11 @@ impl RadixCore {
     /// Tokens per page.
     pub fn page_size(&self) -> u32 {
         self.page_size as u32
+    }
+
+    /// Whether the cache takes the reference scheduler's decisions (`Policy::Reference`).
+    pub fn is_reference(&self) -> bool {
+        self.reference
     }
 
     /// The root node (empty prefix).

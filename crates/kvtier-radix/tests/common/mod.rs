@@ -32,6 +32,7 @@ pub fn new_cache(page_size: u32, device_pages: u32, host_pages: u32) -> RadixCor
         host_pages,
         kv_events: false,
         page_hashes: false,
+        policy: Default::default(),
     })
 }
 
@@ -43,6 +44,7 @@ pub fn new_cache_with_events(page_size: u32, device_pages: u32, host_pages: u32)
         host_pages,
         kv_events: true,
         page_hashes: false,
+        policy: Default::default(),
     })
 }
 
