@@ -6,6 +6,7 @@ use std::sync::LazyLock;
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use clap::builder::PossibleValue;
+use kvtier_sim::hybrid::{HybridOptions, HybridVariant, run_hybrid};
 use kvtier_sim::l3_bench::{L3BenchOptions, run_l3_bench};
 use kvtier_sim::scenario::L3Store;
 use kvtier_sim::{WorkloadKind, WorkloadOptions, run_workload};
@@ -17,8 +18,17 @@ use crate::{BenchArgs, report};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BenchWorkload {
     Scheduler(WorkloadKind),
+    /// A hybrid workload (HYBRID-WORKLOADS.md): H1 or H3.
+    Hybrid(HybridFamily),
     Copy,
     L3,
+}
+
+/// The hybrid workloads `bench` runs; `--variant` picks the configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HybridFamily {
+    H1,
+    H3,
 }
 
 impl ValueEnum for BenchWorkload {
@@ -28,7 +38,12 @@ impl ValueEnum for BenchWorkload {
                 .iter()
                 .map(|&k| BenchWorkload::Scheduler(k));
             workloads
-                .chain([BenchWorkload::Copy, BenchWorkload::L3])
+                .chain([
+                    BenchWorkload::Hybrid(HybridFamily::H1),
+                    BenchWorkload::Hybrid(HybridFamily::H3),
+                    BenchWorkload::Copy,
+                    BenchWorkload::L3,
+                ])
                 .collect()
         });
         &ALL
@@ -37,6 +52,14 @@ impl ValueEnum for BenchWorkload {
     fn to_possible_value(&self) -> Option<PossibleValue> {
         match self {
             BenchWorkload::Scheduler(k) => k.to_possible_value(),
+            BenchWorkload::Hybrid(HybridFamily::H1) => {
+                Some(PossibleValue::new("h1").help(
+                    "Mamba hybrid, multi-turn over shared system prompts (HYBRID-WORKLOADS.md)",
+                ))
+            }
+            BenchWorkload::Hybrid(HybridFamily::H3) => {
+                Some(PossibleValue::new("h3").help("Mamba hybrid under state-slot exhaustion"))
+            }
             BenchWorkload::Copy => Some(
                 PossibleValue::new("copy")
                     .help("Page-copy bandwidth of the kernel library against memcpy (bench only)"),
@@ -54,8 +77,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.l3.is_some() && args.workload != BenchWorkload::L3 {
         bail!("--l3 applies to `bench l3`");
     }
+    if args.variant.is_some() && !matches!(args.workload, BenchWorkload::Hybrid(_)) {
+        bail!("--variant applies to the hybrid workloads h1 and h3");
+    }
     let kind = match args.workload {
         BenchWorkload::Scheduler(kind) => kind,
+        BenchWorkload::Hybrid(family) => return hybrid(family, &args),
         BenchWorkload::Copy => return copy(args.json),
         BenchWorkload::L3 => return l3(args.l3.unwrap_or(L3Store::Local), args.json),
     };
@@ -80,6 +107,36 @@ pub fn run(args: BenchArgs) -> Result<()> {
     };
     let report = run_workload(&options).context("bench failed")?;
     report::workload(&report);
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    }
+    Ok(())
+}
+
+/// `kvtier bench h1|h3`.
+fn hybrid(family: HybridFamily, args: &BenchArgs) -> Result<()> {
+    let variant = match (family, args.variant) {
+        (HybridFamily::H1, None) => HybridVariant::H1Main,
+        (HybridFamily::H3, None) => HybridVariant::H3Main,
+        (HybridFamily::H3, Some(v)) if v != HybridVariant::H3Main => {
+            bail!("h3 has one variant: h3-main")
+        }
+        (HybridFamily::H1, Some(HybridVariant::H3Main)) => bail!("h3-main is a variant of h3"),
+        (_, Some(v)) => v,
+    };
+    let options = HybridOptions {
+        variant,
+        path: args.runtime,
+        policy: args.policy.into(),
+        record_plans: args.dump_plans.is_some(),
+    };
+    let report = run_hybrid(&options).context("bench failed")?;
+    if let Some(path) = &args.dump_plans {
+        let mut text = report.plans.join("\n");
+        text.push('\n');
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    report::hybrid(&report);
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     }

@@ -138,9 +138,36 @@ struct BenchArgs {
     /// environment describes).
     #[arg(long, value_enum)]
     l3: Option<L3Store>,
+    /// h1 / h3: the configuration variant (HYBRID-WORKLOADS.md §1).
+    #[arg(long, value_enum)]
+    variant: Option<kvtier_sim::hybrid::HybridVariant>,
+    /// h1 / h3: kvtier's own decisions (default), or the reference scheduler's where
+    /// they differ (reproduces its counters and digests).
+    #[arg(long, value_enum, default_value_t = PolicyArg::Default)]
+    policy: PolicyArg,
+    /// h1 / h3: write one JSON line per plan (the decisions the digest pins) to this
+    /// file, to compare with the reference's plans step by step.
+    #[arg(long)]
+    dump_plans: Option<std::path::PathBuf>,
     /// Print one JSON object as the last line of stdout.
     #[arg(long)]
     json: bool,
+}
+
+/// `--policy`: kvtier's decisions or the reference's (`kvtier_types::Policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum PolicyArg {
+    Default,
+    Reference,
+}
+
+impl From<PolicyArg> for kvtier_types::Policy {
+    fn from(p: PolicyArg) -> Self {
+        match p {
+            PolicyArg::Default => kvtier_types::Policy::Default,
+            PolicyArg::Reference => kvtier_types::Policy::Reference,
+        }
+    }
 }
 
 #[derive(Debug, Clone, clap::Args)]

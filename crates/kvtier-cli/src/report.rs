@@ -180,6 +180,65 @@ pub fn scenario(r: &ScenarioReport) {
 }
 
 /// The counters and timings of a benchmark workload.
+/// Prints a hybrid workload's counters and digests.
+pub fn hybrid(r: &kvtier_sim::hybrid::HybridReport) {
+    let c = &r.counters;
+    println!("workload {} (path {})", r.workload, r.path);
+    let rows: Vec<(&str, String)> = vec![
+        (
+            "steps",
+            format!("{} (+{} flush plans)", c.steps, c.flush_plans),
+        ),
+        (
+            "finished / aborted",
+            format!("{} / {}", c.finished, c.aborted),
+        ),
+        (
+            "rows",
+            format!(
+                "{} prefill ({} later chunks), {} decode ({} recovery)",
+                c.prefill_rows, c.later_chunks, c.decode_rows, c.retract_recover_rows
+            ),
+        ),
+        ("prompt tokens", c.prompt_tokens.to_string()),
+        (
+            "hit tokens",
+            format!(
+                "{} ({} device, {} host)",
+                c.hit_tokens, c.device_hit_tokens, c.host_hit_tokens
+            ),
+        ),
+        (
+            "write-backs",
+            format!(
+                "{} ops, {} KV pages, {} states ({} on retract)",
+                c.writeback_ops, c.writeback_kv_pages, c.writeback_mamba, c.retract_writeback_ops
+            ),
+        ),
+        (
+            "load-backs",
+            format!(
+                "{} ops, {} KV pages, {} states",
+                c.loadback_ops, c.loadback_kv_pages, c.loadback_mamba
+            ),
+        ),
+        ("min free device pages", c.min_device_free_pages.to_string()),
+        ("decision digest", r.digest.clone()),
+        ("page digest", r.digest_pages.clone()),
+        (
+            "scheduler time",
+            format!(
+                "{:.3} ms ({:.2} µs per step)",
+                r.measured_ns as f64 / 1e6,
+                r.measured_ns as f64 / 1e3 / c.steps.max(1) as f64
+            ),
+        ),
+    ];
+    for (name, value) in rows {
+        println!("  {name:<22} {value}");
+    }
+}
+
 pub fn workload(r: &Report) {
     let c = &r.counters;
     let ratio = |n: u64| {

@@ -66,6 +66,7 @@ impl Rows {
             } else {
                 -1
             },
+            mamba: Default::default(),
         });
     }
 
@@ -95,6 +96,7 @@ impl Rows {
             input_ids_start,
             decode_input_id: -1,
             hist_token_len: -1,
+            mamba: Default::default(),
         });
     }
 }

@@ -10,6 +10,7 @@
 pub mod api;
 pub mod campaign;
 pub mod engine;
+pub mod hybrid;
 pub mod l3_bench;
 pub mod reference;
 pub mod scenario;

@@ -47,6 +47,33 @@ pub struct ForwardRow {
     pub decode_input_id: Token,
     /// History length for recovery rows, -1 otherwise.
     pub hist_token_len: i32,
+    /// Recurrent-state slots of the row (hybrid models; all `None` otherwise).
+    pub mamba: MambaRow,
+}
+
+/// The recurrent-state (Mamba) part of a forward row (hybrid models).
+///
+/// The row reads its state from `working` (after copying `cow_src` into it when set) and
+/// leaves its new state there; where the checkpoint rule says so
+/// (`kvtier_mamba::checkpoint_depth`) it also copies a state into `checkpoint_dst`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct MambaRow {
+    /// The request's live state slot.
+    pub working: Option<SlotId>,
+    /// Where this row may snapshot a state.
+    pub checkpoint_dst: Option<SlotId>,
+    /// A cached state to copy into `working` before the row runs (copy on write).
+    pub cow_src: Option<SlotId>,
+    /// Where a prefill chunk should also checkpoint (tokens from the prompt's start): the
+    /// prefix cache matched KV that deep but had no state there.
+    pub branching: Option<u32>,
+}
+
+impl MambaRow {
+    /// Whether the row carries no state at all (a full-attention model).
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// The forward part of a plan.

@@ -1,0 +1,358 @@
+"""The hybrid workloads H1 and H3 (design/HYBRID-WORKLOADS.md) on the reference scheduler.
+
+Drives the TokenSpeed scheduler's own Python module (PyPI `tokenspeed-scheduler==0.1.0`,
+module `tokenspeed_scheduler`) through the workload exactly as `kvtier bench h1|h3`
+drives kvtier, and prints the same counters and digests. With `--dump FILE` it writes one
+JSON line per plan in the format of `kvtier bench --dump-plans`, so the two can be
+compared step by step (`compare_plans.py`).
+
+    python3 -m venv /tmp/ts && /tmp/ts/bin/pip install tokenspeed-scheduler==0.1.0
+    /tmp/ts/bin/python tools/reference/hybrid_workloads.py h1-main --dump /tmp/h1.ref.jsonl
+"""
+import argparse
+import json
+
+import tokenspeed_scheduler as ts
+
+M64 = (1 << 64) - 1
+
+
+def splitmix64(s):
+    s = (s + 0x9E3779B97F4A7C15) & M64
+    z = s
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+def gen(tag, n):
+    x = splitmix64(tag)
+    if x == 0:
+        x = 1
+    out = []
+    for _ in range(n):
+        x ^= (x << 13) & M64
+        x ^= x >> 7
+        x ^= (x << 17) & M64
+        out.append(1 + (x % 32000))
+    return out
+
+
+def tag(w, k, i):
+    return (w << 56) | (k << 48) | i
+
+
+class Fnv:
+    def __init__(self):
+        self.h = 0xCBF29CE484222325
+
+    def bytes(self, b):
+        h = self.h
+        for c in b:
+            h ^= c
+            h = (h * 0x100000001B3) & M64
+        self.h = h
+
+    def i(self, v):
+        self.bytes((v & M64).to_bytes(8, "little"))
+
+    def s(self, st):
+        b = st.encode()
+        self.i(len(b))
+        self.bytes(b)
+
+    def v(self, xs):
+        self.i(len(xs))
+        for x in xs:
+            self.i(x)
+
+
+SHAPES = {
+    "h1": dict(w=7, num_sys=4, sys_len=1000, C=32, T=6, user_len=200, gen_len=100),
+    "h3-main": dict(w=9, num_sys=0, sys_len=0, C=8, T=1, user_len=300, gen_len=80),
+}
+
+
+def config(variant, no_mamba=False):
+    c = ts.SchedulerConfig()
+    c.decode_input_tokens = 1
+    c.enable_l3_storage = False
+    c.enable_kv_cache_events = False
+    if variant.startswith("h1"):
+        c.page_size = 64
+        c.num_device_pages = 385
+        c.num_host_pages = 257
+        c.max_scheduled_tokens = 2048
+        c.max_batch_size = 16
+        c.disable_l2_cache = False
+        c.enable_mamba = True
+        c.mamba_cache_chunk_size = 64
+        c.mamba_pool_total_chunks = 64
+        c.enable_mamba_l2 = True
+        c.mamba_l2_host_slots = 256
+        if variant == "h1-noL2":
+            c.num_device_pages = 513
+            c.disable_l2_cache = True
+            c.num_host_pages = 0
+            c.mamba_pool_total_chunks = 96
+            c.enable_mamba_l2 = False
+            c.mamba_l2_host_slots = 0
+        elif variant == "h1-retract":
+            c.num_device_pages = 321
+        elif variant == "h1-tighthost":
+            c.mamba_l2_host_slots = 32
+        elif variant == "h1-starved":
+            c.mamba_pool_total_chunks = 48
+        if no_mamba:
+            c.enable_mamba = False
+            c.mamba_pool_total_chunks = 0
+            c.enable_mamba_l2 = False
+            c.mamba_l2_host_slots = 0
+    elif variant.startswith("h3"):
+        c.page_size = 64
+        c.num_device_pages = 257
+        c.num_host_pages = 257
+        c.max_scheduled_tokens = 8192
+        c.max_batch_size = 8
+        c.disable_l2_cache = False
+        c.enable_mamba = True
+        c.mamba_cache_chunk_size = 64
+        c.mamba_pool_total_chunks = 16
+        c.enable_mamba_l2 = True
+        c.mamba_l2_host_slots = 256
+    return c
+
+
+def run(variant, trace=None, no_mamba=False):
+    shape = SHAPES["h3-main" if variant.startswith("h3") else "h1"]
+    w, C, T = shape["w"], shape["C"], shape["T"]
+    P = 64
+    sysp = [gen(tag(w, 1, k), shape["sys_len"]) for k in range(shape["num_sys"])]
+    history = [list(sysp[c % shape["num_sys"]]) if shape["num_sys"] else [] for c in range(C)]
+    next_turn = [0] * C
+    ready = [0] * C
+    live = {}  # c -> request id
+    req = {}  # id -> dict(c, t, produced, gen, prompt_len)
+    sched = ts.Scheduler(config(variant, no_mamba))
+    d = [Fnv(), Fnv(), Fnv()]
+    cnt = dict(steps=0, flush_plans=0, finished=0, aborted=0, prefill_rows=0, first_chunks=0,
+               later_chunks=0, decode_rows=0, retract_recover_rows=0, prefill_tokens=0,
+               decode_tokens=0, prompt_tokens=0, hit_tokens=0, host_hit_tokens=0,
+               loadback_ops=0, loadback_kv_pages=0, loadback_mamba=0, writeback_ops=0,
+               writeback_kv_pages=0, writeback_mamba=0, retract_writeback_ops=0,
+               retract_writeback_kv_pages=0, retract_writeback_mamba=0,
+               mamba_cow_first_chunks=0, mamba_cow_hit_tokens=0, mamba_branch_above_prefix=0,
+               mamba_branch_gap_tokens=0, min_device_free_pages=1 << 30)
+    seen_prefill = set()
+
+    def digest_plan(plan):
+        fwd = plan.forward
+        ops = fwd[0] if fwd else None
+        nrows = len(ops.request_ids) if ops else 0
+        npre = ops.num_extends() if ops else 0
+        for x in d:
+            x.i(nrows)
+            x.i(npre)
+        wbs, lbs = [], []
+        for c in plan.cache:
+            name = type(c).__name__
+            if name == "WriteBackOp":
+                for i in range(len(c.op_ids)):
+                    wbs.append((c.op_ids[i], bool(c.is_retract[i]),
+                                list(c.src_pages_by_kind["kv"][i]), list(c.dst_pages_by_kind["kv"][i]),
+                                list(c.src_pages_by_kind["mamba"][i]), list(c.dst_pages_by_kind["mamba"][i])))
+            elif name == "LoadBackOp":
+                for i in range(len(c.op_ids)):
+                    lbs.append((c.op_ids[i], list(c.src_pages_by_kind["kv"][i]), list(c.dst_pages_by_kind["kv"][i]),
+                                list(c.src_pages_by_kind["mamba"][i]), list(c.dst_pages_by_kind["mamba"][i])))
+        for x in d:
+            x.i(len(wbs))
+            for t in sorted((1 if r else 0, len(ks), len(ms)) for (_, r, ks, _, ms, _) in wbs):
+                for v in t:
+                    x.i(v)
+        canon = sorted(wbs, key=lambda o: (o[2][0] if o[2] else -1, o[2]))
+        for x in d[1:]:
+            for (_, _, ks, kd, ms, md) in canon:
+                x.v(ks); x.v(kd); x.v(ms); x.v(md)
+        for x in d:
+            x.i(len(lbs))
+        for (_, ks, kd, ms, md) in lbs:
+            for x in d:
+                x.i(len(ks)); x.i(len(ms))
+            for x in d[1:]:
+                x.v(ks); x.v(kd); x.v(ms); x.v(md)
+        rows = []
+        if ops:
+            for i in range(nrows):
+                pre = i < npre
+                rows.append(dict(
+                    id=ops.request_ids[i], prefill=pre, input=ops.input_lengths[i],
+                    prefill_len=ops.prefill_lengths[i],
+                    prefix=ops.extend_prefix_lens[i] if pre else ops.hist_token_lens[i - npre],
+                    begin=ops.begins[i], size=ops.sizes[i], pages=list(ops.occupied_pages[i]),
+                    working=ops.mamba_pool_indices[i], ckpt=ops.mamba_checkpoint_dst_indices[i],
+                    cow=ops.mamba_cow_src_indices[i], branch=ops.mamba_branching_seqlens[i]))
+        for r in rows:
+            for x in d:
+                x.s(r["id"]); x.i(0 if r["prefill"] else 1); x.i(r["input"]); x.i(r["prefill_len"])
+                x.i(r["prefix"]); x.i(r["begin"]); x.i(r["size"]); x.i(len(r["pages"]))
+                x.i(r["working"]); x.i(r["ckpt"]); x.i(r["cow"]); x.i(r["branch"])
+            for x in d[1:]:
+                x.v(r["pages"])
+        return rows, wbs, lbs
+
+    def count(rows, wbs, lbs):
+        has_prefill = any(r["prefill"] for r in rows)
+        for (_, r, ks, _, ms, _) in wbs:
+            cnt["writeback_ops"] += 1
+            cnt["writeback_kv_pages"] += len(ks)
+            cnt["writeback_mamba"] += len(ms)
+            if r:
+                cnt["retract_writeback_ops"] += 1
+                cnt["retract_writeback_kv_pages"] += len(ks)
+                cnt["retract_writeback_mamba"] += len(ms)
+        for (_, ks, _, ms, _) in lbs:
+            cnt["loadback_ops"] += 1
+            cnt["loadback_kv_pages"] += len(ks)
+            cnt["loadback_mamba"] += len(ms)
+            if has_prefill:
+                cnt["host_hit_tokens"] += P * len(ks)
+        for r in rows:
+            if r["prefill"]:
+                cnt["prefill_rows"] += 1
+                cnt["prefill_tokens"] += r["input"]
+                if r["id"] in seen_prefill:
+                    cnt["later_chunks"] += 1
+                else:
+                    seen_prefill.add(r["id"])
+                    cnt["first_chunks"] += 1
+                    cnt["hit_tokens"] += r["prefix"]
+                    if r["cow"] >= 0:
+                        cnt["mamba_cow_first_chunks"] += 1
+                        cnt["mamba_cow_hit_tokens"] += r["prefix"]
+                    if r["branch"] > r["prefix"]:
+                        cnt["mamba_branch_above_prefix"] += 1
+                        cnt["mamba_branch_gap_tokens"] += r["branch"] - r["prefix"]
+            else:
+                cnt["decode_rows"] += 1
+                cnt["decode_tokens"] += r["input"]
+                if r["prefix"] != -1:
+                    cnt["retract_recover_rows"] += 1
+
+    def engine(rows, wbs):
+        ev = ts.ExecutionEvent()
+        finished = []
+        for (op, *_rest) in sorted(wbs, key=lambda o: (o[2][0] if o[2] else -1, o[2])):
+            e = ts.Cache.WriteBackDoneEvent()
+            e.op_id = op
+            e.success = True
+            ev.add_event(e)
+        for r in rows:
+            rid = r["id"]
+            if r["prefill"] and r["prefix"] + r["input"] != r["prefill_len"]:
+                continue
+            q = req[rid]
+            tok = q["gen"][q["produced"]]
+            q["produced"] += 1
+            e = ts.ForwardEvent.ExtendResult()
+            e.request_id = rid
+            e.tokens = [tok]
+            ev.add_event(e)
+            if q["produced"] == shape["gen_len"]:
+                f = ts.ForwardEvent.Finish()
+                f.request_id = rid
+                ev.add_event(f)
+                finished.append(rid)
+        return ev, finished
+
+    step = 0
+    total = C * T
+    while cnt["finished"] + cnt["aborted"] < total:
+        batch = []
+        for c in range(C):
+            if c not in live and next_turn[c] < T and ready[c] <= step:
+                t = next_turn[c]
+                rid = "c%03dt%d" % (c, t + 1)
+                user = gen(tag(w, 2, c * T + t), shape["user_len"])
+                prompt = history[c] + user
+                spec = ts.RequestSpec()
+                spec.request_id = rid
+                spec.tokens = prompt
+                batch.append(spec)
+                live[c] = rid
+                req[rid] = dict(c=c, t=t, produced=0, user=user,
+                                gen=gen(tag(w, 3, c * T + t), shape["gen_len"]))
+                cnt["prompt_tokens"] += len(prompt)
+        if batch:
+            sched.submit_requests(batch)
+        plan = sched.next_execution_plan()
+        rows, wbs, lbs = digest_plan(plan)
+        count(rows, wbs, lbs)
+        if trace is not None:
+            trace.append(dict(step=step, rows=rows, wbs=wbs, lbs=lbs,
+                              free=sched.available_kv_pages()))
+        finished = []
+        if rows or wbs:
+            ev, finished = engine(rows, wbs)
+            sched.advance(ev)
+        step += 1
+        cnt["steps"] = step
+        cnt["min_device_free_pages"] = min(cnt["min_device_free_pages"], sched.available_kv_pages())
+        for rid in finished:
+            q = req[rid]
+            c = q["c"]
+            history[c] += q["user"] + q["gen"]
+            ready[c] = step
+            next_turn[c] += 1
+            del live[c]
+            cnt["finished"] += 1
+        for c, rid in sorted(live.items()):
+            if sched.get_request_token_size(rid) < 0:
+                next_turn[c] += 1
+                ready[c] = step
+                del live[c]
+                cnt["aborted"] += 1
+    # flush
+    while True:
+        plan = sched.next_execution_plan()
+        rows, wbs, lbs = digest_plan(plan)
+        count(rows, wbs, lbs)
+        if not rows and not wbs:
+            cnt["flush_plans"] += 1
+            break
+        cnt["flush_plans"] += 1
+        ev, _ = engine(rows, wbs)
+        sched.advance(ev)
+    cnt["digest"] = "%016x" % d[0].h
+    cnt["digest_pages"] = "%016x" % d[1].h
+    cnt["device_free_pages_end"] = sched.available_kv_pages()
+    return cnt
+
+
+
+def write_plans(trace, path):
+    """One line per plan: rows (the digest's fields, then the page table), write-backs
+    (retract flag, KV and state pairs) and load-back shapes."""
+    with open(path, "w") as f:
+        for s in trace:
+            rows = [[r["id"], int(r["prefill"]), r["input"], r["prefill_len"], r["prefix"], r["begin"], r["size"],
+                     len(r["pages"]), r["working"], r["ckpt"], r["cow"], r["branch"], r["pages"]] for r in s["rows"]]
+            wbs = sorted([[int(w[1]), w[2], w[3], w[4], w[5]] for w in s["wbs"]])
+            lbs = [[len(l[1]), len(l[3])] for l in s["lbs"]]
+            f.write(json.dumps(dict(step=s["step"], rows=rows, wbs=wbs, lbs=lbs)) + "\n")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("variant", choices=["h1-main", "h1-noL2", "h1-retract", "h1-tighthost", "h1-starved", "h3-main"])
+    p.add_argument("--dump", help="write one JSON line per plan to this file")
+    p.add_argument("--no-mamba", action="store_true", help="the same workload with Mamba off (KV only)")
+    a = p.parse_args()
+    trace = [] if a.dump else None
+    print(json.dumps(run(a.variant, trace, a.no_mamba), indent=1))
+    if a.dump:
+        write_plans(trace, a.dump)
+
+
+if __name__ == "__main__":
+    main()
