@@ -7,7 +7,6 @@ mod example;
 mod fault_hooks;
 mod fault_parity;
 mod handle_release;
-mod mamba_actor;
 mod runtime_equivalence;
 mod toy_actor;
 mod tracing_context;

@@ -339,7 +339,7 @@ def write_plans(trace, path):
                      len(r["pages"]), r["working"], r["ckpt"], r["cow"], r["branch"], r["pages"]] for r in s["rows"]]
             wbs = sorted([[int(w[1]), w[2], w[3], w[4], w[5]] for w in s["wbs"]])
             lbs = [[len(l[1]), len(l[3])] for l in s["lbs"]]
-            f.write(json.dumps(dict(step=s["step"], rows=rows, wbs=wbs, lbs=lbs)) + "\n")
+            f.write(json.dumps(dict(step=s["step"], rows=rows, wbs=wbs, lbs=lbs, free=s["free"])) + "\n")
 
 
 def main():

@@ -189,11 +189,15 @@ impl SchedulerCore {
                     return Ok(());
                 };
                 match self.requests[key].state.kind() {
-                    StateKind::PrefillDone
+                    kind @ (StateKind::PrefillDone
                     | StateKind::Decoding
                     | StateKind::Retracting
-                    | StateKind::Retracted => {
+                    | StateKind::Retracted) => {
+                        let before = self.requests[key].tokens.len();
                         Arc::make_mut(&mut self.requests[key].tokens).extend_from_slice(&tokens);
+                        if kind == StateKind::Decoding && self.config.mamba.is_some() {
+                            self.publish_decoded(key, before);
+                        }
                         Ok(())
                     }
                     _ => Err(self.invalid(key, name)),
@@ -302,6 +306,56 @@ impl SchedulerCore {
         self.outbox
             .push(CacheOp::DiscardLoadBack { pages }, Target::Ignore);
         Ok(())
+    }
+
+    // ----- hybrid decode publication ----------------------------------------------------
+
+    /// A decoding hybrid request whose tokens crossed a page boundary (it had `before`
+    /// tokens) publishes its new full pages with its checkpoint, which holds the state at
+    /// their end when the decode row that reached it copied it there. kvtier then gives
+    /// it a fresh checkpoint for the next boundary; the reference frees the checkpoint
+    /// and caches no state past the prompt (HYBRID-WORKLOADS.md §4.2).
+    fn publish_decoded(&mut self, key: usize, before: usize) {
+        let ps = self.config.page_size;
+        let publishable = |n: usize| (n.saturating_sub(1) / ps as usize) as u32;
+        let now = publishable(self.requests[key].tokens.len());
+        if now <= publishable(before) {
+            return;
+        }
+        let mut state = std::mem::replace(&mut self.requests[key].state, State::Finished);
+        let Some(run) = state.running_mut() else {
+            self.requests[key].state = state;
+            return;
+        };
+        let published_from = run.prefix_pages.len() as u32;
+        let retire = run.decode_state.take();
+        let publication = self.requests[key].publication(run, now, ps);
+        let checkpoint = publication
+            .is_some()
+            .then(|| run.states.as_mut().and_then(|s| s.take_checkpoint()))
+            .flatten();
+        self.requests[key].state = state;
+        let Some((publication, own_pages)) = publication else {
+            return;
+        };
+        let reference = self.config.policy == kvtier_types::Policy::Reference;
+        let checkpoint = checkpoint.map(|(slot, at)| (slot, if reference { None } else { at }));
+        let id = self.requests[key].id.clone();
+        self.outbox.push(
+            CacheOp::PublishDecode {
+                publication,
+                checkpoint,
+                // A decode row that ends the next page gets a slot then.
+                renew: false,
+                retire: if reference { None } else { retire },
+            },
+            Target::PublishDecode {
+                key,
+                id,
+                published_from,
+                own_pages,
+            },
+        );
     }
 
     // ----- prefetch -------------------------------------------------------------------
@@ -428,11 +482,13 @@ impl SchedulerCore {
     /// was attached.
     fn finish_running(&mut self, key: usize, run: Running) -> State {
         let Settled {
+            states,
             publication,
             device_lock,
             host_lock,
             local_kv,
         } = self.requests[key].settle(run, self.config.page_size);
+        let states = states.map(|states| self.requests[key].final_states(states));
         let write_back = self.config.l2_enabled()
             && !self.config.disable_prefix_cache
             && !publication.tokens.is_empty();
@@ -444,6 +500,7 @@ impl SchedulerCore {
                 host_lock,
                 write_back,
                 leftover: local_kv.pages,
+                states,
             },
             Target::Finish { key, id },
         );

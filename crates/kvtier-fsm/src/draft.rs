@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::collections::hash_map::{self, HashMap};
 use std::time::Instant;
 
-use kvtier_types::{ExecutionPlan, ForwardRow, OpId, RowKind, Token, TransferPair};
+use kvtier_types::{ExecutionPlan, ForwardRow, MambaRow, OpId, RowKind, Token, TransferPair};
 
 use crate::outbox::Target;
 use crate::request::{LocalKv, Request, Running};
@@ -33,7 +33,8 @@ impl Rows {
 
     /// A decode row of `input_length` tokens over the request's whole page table, new from
     /// `begin`. A recovery row (new slot after retraction) also names its input token and
-    /// history length, and reports prefill length 0 as the reference does.
+    /// history length, and reports prefill length 0 as the reference does; `cow_src` is
+    /// the cached state it starts from (hybrid models).
     pub fn push_decode_row(
         &mut self,
         request: &Request,
@@ -41,6 +42,7 @@ impl Rows {
         kind: RowKind,
         begin: u32,
         input_length: u32,
+        cow_src: Option<u32>,
     ) {
         let (pages_start, pages_len) = self.push_page_table(run);
         let recovery = kind == RowKind::Recovery;
@@ -66,12 +68,21 @@ impl Rows {
             } else {
                 -1
             },
-            mamba: Default::default(),
+            mamba: mamba_row(run, cow_src, None),
         });
     }
 
-    /// A prefill row for the request's current window, its page table new from `begin`.
-    pub fn push_prefill_row(&mut self, request: &Request, run: &Running, begin: u32) {
+    /// A prefill row for the request's current window, its page table new from `begin`;
+    /// a first chunk of a hybrid model names the cached state it starts from and where
+    /// it should also checkpoint.
+    pub fn push_prefill_row(
+        &mut self,
+        request: &Request,
+        run: &Running,
+        begin: u32,
+        cow_src: Option<u32>,
+        branching: Option<u32>,
+    ) {
         let (wb, ws) = (run.window_begin as usize, run.window_size as usize);
         let (pages_start, pages_len) = self.push_page_table(run);
         let input_ids_start = self.input_ids.len() as u32;
@@ -96,8 +107,22 @@ impl Rows {
             input_ids_start,
             decode_input_id: -1,
             hist_token_len: -1,
-            mamba: Default::default(),
+            mamba: mamba_row(run, cow_src, branching),
         });
+    }
+}
+
+/// A row's state slots: the request's working slot, its checkpoint (only with a working
+/// slot, as the reference sends them), and the row's copy source and branching length.
+fn mamba_row(run: &Running, cow_src: Option<u32>, branching: Option<u32>) -> MambaRow {
+    let Some(states) = &run.states else {
+        return MambaRow::default();
+    };
+    MambaRow {
+        working: Some(states.working.id()),
+        checkpoint_dst: states.checkpoint.as_ref().map(|s| s.id()),
+        cow_src,
+        branching,
     }
 }
 
@@ -152,14 +177,25 @@ fn dedup(seen: &mut HashSet<TransferPair>, pairs: Vec<TransferPair>) -> Vec<Tran
 pub(crate) enum Entry {
     /// No intent (a state that waits this step).
     None,
-    NextChunk,
+    /// A next chunk; a hybrid one commits its last chunk (`Some`).
+    NextChunk(Option<Republish>),
     FirstChunk,
-    Decode,
+    /// A decode; a hybrid request's first one commits its last prefill chunk (`Some`).
+    Decode(Option<Republish>),
     /// A retracted request: its state is out while its locks travel with the intent.
     Recovery {
         local_kv: LocalKv,
         published_pages: u32,
     },
+}
+
+/// What a hybrid request's chunk commit publishes: the page-table index of the first
+/// published page, and the request's own copies of the published pages (to spot those
+/// the tree replaced with another request's).
+#[derive(Debug)]
+pub(crate) struct Republish {
+    pub published_from: u32,
+    pub own_pages: Vec<kvtier_types::PageId>,
 }
 
 /// A plan between its batches.

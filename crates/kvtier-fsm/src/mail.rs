@@ -99,18 +99,33 @@ impl SchedulerCore {
                 let Some(run) = self.requests[key].state.running_mut() else {
                     return;
                 };
-                // The new lock replaces the old one, which is released after it: the
-                // path is never unpinned.
-                run.device_lock = lock;
-                run.prefix_pages = path_pages;
-                // Pages another request published first replace the request's own copies.
-                let first_changed = run.prefix_pages[published_from as usize..]
-                    .iter()
-                    .zip(&own_pages)
-                    .position(|(tree, mine)| tree != mine)
-                    .map(|i| published_from + i as u32);
-                if let Some(i) = first_changed {
-                    run.table_changed_from = Some(run.table_changed_from.map_or(i, |c| c.min(i)));
+                run.adopt_published(lock, path_pages, published_from, &own_pages);
+            }
+            (
+                Target::PublishDecode {
+                    key,
+                    id,
+                    published_from,
+                    own_pages,
+                },
+                OpResult::PublishedDecode {
+                    published,
+                    checkpoint,
+                },
+            ) => {
+                if !self.requests.holds(key, &id) {
+                    return;
+                }
+                let Some(run) = self.requests[key].state.running_mut() else {
+                    return;
+                };
+                if let Some((lock, path_pages)) = published {
+                    run.decode_state = Some(lock.node());
+                    run.adopt_published(lock, path_pages, published_from, &own_pages);
+                }
+                if let Some(states) = run.states.as_mut() {
+                    states.checkpoint = checkpoint;
+                    states.checkpoint_at = None;
                 }
             }
             (_, OpResult::Inserted) | (Target::Ignore, _) => {}

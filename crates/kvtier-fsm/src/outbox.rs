@@ -16,6 +16,16 @@ pub(crate) enum Target {
     KeepDevice { key: usize, id: RequestId },
     /// A finish: the attached write-back makes the request `Draining`.
     Finish { key: usize, id: RequestId },
+    /// A hybrid decode publication: the new prefix lock and page table, and a fresh
+    /// checkpoint.
+    PublishDecode {
+        key: usize,
+        id: RequestId,
+        /// Page-table index of the first published page.
+        published_from: u32,
+        /// The request's own copies of the published pages.
+        own_pages: Vec<PageId>,
+    },
     /// A mid-flight publication: the new prefix lock and page table.
     Publish {
         key: usize,

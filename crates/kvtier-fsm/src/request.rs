@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use kvtier_host::OwnedPages;
+use kvtier_mamba::RequestStates;
 use kvtier_radix::{Attached, NodeLock, Publication, TokenRef, grow};
 use kvtier_types::{OpId, PageId, RequestId, Token};
 
@@ -80,6 +81,11 @@ pub(crate) struct Running {
     /// First page-table entry swapped for the tree's copy since the request's last row
     /// (its next row reports the table as new from there).
     pub table_changed_from: Option<u32>,
+    /// Hybrid models: its working and checkpoint state slots.
+    pub states: Option<RequestStates>,
+    /// Hybrid models: the node of the last decode state it cached (a deeper one
+    /// retires it).
+    pub decode_state: Option<kvtier_radix::NodeId>,
 }
 
 impl Running {
@@ -91,13 +97,43 @@ impl Running {
         self.prefix_pages.len() + self.local_kv.pages.len()
     }
 
+    /// Takes a publication's result: the lock on the published node (it replaces the old
+    /// one, released after it, so the path is never unpinned) and the path's device
+    /// pages. Pages another request published first replace the request's own copies
+    /// (`own_pages`, from page-table index `published_from`): its next row reports the
+    /// table as new from the first one.
+    pub fn adopt_published(
+        &mut self,
+        lock: NodeLock,
+        path_pages: Vec<PageId>,
+        published_from: u32,
+        own_pages: &[PageId],
+    ) {
+        self.device_lock = lock;
+        self.prefix_pages = path_pages;
+        let first_changed = self.prefix_pages
+            [(published_from as usize).min(self.prefix_pages.len())..]
+            .iter()
+            .zip(own_pages)
+            .position(|(tree, mine)| tree != mine)
+            .map(|i| published_from + i as u32);
+        if let Some(i) = first_changed {
+            self.table_changed_from = Some(self.table_changed_from.map_or(i, |c| c.min(i)));
+        }
+    }
+
     /// Where the next row's page table is new from: the end of the table, or the first
-    /// entry swapped for the tree's copy since the last row.
-    pub fn take_row_begin(&mut self) -> u32 {
+    /// entry swapped for the tree's copy since the last row. `only_allocated` reports
+    /// only the newly allocated pages, as the reference does (`Policy::Reference`): its
+    /// `begin` is the table's old length even where a publication swapped earlier
+    /// entries, which an engine that updates its page tables incrementally would miss.
+    pub fn take_row_begin(&mut self, only_allocated: bool) -> u32 {
         let occupied = self.occupied_len() as u32;
-        self.table_changed_from
-            .take()
-            .map_or(occupied, |i| i.min(occupied))
+        let changed = self.table_changed_from.take();
+        if only_allocated {
+            return occupied;
+        }
+        changed.map_or(occupied, |i| i.min(occupied))
     }
 }
 
@@ -185,6 +221,8 @@ impl State {
 /// What a request that stops running hands on (see [`Request::settle`]).
 #[derive(Debug)]
 pub(crate) struct Settled {
+    /// Hybrid models: its state slots.
+    pub states: Option<RequestStates>,
     /// Its full pages not yet in the tree.
     pub publication: Publication,
     /// Its device lock on its prefix.
@@ -231,13 +269,24 @@ impl Request {
             device_lock,
             host_lock,
             local_kv,
+            states,
             ..
         } = run;
         Settled {
+            states,
             publication,
             device_lock,
             host_lock,
             local_kv,
+        }
+    }
+
+    /// A request that stops running hands its state slots to the cache: its working slot
+    /// holds the state after every token but the newest (which has no KV yet).
+    pub fn final_states(&self, states: RequestStates) -> kvtier_radix::FinalStates {
+        kvtier_radix::FinalStates {
+            states,
+            working_at: self.tokens.len().saturating_sub(1) as u32,
         }
     }
 

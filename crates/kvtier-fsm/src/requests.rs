@@ -71,9 +71,10 @@ impl Requests {
     }
 
     /// Forgets finished requests; their ids stay recognisable for a few plans, counted
-    /// from `plan`.
-    pub fn erase_finished(&mut self, plan: u64) {
+    /// from `plan`. Returns how many were forgotten.
+    pub fn erase_finished(&mut self, plan: u64) -> usize {
         let finished = self.keys_where(|r| matches!(r.state, State::Finished));
+        let count = finished.len();
         for key in finished {
             let id = self.slab.remove(key).id;
             self.by_id.remove(&id);
@@ -91,6 +92,7 @@ impl Requests {
             }
         }
         self.debug_check();
+        count
     }
 
     /// Keys of the live requests that `pred` picks, in id order. Scans the dense slab,

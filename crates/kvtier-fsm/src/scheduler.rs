@@ -69,6 +69,13 @@ pub fn cache_config(config: &SchedulerConfig) -> CacheConfig {
         kv_events: config.enable_kv_cache_events,
         page_hashes: config.enable_l3_storage,
         policy: config.policy,
+        mamba: config.mamba.map(|m| kvtier_mamba::MambaConfig {
+            page_size: config.page_size,
+            device_slots: m.device_slots,
+            host_slots: m.host_slots,
+            chunk: m.chunk,
+            reference: config.policy == kvtier_types::Policy::Reference,
+        }),
     }
 }
 

@@ -21,15 +21,15 @@
 use std::time::Instant;
 
 use kvtier_radix::{
-    Admission, AdmitProgram, Attached, CacheBatch, CacheOp, Intent, NodeLock, OpResult, Outcome,
-    PrefetchCheck, RetractOutcome, TokenRef,
+    Admission, AdmitProgram, Attached, CacheBatch, CacheOp, CheckpointNeed, ChunkCommit, Intent,
+    NodeLock, OpResult, Outcome, PrefetchCheck, RetractOutcome, TokenRef,
 };
 use kvtier_types::{
     AbortNotice, AbortReason, ExecutionPlan, LoadBackOp, OpId, PrefetchOp, RequestId, RowKind,
-    TransferPair, WriteBackOp,
+    TransferKind, TransferPair, WriteBackOp,
 };
 
-use crate::draft::{Awaiting, Entry, PlanInProgress, Retraction, Rows, Seen};
+use crate::draft::{Awaiting, Entry, PlanInProgress, Republish, Retraction, Rows, Seen};
 use crate::ops::WriteBackInFlight;
 use crate::outbox::{FamilyMail, Progress, Target};
 use crate::request::{LocalKv, Prefetch, Retracted, Running, Settled, State, StateKind};
@@ -76,11 +76,12 @@ impl SchedulerCore {
         let mut seen = Seen::default();
         self.issue_finish_write_backs(&mut plan, &mut seen);
         self.ops.issue_backups(&mut plan.backups);
-        self.requests.erase_finished(self.stats.plans);
-        if self.config.publish_prefix_mid_flight {
+        let released = self.requests.erase_finished(self.stats.plans) > 0;
+        // A hybrid model publishes each chunk when the next is admitted instead.
+        if self.config.publish_prefix_mid_flight && self.config.mamba.is_none() {
             self.publish_computed_prompts();
         }
-        let (program, candidates) = self.admit_program();
+        let (program, candidates) = self.admit_program(released);
         let (mut batch, targets) = self.outbox.take();
         batch.ops.push(CacheOp::Admit(program));
         self.stats.cache_batches += 1;
@@ -304,11 +305,14 @@ impl SchedulerCore {
     }
 
     /// The step's admission program: one intent per candidate that can run.
-    fn admit_program(&mut self) -> (AdmitProgram, Vec<(usize, Entry)>) {
+    /// `released`: requests finished since the last plan.
+    fn admit_program(&mut self, released: bool) -> (AdmitProgram, Vec<(usize, Entry)>) {
         let c = &self.config;
         let ps = c.page_size;
         let prefetch_on = c.l3_prefetch_enabled();
         let threshold = c.prefetch_threshold;
+        let hybrid = c.mamba.is_some();
+        let reference = c.policy == kvtier_types::Policy::Reference;
         let ranked = self.candidates();
         let mut intents = Vec::with_capacity(ranked.len());
         let mut candidates = Vec::with_capacity(ranked.len());
@@ -316,11 +320,19 @@ impl SchedulerCore {
             let r = &self.requests[key];
             let entry = match &r.state {
                 State::Prefilling(run) => {
+                    let (remaining, tail_free) =
+                        (r.prefill_len - run.window_end(), run.local_kv.tail_free);
+                    let (commit, republish) = if hybrid {
+                        self.chunk_commit(key)
+                    } else {
+                        (None, None)
+                    };
                     intents.push(Intent::NextChunk {
-                        remaining: r.prefill_len - run.window_end(),
-                        tail_free: run.local_kv.tail_free,
+                        remaining,
+                        tail_free,
+                        commit,
                     });
-                    Entry::NextChunk
+                    Entry::NextChunk(republish)
                 }
                 State::Submitted | State::PrefetchDone => {
                     let full = r.full_pages_except_last(ps);
@@ -338,11 +350,33 @@ impl SchedulerCore {
                     Entry::FirstChunk
                 }
                 State::PrefillDone(run) | State::Decoding(run) => {
+                    let (reserve, tail_free) = (run.reserve, run.local_kv.tail_free);
+                    let first = matches!(r.state, State::PrefillDone(_)) && run.states.is_some();
+                    // kvtier gives a decode row a checkpoint slot when its new length ends
+                    // a page (its state there is cached with the page); the reference gives
+                    // the first decode one, which it never fills.
+                    let crossing =
+                        kvtier_mamba::decode_checkpoint_depth(r.tokens.len() as u32, ps).is_some();
+                    let checkpoint = match (&run.states, reference) {
+                        (None, _) => CheckpointNeed::None,
+                        (Some(_), true) if first => CheckpointNeed::Required,
+                        (Some(s), false) if crossing && s.checkpoint.is_none() => {
+                            CheckpointNeed::Wanted
+                        }
+                        _ => CheckpointNeed::None,
+                    };
+                    let (commit, republish) = if first {
+                        self.chunk_commit(key)
+                    } else {
+                        (None, None)
+                    };
                     intents.push(Intent::Decode {
-                        reserve: run.reserve,
-                        tail_free: run.local_kv.tail_free,
+                        reserve,
+                        tail_free,
+                        commit,
+                        checkpoint,
                     });
-                    Entry::Decode
+                    Entry::Decode(republish)
                 }
                 State::Retracted(_) => {
                     let State::Retracted(held) =
@@ -357,11 +391,15 @@ impl SchedulerCore {
                         published_pages,
                     } = held;
                     let r = &self.requests[key];
+                    // A state cached at the published depth is the whole computed history
+                    // only when the history ends on a page boundary.
+                    let exact_state = r.tokens.len() as u32 == published_pages * ps + 1;
                     intents.push(Intent::Recovery {
                         tokens: TokenRef::new(&r.tokens, (published_pages * ps) as usize),
                         tail_pages: local_kv.pages.len() as u32,
                         tail_free: local_kv.tail_free,
                         held: std::iter::once(host_lock).chain(device_lock).collect(),
+                        exact_state,
                     });
                     Entry::Recovery {
                         local_kv,
@@ -380,9 +418,43 @@ impl SchedulerCore {
             decode_tokens: self.config.decode_input_tokens,
             use_host: self.config.l2_enabled(),
             reuse: !self.config.disable_prefix_cache,
+            released,
             intents,
         };
         (program, candidates)
+    }
+
+    /// A hybrid request's last chunk to commit with its next row: its computed full pages
+    /// (those of the chunk window, not the generated token's) and its checkpoint.
+    fn chunk_commit(&mut self, key: usize) -> (Option<Box<ChunkCommit>>, Option<Republish>) {
+        let ps = self.config.page_size;
+        let mut state = std::mem::replace(&mut self.requests[key].state, State::Finished);
+        let Some(run) = state.running_mut() else {
+            self.requests[key].state = state;
+            return (None, None);
+        };
+        let computed = run.window_end() / ps;
+        let published_from = run.prefix_pages.len() as u32;
+        let publication = self.requests[key].publication(run, computed, ps);
+        let checkpoint = run.states.as_mut().and_then(|s| s.take_checkpoint());
+        self.requests[key].state = state;
+        let (publication, republish) = match publication {
+            Some((p, own_pages)) => (
+                Some(p),
+                Some(Republish {
+                    published_from,
+                    own_pages,
+                }),
+            ),
+            None => (None, None),
+        };
+        (
+            Some(Box::new(ChunkCommit {
+                publication,
+                checkpoint,
+            })),
+            republish,
+        )
     }
 
     /// Applies the admission outcomes in candidate order.
@@ -397,9 +469,24 @@ impl SchedulerCore {
             let entry = std::mem::replace(slot, Entry::None);
             let outcome = outcomes.next().expect("one outcome per intent");
             match (entry, outcome) {
-                (Entry::NextChunk, Outcome::Grown { tokens, pages }) => {
+                (
+                    Entry::NextChunk(republish),
+                    Outcome::Grown {
+                        tokens,
+                        pages,
+                        committed,
+                    },
+                ) => {
+                    self.apply_commit(key, committed, republish);
                     self.next_chunk(key, tokens, pages, &mut draft.rows);
                 }
+                (
+                    Entry::NextChunk(_) | Entry::Decode(_),
+                    Outcome::Waits {
+                        commit: Some(commit),
+                        ..
+                    },
+                ) => self.restore_commit(key, *commit),
                 (
                     Entry::FirstChunk,
                     Outcome::Prefetch {
@@ -413,7 +500,15 @@ impl SchedulerCore {
                 (Entry::FirstChunk, Outcome::Admitted(admission)) => {
                     self.first_chunk(key, *admission, draft);
                 }
-                (Entry::Decode, Outcome::Grown { tokens, pages }) => {
+                (
+                    Entry::Decode(republish),
+                    Outcome::Grown {
+                        tokens,
+                        pages,
+                        committed,
+                    },
+                ) => {
+                    self.apply_commit(key, committed, republish);
                     self.decode(key, tokens, pages, &mut draft.rows);
                 }
                 (Entry::Recovery { local_kv, .. }, Outcome::Admitted(admission)) => {
@@ -424,7 +519,7 @@ impl SchedulerCore {
                         local_kv,
                         published_pages,
                     },
-                    Outcome::Waits { held },
+                    Outcome::Waits { held, .. },
                 ) => {
                     let mut held = held.into_iter();
                     if let Some(host_lock) = held.next() {
@@ -444,6 +539,17 @@ impl SchedulerCore {
                     let id = self.requests[key].id.clone();
                     self.abort_notice(id, AbortReason::ExceedsDevicePool, &mut draft.plan);
                 }
+                (Entry::Recovery { local_kv, .. }, Outcome::Recompute) => {
+                    // Its state cannot be restored exactly: compute its history again from
+                    // the deepest cached state.
+                    drop(local_kv);
+                    self.requeue(key);
+                }
+                (Entry::Recovery { local_kv, .. }, Outcome::StateLost) => {
+                    drop(local_kv);
+                    let id = self.requests[key].id.clone();
+                    self.abort_notice(id, AbortReason::StateLost, &mut draft.plan);
+                }
                 (_, Outcome::Waits { .. }) => {}
                 (entry, outcome) => {
                     debug_assert!(false, "outcome {outcome:?} for {entry:?}");
@@ -451,6 +557,72 @@ impl SchedulerCore {
             }
         }
         draft.candidates = candidates;
+    }
+
+    // ----- hybrid chunk commits ----------------------------------------------------------
+
+    /// Applies a committed chunk to its request: the published prefix (its new lock and
+    /// page table) and the fresh checkpoint.
+    fn apply_commit(
+        &mut self,
+        key: usize,
+        committed: Option<Box<kvtier_radix::Committed>>,
+        republish: Option<Republish>,
+    ) {
+        let Some(committed) = committed else { return };
+        let kvtier_radix::Committed {
+            published,
+            checkpoint,
+        } = *committed;
+        let Some(run) = self.requests[key].state.running_mut() else {
+            debug_assert!(false, "a commit for a request not running");
+            return;
+        };
+        if let (Some((lock, path_pages)), Some(r)) = (published, republish) {
+            run.adopt_published(lock, path_pages, r.published_from, &r.own_pages);
+        }
+        if let Some(states) = run.states.as_mut() {
+            states.checkpoint = checkpoint;
+            states.checkpoint_at = None;
+        }
+    }
+
+    /// A commit that was not admitted comes back: the pages go back in front of the
+    /// request's own, the checkpoint back to its pair.
+    fn restore_commit(&mut self, key: usize, commit: ChunkCommit) {
+        let Some(run) = self.requests[key].state.running_mut() else {
+            debug_assert!(false, "a commit for a request not running");
+            return;
+        };
+        let ChunkCommit {
+            publication,
+            checkpoint,
+        } = commit;
+        if let Some(p) = publication {
+            let mut pages = p.pages;
+            let rest = pages.append(&mut run.local_kv.pages);
+            debug_assert!(rest.is_ok(), "pages of another pool");
+            run.local_kv.pages = pages;
+        }
+        if let (Some(states), Some((slot, at))) = (run.states.as_mut(), checkpoint) {
+            states.checkpoint = Some(slot);
+            states.checkpoint_at = at;
+        }
+    }
+
+    /// Records where the request's current prefill chunk leaves a state in its
+    /// checkpoint slot (the checkpoint rule the worker applies).
+    fn track_checkpoint(&self, run: &mut Running) {
+        let (begin, size) = (run.window_begin, run.window_size);
+        let (ps, chunk) = (
+            self.config.page_size,
+            self.config.mamba.map_or(1, |m| m.chunk),
+        );
+        if let Some(states) = run.states.as_mut()
+            && states.checkpoint.is_some()
+        {
+            states.checkpoint_at = kvtier_mamba::checkpoint_depth(begin, size, ps, chunk);
+        }
     }
 
     // ----- Prefilling → next chunk -----------------------------------------------------
@@ -463,6 +635,7 @@ impl SchedulerCore {
         rows: &mut Rows,
     ) {
         let ps = self.config.page_size;
+        let reference = self.config.policy == kvtier_types::Policy::Reference;
         let prefill_len = self.requests[key].prefill_len;
         let State::Prefilling(mut run) =
             std::mem::replace(&mut self.requests[key].state, State::Finished)
@@ -470,12 +643,13 @@ impl SchedulerCore {
             debug_assert!(false, "next chunk of a request not prefilling");
             return;
         };
-        let begin = run.take_row_begin();
+        let begin = run.take_row_begin(reference);
         run.local_kv.absorb(pages, tokens, ps);
         run.window_begin = run.window_end();
         run.window_size = tokens;
         run.reserve = self.config.decode_input_tokens;
-        rows.push_prefill_row(&self.requests[key], &run, begin);
+        self.track_checkpoint(&mut run);
+        rows.push_prefill_row(&self.requests[key], &run, begin, None, None);
         let done = run.window_end() == prefill_len;
         self.requests[key].state = if done {
             State::PrefillDone(run)
@@ -531,7 +705,11 @@ impl SchedulerCore {
             return;
         };
         let prefill_len = self.requests[key].prefill_len;
-        let run = Running {
+        let (states, cow_src, branching) = match admission.states {
+            Some(grant) => (Some(grant.states), grant.cow_src, grant.branching),
+            None => (None, None, None),
+        };
+        let mut run = Running {
             device_lock: admission.device_lock,
             host_lock: admission.host_lock,
             prefix_pages: admission.prefix_pages,
@@ -544,8 +722,13 @@ impl SchedulerCore {
             window_size: admission.tokens,
             reserve: self.config.decode_input_tokens,
             table_changed_from: None,
+            states,
+            decode_state: None,
         };
-        draft.rows.push_prefill_row(&self.requests[key], &run, 0);
+        self.track_checkpoint(&mut run);
+        draft
+            .rows
+            .push_prefill_row(&self.requests[key], &run, 0, cow_src, branching);
         let r = &self.requests[key];
         r.span.record("cached_tokens", run.window_begin);
         tracing::debug!(parent: &r.span, phase = "prefilling", cached_tokens = run.window_begin);
@@ -568,9 +751,13 @@ impl SchedulerCore {
             return;
         }
         let pairs = seen.new_load_back_pairs(pairs);
-        let op_id = self
-            .ops
-            .issue_load_back(pairs.iter().map(|pair| pair.dst).collect());
+        let op_id = self.ops.issue_load_back(
+            pairs
+                .iter()
+                .filter(|pair| pair.kind == TransferKind::Kv)
+                .map(|pair| pair.dst)
+                .collect(),
+        );
         plan.load_backs.push(LoadBackOp { op_id, pairs });
     }
 
@@ -584,7 +771,10 @@ impl SchedulerCore {
         rows: &mut Rows,
     ) {
         let ps = self.config.page_size;
+        let reference = self.config.policy == kvtier_types::Policy::Reference;
         let d = self.config.decode_input_tokens;
+        // The row's new length: a state there is copied to the checkpoint.
+        let new_len = self.requests[key].tokens.len() as u32;
         // In place: a decoding request's state is large and decodes are the hot path.
         let state = &mut self.requests[key].state;
         let from_prefill_done = matches!(state, State::PrefillDone(_));
@@ -592,12 +782,18 @@ impl SchedulerCore {
             debug_assert!(false, "decode of a request not running");
             return;
         };
-        let begin = run.take_row_begin();
+        let begin = run.take_row_begin(reference);
         run.local_kv.absorb(pages, reserve, ps);
         run.reserve = d;
+        if let Some(states) = run.states.as_mut()
+            && states.checkpoint.is_some()
+            && let Some(at) = kvtier_mamba::decode_checkpoint_depth(new_len, ps)
+        {
+            states.checkpoint_at = Some(at);
+        }
         let r = &self.requests[key];
         if let Some(run) = r.state.running() {
-            rows.push_decode_row(r, run, RowKind::Decode, begin, d);
+            rows.push_decode_row(r, run, RowKind::Decode, begin, d, None);
         }
         if from_prefill_done {
             tracing::debug!(parent: &r.span, phase = "decoding");
@@ -637,12 +833,14 @@ impl SchedulerCore {
         self.stats.retractions += 1;
         tracing::debug!(parent: &self.requests[key].span, phase = "retracted");
         let Settled {
+            states,
             publication,
             device_lock,
             host_lock,
             local_kv,
         } = self.requests[key].settle(run, self.config.page_size);
         let published_pages = (publication.tokens.len() / self.config.page_size as usize) as u32;
+        let states = states.map(|states| self.requests[key].final_states(states));
         draft.retract = Some(Retraction {
             key,
             local_kv,
@@ -653,6 +851,7 @@ impl SchedulerCore {
                 publication,
                 device_lock,
                 host_lock,
+                states,
             }],
         })
     }
@@ -731,6 +930,12 @@ impl SchedulerCore {
             self.abort_notice(id, AbortReason::ExceedsDevicePool, &mut draft.plan);
             return;
         }
+        self.requeue(key);
+    }
+
+    /// Queues a retracted request to compute its whole history again as its prompt (its
+    /// cached prefix is reused; the last prefill chunk yields its next token).
+    fn requeue(&mut self, key: usize) {
         let state = std::mem::replace(&mut self.requests[key].state, State::Submitted);
         drop(state);
         let r = &mut self.requests[key];
@@ -756,6 +961,10 @@ impl SchedulerCore {
         };
         local_kv.absorb(admission.pages, d, ps);
         let r = &self.requests[key];
+        let (states, cow_src) = match admission.states {
+            Some(grant) => (Some(grant.states), grant.cow_src),
+            None => (None, None),
+        };
         let run = Running {
             device_lock: admission.device_lock,
             host_lock: admission.host_lock,
@@ -766,8 +975,12 @@ impl SchedulerCore {
             window_size: 0,
             reserve: d,
             table_changed_from: None,
+            states,
+            decode_state: None,
         };
-        draft.rows.push_decode_row(r, &run, RowKind::Recovery, 0, d);
+        draft
+            .rows
+            .push_decode_row(r, &run, RowKind::Recovery, 0, d, cow_src);
         self.requests[key].state = State::Decoding(run);
         self.push_load_back(admission.load_back, &mut draft.plan, &mut draft.seen);
     }

@@ -6,26 +6,25 @@
 //! states:
 //!
 //! * [`SlotPool`] / [`Slot`]: device and host pools of state slots (smallest free index
-//!   first, slot 0 a dummy) and the RAII handle that returns a slot when dropped;
+//!   first, no dummy slot) and the RAII handle that returns a slot when dropped;
+//! * [`RequestStates`]: a request's working and checkpoint slots;
 //! * [`checkpoint_depth`]: where a chunk's checkpoint state lands, the one rule the
 //!   worker and the scheduler share;
-//! * [`MambaCore`]: the cached states, known by the rolling hash of the prefix they
-//!   follow (so a radix split cannot move one), their match cap, eviction of device
-//!   leaves by `(time, seq)`, admission of request pairs, and host copies that become
-//!   valid only when the write-back that fills exactly them is acknowledged.
+//! * [`MambaFamily`]: the states attached to the nodes of a prefix tree ([`StateTree`]),
+//!   their match cap, eviction of leaves by `(time, seq)`, host copies valid only when
+//!   the write-back that fills exactly them is acknowledged, and load-backs.
+//!
+//! The radix cache hosts the family: admission needs the KV tree and its states in one
+//! place (docs/mamba.md says why).
 
 mod checkpoint;
-mod core;
 mod error;
-pub mod protocol;
+mod family;
+mod request;
 mod slots;
-mod states;
 
 pub use checkpoint::{align_down, checkpoint_depth, decode_checkpoint_depth};
-pub use core::{
-    Admitted, MambaConfig, MambaCore, MambaStats, RequestStates, StateMatch, StateSource,
-};
 pub use error::MambaError;
-pub use protocol::{MambaMsg, MambaOp, MambaReply, MambaResult};
+pub use family::{CappedMatch, MambaConfig, MambaFamily, MambaStats, StateTree};
+pub use request::RequestStates;
 pub use slots::{Slot, SlotId, SlotPool};
-pub use states::StateKey;

@@ -134,6 +134,7 @@ impl Workload {
             kv_events: false,
             page_hashes: false,
             policy: Default::default(),
+            mamba: None,
         });
         for seq in &self.seqs {
             admit_and_insert(&mut cache, seq);

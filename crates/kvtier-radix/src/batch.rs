@@ -16,6 +16,7 @@ use std::ops::Deref;
 use std::sync::Arc;
 
 use kvtier_host::OwnedPages;
+use kvtier_mamba::{RequestStates, Slot, SlotId};
 use kvtier_types::{PageId, Tier, Token, TransferPair, hash::PageHash};
 
 use crate::{Match, NodeId, NodeLock, RadixCore, WriteBackTicket};
@@ -127,6 +128,20 @@ pub enum CacheOp {
     },
     /// Mid-flight publication of a running request's computed pages.
     Publish(Publication),
+    /// Hybrid models: a decoding request's new full pages, with its checkpoint (cached
+    /// where it holds the state at the published depth) and whether it wants a fresh
+    /// one.
+    PublishDecode {
+        /// The pages.
+        publication: Publication,
+        /// The checkpoint and the depth whose state it holds.
+        checkpoint: Option<(Slot, Option<u32>)>,
+        /// Hand out a fresh checkpoint slot (evicting a state if it must).
+        renew: bool,
+        /// The node of the request's previous decode state: the new, deeper one makes it
+        /// redundant (a later turn resumes from the deepest), so it goes.
+        retire: Option<NodeId>,
+    },
     /// A request finished: publish its pages, release its locks and, when
     /// `write_back` is set, attach host pages for whatever is not on host yet.
     Finish {
@@ -141,6 +156,9 @@ pub enum CacheOp {
         /// The request's own pages left after the publication (its last, partial page):
         /// freed once the publication is in, in the order the reference frees them.
         leftover: OwnedPages,
+        /// Hybrid models: the request's state slots; one holding the state at the
+        /// published depth is cached there, the rest freed.
+        states: Option<FinalStates>,
     },
     /// A request is preempted: publish its pages, keep its prefix on host, and attach a
     /// write-back for the device-only part or demote it.
@@ -151,6 +169,8 @@ pub enum CacheOp {
         device_lock: NodeLock,
         /// The request's host lock on a load-back source.
         host_lock: Option<NodeLock>,
+        /// Hybrid models: the request's state slots, as for `Finish`.
+        states: Option<FinalStates>,
     },
     /// Prefetched host pages land: insert them after the locked host prefix.
     InsertPrefetched {
@@ -190,6 +210,13 @@ pub enum OpResult {
         /// Device pages of the path root → that node.
         path_pages: Vec<PageId>,
     },
+    /// A decode publication (hybrid): as `Published`, and the fresh checkpoint asked for.
+    PublishedDecode {
+        /// The new lock and path pages; `None` when nothing new was published.
+        published: Option<(NodeLock, Vec<PageId>)>,
+        /// The fresh checkpoint slot, if one was asked for and could be had.
+        checkpoint: Option<Slot>,
+    },
     /// A finish: the write-back attached, if any.
     Finished {
         /// `None`: nothing to write, or the host pool could not make room.
@@ -203,6 +230,15 @@ pub enum OpResult {
     Admitted(Vec<Outcome>),
     /// Device copies of a failed load-back taken back: the pages freed.
     Discarded(u32),
+}
+
+/// A finishing or retracted request's state slots (hybrid models).
+#[derive(Debug)]
+pub struct FinalStates {
+    /// The slots.
+    pub states: RequestStates,
+    /// Tokens whose state the working slot holds (the request's computed tokens).
+    pub working_at: u32,
 }
 
 /// What a retraction did.
@@ -236,6 +272,9 @@ pub struct AdmitProgram {
     pub use_host: bool,
     /// Prefix reuse is on.
     pub reuse: bool,
+    /// Requests finished since the last step: device state copies waiting for their
+    /// readers to go may be demoted now (hybrid models).
+    pub released: bool,
     /// The candidates, in order.
     pub intents: Vec<Intent>,
 }
@@ -258,6 +297,8 @@ pub enum Intent {
         remaining: u32,
         /// Free slots in its last page.
         tail_free: u32,
+        /// Hybrid models: the last chunk, committed if this one is admitted.
+        commit: Option<Box<ChunkCommit>>,
     },
     /// A decode row reserving `reserve` token slots.
     Decode {
@@ -265,6 +306,10 @@ pub enum Intent {
         reserve: u32,
         /// Free slots in its last page.
         tail_free: u32,
+        /// Hybrid models, first decode: the last prefill chunk, committed if admitted.
+        commit: Option<Box<ChunkCommit>>,
+        /// Hybrid models: the checkpoint slot the row needs.
+        checkpoint: CheckpointNeed,
     },
     /// Resume a retracted request.
     Recovery {
@@ -276,7 +321,56 @@ pub enum Intent {
         tail_free: u32,
         /// Its old locks, released once the new ones are taken (returned if it waits).
         held: Vec<NodeLock>,
+        /// Hybrid models: whether its state can be restored exactly — a cached state at
+        /// the published depth, which is then its whole computed history. Otherwise it
+        /// is recomputed from the deepest state.
+        exact_state: bool,
     },
+}
+
+/// Whether a hybrid row needs a fresh checkpoint slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointNeed {
+    /// No.
+    None,
+    /// Yes: the row waits until one can be had (the reference's rule for every chunk
+    /// and for the first decode).
+    Required,
+    /// If one can be had (evicting a cached state if it must): the row crosses a page
+    /// boundary, and its state there is worth caching.
+    Wanted,
+}
+
+/// A hybrid request's last chunk, committed when its next row is admitted: the full
+/// pages it computed go into the tree, its checkpoint is cached where it holds the state
+/// at their end (else freed), and it gets a fresh checkpoint.
+#[derive(Debug)]
+pub struct ChunkCommit {
+    /// The pages to publish; `None` when the chunk completed no new page.
+    pub publication: Option<Publication>,
+    /// The checkpoint and the depth whose state it holds.
+    pub checkpoint: Option<(Slot, Option<u32>)>,
+}
+
+/// What committing a chunk did.
+#[derive(Debug)]
+pub struct Committed {
+    /// Lock on the published node and its path's device pages; `None` when nothing was
+    /// published.
+    pub published: Option<(NodeLock, Vec<PageId>)>,
+    /// The fresh checkpoint slot.
+    pub checkpoint: Option<Slot>,
+}
+
+/// The states an admitted hybrid request starts with.
+#[derive(Debug)]
+pub struct StateGrant {
+    /// Its working and checkpoint slots.
+    pub states: RequestStates,
+    /// The cached state copied into the working slot before the row runs.
+    pub cow_src: Option<SlotId>,
+    /// Where the first chunk should also checkpoint (tokens).
+    pub branching: Option<u32>,
 }
 
 /// The L3 prefetch check of a first chunk.
@@ -296,6 +390,8 @@ pub enum Outcome {
     Waits {
         /// The intent's handles, returned.
         held: Vec<NodeLock>,
+        /// A hybrid intent's chunk to commit, returned.
+        commit: Option<Box<ChunkCommit>>,
     },
     /// A first chunk or a recovery is admitted.
     Admitted(Box<Admission>),
@@ -305,6 +401,8 @@ pub enum Outcome {
         tokens: u32,
         /// Pages allocated for them.
         pages: OwnedPages,
+        /// A hybrid intent's commit.
+        committed: Option<Box<Committed>>,
     },
     /// An L3 prefetch starts instead of the first chunk.
     Prefetch {
@@ -317,6 +415,22 @@ pub enum Outcome {
     },
     /// A retracted request can never fit the device pool again.
     TooBig,
+    /// A retracted hybrid request whose state cannot be restored exactly: recompute its
+    /// history from the deepest cached state (its locks are released).
+    Recompute,
+    /// A retracted hybrid request whose path holds no state at all (the reference
+    /// aborts it; `Policy::Reference` only).
+    StateLost,
+}
+
+impl Outcome {
+    /// Not admitted, nothing held.
+    pub(crate) fn waits() -> Self {
+        Outcome::Waits {
+            held: Vec::new(),
+            commit: None,
+        }
+    }
 }
 
 /// A first chunk or recovery admitted.
@@ -330,7 +444,8 @@ pub struct Admission {
     pub device_lock: NodeLock,
     /// Host lock on the load-back source.
     pub host_lock: Option<NodeLock>,
-    /// Load-back copies (host page → device page).
+    /// Load-back copies (host page → device page), then the state's (host slot → device
+    /// slot) when it starts from a host state.
     pub load_back: Vec<TransferPair>,
     /// Device pages allocated for the chunk and the decode reserve.
     pub pages: OwnedPages,
@@ -338,6 +453,8 @@ pub struct Admission {
     pub tail_free: u32,
     /// Device pages of the locked prefix path.
     pub prefix_pages: Vec<PageId>,
+    /// Hybrid models: its state slots.
+    pub states: Option<Box<StateGrant>>,
 }
 
 impl RadixCore {
@@ -369,6 +486,7 @@ impl RadixCore {
                 if let (true, Some(node)) = (success, demote) {
                     self.demote(node);
                 }
+                self.with_states(|states, tree| states.demote_idle(tree));
                 OpResult::Acked { kept, backup }
             }
             CacheOp::Publish(publication) => {
@@ -392,14 +510,26 @@ impl RadixCore {
                 host_lock,
                 write_back,
                 leftover,
+                states,
             } => {
                 let tokens = publication.tokens.clone();
+                let inserted = !publication.pages.is_empty();
                 let (lock, pages) = self.publish(publication, None);
-                let write_back = if write_back && pages > 0 {
+                if let Some(states) = states {
+                    // The reference caches a finishing request's state only when it
+                    // published pages at the end.
+                    let terminal = lock.as_ref().map_or(device_lock.node(), |l| l.node());
+                    let publish = inserted || !self.is_reference();
+                    self.settle_states(terminal, states, publish);
+                }
+                // The reference matches the finished prefix (touching it) even when it
+                // writes nothing back.
+                let write_back = if (write_back || self.is_reference()) && pages > 0 {
                     let m =
                         self.match_prefix(&tokens[..pages as usize * self.page_size() as usize]);
-                    (m.device_pages > m.host_pages)
-                        .then(|| self.attach_write_back(m.device, m.host))
+                    let with_states = self.has_states();
+                    (write_back && m.device_pages > m.host_pages)
+                        .then(|| self.attach_write_back(m.device, m.host, with_states))
                         .flatten()
                 } else {
                     None
@@ -417,14 +547,25 @@ impl RadixCore {
                 publication,
                 device_lock,
                 host_lock: old_host_lock,
+                states,
             } => {
                 let tokens = publication.tokens.clone();
                 let (lock, pages) = self.publish(publication, Some(device_lock));
                 let device_lock = lock.expect("publish with a lock returns one");
                 let m = self.match_prefix(&tokens[..pages as usize * self.page_size() as usize]);
                 debug_assert_eq!(m.device_pages, pages, "the retracted prefix is locked");
+                // kvtier caches the request's state before the write-back, so the copy
+                // takes it along; the reference caches it after, and the state has no
+                // host copy.
+                let mut states = states;
+                if !self.is_reference()
+                    && let Some(states) = states.take()
+                {
+                    self.settle_states(m.device, states, true);
+                }
+                let with_states = self.has_states();
                 let outcome = if m.device_pages > m.host_pages {
-                    match self.attach_write_back(m.device, m.host) {
+                    match self.attach_write_back(m.device, m.host, with_states) {
                         Some(attached) => {
                             let host_lock = self.lock(m.device, Tier::Host);
                             self.unlock(device_lock);
@@ -447,6 +588,9 @@ impl RadixCore {
                         write_back: None,
                     }
                 };
+                if let Some(states) = states {
+                    self.settle_states(m.device, states, true);
+                }
                 if let Some(lock) = old_host_lock {
                     self.unlock(lock);
                 }
@@ -463,6 +607,19 @@ impl RadixCore {
                 self.unlock(host_lock);
                 OpResult::Inserted
             }
+            CacheOp::PublishDecode {
+                publication,
+                checkpoint,
+                renew,
+                retire,
+            } => {
+                let (published, checkpoint) =
+                    self.publish_decode(publication, checkpoint, renew, retire);
+                OpResult::PublishedDecode {
+                    published,
+                    checkpoint,
+                }
+            }
             CacheOp::Admit(program) => OpResult::Admitted(self.admit(program)),
             CacheOp::DiscardLoadBack { pages } => {
                 OpResult::Discarded(self.discard_load_back(&pages))
@@ -474,7 +631,11 @@ impl RadixCore {
     /// released once the new one is taken (so the path is never unpinned). Returns the
     /// lock on the published path (`old` itself when nothing new was published) and its
     /// depth in pages.
-    fn publish(&mut self, p: Publication, old: Option<NodeLock>) -> (Option<NodeLock>, u32) {
+    pub(crate) fn publish(
+        &mut self,
+        p: Publication,
+        old: Option<NodeLock>,
+    ) -> (Option<NodeLock>, u32) {
         let ps = self.page_size() as usize;
         let total = (p.tokens.len() / ps) as u32;
         if p.pages.is_empty() {
@@ -514,9 +675,15 @@ impl RadixCore {
     }
 
     /// Attaches host pages to the nodes on `device`'s path that lack a readable host
-    /// copy, evicting host cache if needed, and pins the path on both tiers. `None`
-    /// (nothing changed) when the host pool cannot make room.
-    fn attach_write_back(&mut self, device: NodeId, host: NodeId) -> Option<Attached> {
+    /// copy, evicting host cache if needed, and pins the path on both tiers; with
+    /// `states` (hybrid models) their device states are copied too. `None` (nothing
+    /// changed) when the host pool cannot make room.
+    fn attach_write_back(
+        &mut self,
+        device: NodeId,
+        host: NodeId,
+        states: bool,
+    ) -> Option<Attached> {
         let nodes = self.nodes_without(Tier::Host, device);
         let need = self.pages_needed(Tier::Host, &nodes);
         let guard = self.lock(host, Tier::Host);
@@ -526,7 +693,10 @@ impl RadixCore {
             None
         };
         self.unlock(guard);
-        let (ticket, pairs) = attached?;
+        let (ticket, mut pairs) = attached?;
+        if states {
+            pairs.extend(self.attach_state_write_back(ticket, &nodes));
+        }
         Some(Attached {
             ticket,
             pairs,
@@ -546,8 +716,16 @@ impl RadixCore {
             decode_tokens: d,
             use_host,
             reuse,
+            released,
             intents,
         } = program;
+        self.with_states(|states, tree| {
+            states.begin_plan();
+            if released {
+                states.demote_idle(tree);
+            }
+        });
+        let ps = self.page_size();
         let mut rows = 0usize;
         let mut prefill_rows = 0usize;
         let mut stopped = false;
@@ -561,9 +739,7 @@ impl RadixCore {
                 stopped = true;
             }
             if stopped {
-                outcomes.push(Outcome::Waits {
-                    held: intent.into_held(),
-                });
+                outcomes.push(intent.unused());
                 continue;
             }
             let remaining = budget as u32;
@@ -576,7 +752,15 @@ impl RadixCore {
                     let prefetched = prefetch.and_then(|check| self.try_prefetch(&check));
                     match prefetched {
                         Some(outcome) => outcome,
-                        None if slots == 0 => Outcome::Waits { held: Vec::new() },
+                        None if slots == 0 => Outcome::waits(),
+                        None if self.has_states() => self.first_chunk_hybrid(
+                            &tokens,
+                            prefill_len,
+                            remaining,
+                            d,
+                            use_host,
+                            reuse,
+                        ),
                         None => {
                             self.first_chunk(&tokens, prefill_len, remaining, d, use_host, reuse)
                         }
@@ -585,19 +769,42 @@ impl RadixCore {
                 Intent::NextChunk {
                     remaining: left,
                     tail_free,
+                    commit,
                 } => {
                     let t = remaining.min(left);
-                    self.grow_local(t, tail_free)
+                    // The reference makes room for whole fresh pages, ignoring the tail.
+                    let room = if self.is_reference() {
+                        t.div_ceil(ps)
+                    } else {
+                        grow(tail_free, t, ps).0
+                    };
+                    let checkpoint = if commit.is_some() {
+                        CheckpointNeed::Required
+                    } else {
+                        CheckpointNeed::None
+                    };
+                    self.grow_running(t, tail_free, room, commit, checkpoint)
                 }
-                Intent::Decode { reserve, tail_free } => self.grow_local(reserve, tail_free),
+                Intent::Decode {
+                    reserve,
+                    tail_free,
+                    commit,
+                    checkpoint,
+                } => {
+                    let room = grow(tail_free, reserve, ps).0;
+                    self.grow_running(reserve, tail_free, room, commit, checkpoint)
+                }
                 Intent::Recovery {
                     tokens,
                     tail_pages,
                     tail_free,
                     held,
+                    exact_state,
                 } => {
                     if slots == 0 {
-                        Outcome::Waits { held }
+                        Outcome::Waits { held, commit: None }
+                    } else if self.has_states() {
+                        self.recovery_hybrid(&tokens, tail_pages, tail_free, held, d, exact_state)
                     } else {
                         self.recovery(&tokens, tail_pages, tail_free, held, d)
                     }
@@ -624,31 +831,67 @@ impl RadixCore {
                         budget -= i64::from(*tokens);
                     }
                 }
-                Outcome::Waits { .. } | Outcome::Prefetch { .. } | Outcome::TooBig => {}
+                Outcome::Waits { .. }
+                | Outcome::Prefetch { .. }
+                | Outcome::TooBig
+                | Outcome::Recompute
+                | Outcome::StateLost => {}
             }
             outcomes.push(outcome);
         }
         outcomes
     }
 
-    /// Slots for `n` more tokens of a running request, or `Waits`.
-    fn grow_local(&mut self, n: u32, tail_free: u32) -> Outcome {
+    /// Slots for `n` more tokens of a running request after making `room` pages free,
+    /// or `Waits`. A hybrid intent's last chunk is committed first, and the request gets
+    /// the checkpoint slot it asks for.
+    fn grow_running(
+        &mut self,
+        n: u32,
+        tail_free: u32,
+        room: u32,
+        commit: Option<Box<ChunkCommit>>,
+        checkpoint: CheckpointNeed,
+    ) -> Outcome {
         let (need, _) = grow(tail_free, n, self.page_size());
-        if need == 0 {
-            return Outcome::Grown {
-                tokens: n,
-                pages: OwnedPages::empty(),
+        if room > 0 && !self.ensure_free(Tier::Device, room) {
+            return Outcome::Waits {
+                held: Vec::new(),
+                commit,
             };
         }
-        if !self.ensure_free(Tier::Device, need) {
-            return Outcome::Waits { held: Vec::new() };
-        }
-        match self.allocate(Tier::Device, need as usize) {
-            Some(pages) => Outcome::Grown { tokens: n, pages },
-            None => {
-                debug_assert!(false, "pages were made free");
-                Outcome::Waits { held: Vec::new() }
+        let room_for_checkpoint = match checkpoint {
+            CheckpointNeed::None => true,
+            need => {
+                let made = self.with_states(|states, tree| states.ensure_device(tree, 1, None));
+                made == Some(true) || need == CheckpointNeed::Wanted
             }
+        };
+        if !room_for_checkpoint {
+            return Outcome::Waits {
+                held: Vec::new(),
+                commit,
+            };
+        }
+        let asked = commit.is_some() || checkpoint != CheckpointNeed::None;
+        let published = commit.and_then(|c| self.commit_chunk(*c));
+        let Some(pages) = self.allocate(Tier::Device, need as usize) else {
+            debug_assert!(false, "pages were made free");
+            return Outcome::waits();
+        };
+        let checkpoint = match checkpoint {
+            CheckpointNeed::None => None,
+            _ => self.with_states(|states, _| states.allocate()).flatten(),
+        };
+        Outcome::Grown {
+            tokens: n,
+            pages,
+            committed: asked.then(|| {
+                Box::new(Committed {
+                    published,
+                    checkpoint,
+                })
+            }),
         }
     }
 
@@ -719,7 +962,7 @@ impl RadixCore {
             self.page_size(),
         );
         if !self.can_free(Tier::Device, shape.need, probe.device_unlocked_pages) {
-            return Outcome::Waits { held: Vec::new() };
+            return Outcome::waits();
         }
         let m = self.committed_match(tokens, reuse);
         debug_assert_eq!(
@@ -730,7 +973,7 @@ impl RadixCore {
     }
 
     /// The committing match of a first chunk (the root when reuse is off).
-    fn committed_match(&mut self, tokens: &[Token], reuse: bool) -> Match {
+    pub(crate) fn committed_match(&mut self, tokens: &[Token], reuse: bool) -> Match {
         if reuse {
             return self.match_prefix(tokens);
         }
@@ -748,11 +991,11 @@ impl RadixCore {
         let ps = self.page_size();
         let Some((device_lock, host_lock, load_back)) = self.pin_prefix(m, shape.need, use_host)
         else {
-            return Outcome::Waits { held: Vec::new() };
+            return Outcome::waits();
         };
         let Some(pages) = self.allocate(Tier::Device, shape.own_pages as usize) else {
             debug_assert!(false, "admission reserved the pages");
-            return Outcome::Waits { held: Vec::new() };
+            return Outcome::waits();
         };
         let mut prefix_pages =
             Vec::with_capacity((shape.begin_pages + shape.tokens.div_ceil(ps)) as usize);
@@ -766,6 +1009,7 @@ impl RadixCore {
             pages,
             tail_free: shape.tail_free,
             prefix_pages,
+            states: None,
         }))
     }
 
@@ -782,7 +1026,7 @@ impl RadixCore {
         // answer (a load-back only adds to the need), so the history is not walked. A
         // history too big for the device is then found once there is room to try.
         if reserve_pages > 0 && !self.can_free(Tier::Device, reserve_pages, 0) {
-            return Outcome::Waits { held };
+            return Outcome::Waits { held, commit: None };
         }
         let probe = self.probe(tokens);
         let load_back = probe.host_pages.saturating_sub(probe.device_pages);
@@ -795,18 +1039,18 @@ impl RadixCore {
             return Outcome::TooBig;
         }
         if !self.can_free(Tier::Device, need, probe.device_unlocked_pages) {
-            return Outcome::Waits { held };
+            return Outcome::Waits { held, commit: None };
         }
         let m = self.match_prefix(tokens);
         let Some((device_lock, host_lock, load_back)) = self.pin_prefix(m, need, true) else {
-            return Outcome::Waits { held };
+            return Outcome::Waits { held, commit: None };
         };
         for lock in held {
             self.unlock(lock);
         }
         let Some(pages) = self.allocate(Tier::Device, reserve_pages as usize) else {
             debug_assert!(false, "pages were made free");
-            return Outcome::Waits { held: Vec::new() };
+            return Outcome::waits();
         };
         let mut prefix_pages = Vec::new();
         self.device_path_pages(device_lock.node(), &mut prefix_pages);
@@ -819,6 +1063,7 @@ impl RadixCore {
             pages,
             tail_free: new_tail_free,
             prefix_pages,
+            states: None,
         }))
     }
 
@@ -831,13 +1076,36 @@ impl RadixCore {
         need: u32,
         use_host: bool,
     ) -> Option<(NodeLock, Option<NodeLock>, Vec<TransferPair>)> {
-        let guard = self.lock(m.device, Tier::Device);
+        let guard = self.make_room(m.device, need)?;
+        self.pin_path(m, guard, use_host)
+    }
+
+    /// Makes `need` device pages free with `device` locked meanwhile; returns that lock
+    /// (the guard), or `None` with nothing locked.
+    pub(crate) fn make_room(&mut self, device: NodeId, need: u32) -> Option<NodeLock> {
+        let guard = self.lock(device, Tier::Device);
         if !self.ensure_free(Tier::Device, need) {
-            // Only the reference's admission tries without a probe first.
-            debug_assert!(self.is_reference(), "admission probe promised {need} pages");
+            // Only the reference's admission (and hybrid admission) tries without a
+            // probe first.
+            debug_assert!(
+                self.is_reference() || self.has_states(),
+                "admission probe promised {need} pages"
+            );
             self.unlock(guard);
             return None;
         }
+        Some(guard)
+    }
+
+    /// Locks the path the request will read, the room for it made (`guard` goes): with
+    /// a deeper host match, device pages are attached to the host-only nodes (the
+    /// load-back) and both tiers are locked. `None` with nothing changed.
+    pub(crate) fn pin_path(
+        &mut self,
+        m: Match,
+        guard: NodeLock,
+        use_host: bool,
+    ) -> Option<(NodeLock, Option<NodeLock>, Vec<TransferPair>)> {
         let pinned = if use_host && m.host_pages > m.device_pages {
             let host_lock = self.lock(m.host, Tier::Host);
             let nodes = self.nodes_without(Tier::Device, m.host);
@@ -859,21 +1127,28 @@ impl RadixCore {
 /// The page arithmetic of a first chunk over a prefix matched `device` pages deep on
 /// device and `host` pages deep on host.
 #[derive(Debug, Clone, Copy)]
-struct ChunkShape {
+pub(crate) struct ChunkShape {
     /// Prefix pages reused.
-    begin_pages: u32,
+    pub begin_pages: u32,
     /// Tokens of the chunk.
-    tokens: u32,
+    pub tokens: u32,
     /// Pages of the request's own (chunk and decode reserve).
-    own_pages: u32,
+    pub own_pages: u32,
     /// Free slots left in the last of them.
-    tail_free: u32,
+    pub tail_free: u32,
     /// Device pages to make free: the load-back and the own pages.
-    need: u32,
+    pub need: u32,
 }
 
 impl ChunkShape {
-    fn new(device: u32, host: u32, prefill_len: u32, budget: u32, d: u32, ps: u32) -> Self {
+    pub(crate) fn new(
+        device: u32,
+        host: u32,
+        prefill_len: u32,
+        budget: u32,
+        d: u32,
+        ps: u32,
+    ) -> Self {
         let begin_pages = device.max(host);
         let load_back = host.saturating_sub(device);
         let tokens = budget.min(prefill_len - begin_pages * ps);
@@ -890,11 +1165,15 @@ impl ChunkShape {
 }
 
 impl Intent {
-    /// The handles an intent carries, for returning them unused.
-    fn into_held(self) -> Vec<NodeLock> {
+    /// The intent not admitted: its handles come back.
+    fn unused(self) -> Outcome {
         match self {
-            Intent::Recovery { held, .. } => held,
-            _ => Vec::new(),
+            Intent::Recovery { held, .. } => Outcome::Waits { held, commit: None },
+            Intent::NextChunk { commit, .. } | Intent::Decode { commit, .. } => Outcome::Waits {
+                held: Vec::new(),
+                commit,
+            },
+            Intent::FirstChunk { .. } => Outcome::waits(),
         }
     }
 }

@@ -25,13 +25,15 @@ mod batch;
 mod cache;
 mod error;
 mod events;
+mod hybrid;
 mod lock;
 mod node;
 pub mod protocol;
 
 pub use batch::{
-    Admission, AdmitProgram, Attached, BackupSource, CacheBatch, CacheOp, CacheReply, Intent,
-    OpResult, Outcome, PrefetchCheck, Publication, RetractOutcome, TokenRef, grow,
+    Admission, AdmitProgram, Attached, BackupSource, CacheBatch, CacheOp, CacheReply,
+    CheckpointNeed, ChunkCommit, Committed, FinalStates, Intent, OpResult, Outcome, PrefetchCheck,
+    Publication, RetractOutcome, StateGrant, TokenRef, grow,
 };
 pub use cache::{
     CacheConfig, InsertResult, Match, Probe, RadixCore, TreeStats, WriteBackTicket, WrittenBack,

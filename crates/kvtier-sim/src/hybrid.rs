@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kvtier::LocalSystem;
 use kvtier_types::{
-    EngineEvent, ExecutionPlan, ForwardRow, Policy, RequestId, RequestSpec, RowKind,
+    EngineEvent, ExecutionPlan, ForwardRow, MambaSettings, Policy, RequestId, RequestSpec, RowKind,
     SchedulerConfig, Token, TransferKind, TransferPair, WriteBackOp, engine_rule,
 };
 use serde::Serialize;
@@ -87,19 +87,36 @@ impl HybridVariant {
             publish_prefix_mid_flight: false,
             ..SchedulerConfig::default()
         };
+        let states = |device_slots, host_slots| {
+            Some(MambaSettings {
+                device_slots,
+                host_slots,
+                chunk: 64,
+            })
+        };
         let h1 = SchedulerConfig {
             device_pages: 385,
             host_pages: 257,
             max_scheduled_tokens: 2048,
             max_batch_size: 16,
+            mamba: states(64, 256),
             ..base
         };
         match self {
-            HybridVariant::H1Main | HybridVariant::H1TightHost | HybridVariant::H1Starved => h1,
+            HybridVariant::H1Main => h1,
+            HybridVariant::H1TightHost => SchedulerConfig {
+                mamba: states(64, 32),
+                ..h1
+            },
+            HybridVariant::H1Starved => SchedulerConfig {
+                mamba: states(48, 256),
+                ..h1
+            },
             HybridVariant::H1NoL2 => SchedulerConfig {
                 device_pages: 513,
                 host_pages: 0,
                 disable_l2_cache: true,
+                mamba: states(96, 0),
                 ..h1
             },
             HybridVariant::H1Retract => SchedulerConfig {
@@ -111,6 +128,7 @@ impl HybridVariant {
                 host_pages: 257,
                 max_scheduled_tokens: 8192,
                 max_batch_size: 8,
+                mamba: states(16, 256),
                 ..base
             },
         }
@@ -527,8 +545,12 @@ impl Run {
         let plan = self.system.next_plan()?;
         self.measured_ns += t0.elapsed().as_nanos() as u64;
         let line = self.digests.plan(&plan);
-        if let Some(plans) = &mut self.plans {
-            plans.push(line);
+        if self.plans.is_some() {
+            // Free device pages right after the plan, as the reference reports them.
+            let free = self.device_free()?;
+            if let Some(plans) = &mut self.plans {
+                plans.push(format!("{line}, \"free\": {free}"));
+            }
         }
         self.count(&plan);
         self.aborts_seen_next_step

@@ -41,6 +41,29 @@ pub enum Policy {
     Reference,
 }
 
+/// The recurrent-state (Mamba) side of a hybrid model (spec/hybrid-l3.md §1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MambaSettings {
+    /// Device state slots (the reference's `mamba_pool_total_chunks`); a request holds
+    /// two while it runs.
+    pub device_slots: u32,
+    /// Host state slots for host copies (`mamba_l2_host_slots`); 0: no host copies.
+    pub host_slots: u32,
+    /// The scan kernel's chunk (`mamba_cache_chunk_size`, 64 in the reference's
+    /// kernels): intermediate checkpoints and branching lengths are aligned to it.
+    pub chunk: u32,
+}
+
+impl Default for MambaSettings {
+    fn default() -> Self {
+        Self {
+            device_slots: 64,
+            host_slots: 0,
+            chunk: 64,
+        }
+    }
+}
+
 /// Everything the scheduler core needs to know about its pools and policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SchedulerConfig {
@@ -81,6 +104,10 @@ pub struct SchedulerConfig {
     pub slow_step_threshold: Option<std::time::Duration>,
     /// kvtier's decisions, or the reference's where they differ (conformance runs).
     pub policy: Policy,
+    /// Hybrid models: the recurrent-state family. A hybrid model's prefixes are
+    /// published when each chunk is committed (its next row is admitted) and at each
+    /// decode page crossing, whatever `publish_prefix_mid_flight` says.
+    pub mamba: Option<MambaSettings>,
 }
 
 impl Default for SchedulerConfig {
@@ -102,6 +129,7 @@ impl Default for SchedulerConfig {
             publish_prefix_mid_flight: true,
             slow_step_threshold: Some(std::time::Duration::from_millis(1)),
             policy: Policy::Default,
+            mamba: None,
         }
     }
 }
@@ -175,6 +203,26 @@ impl SchedulerConfig {
                 "enable_l3_storage",
                 "needs a host pool of at least 2 pages",
             ));
+        }
+        if let Some(m) = &self.mamba {
+            if m.device_slots < 2 {
+                return Err(invalid(
+                    "mamba.device_slots",
+                    format!(
+                        "is {}: a running request holds two state slots",
+                        m.device_slots
+                    ),
+                ));
+            }
+            if m.chunk == 0 {
+                return Err(invalid("mamba.chunk", "must be positive"));
+            }
+            if m.host_slots > 0 && !self.l2_enabled() {
+                return Err(invalid(
+                    "mamba.host_slots",
+                    "host state copies need the L2 cache (disable_l2_cache is set)",
+                ));
+            }
         }
         // Page ids and token positions are u32 in plans; keep products representable.
         let device_tokens = u64::from(self.device_pages) * u64::from(self.page_size);

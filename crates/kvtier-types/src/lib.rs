@@ -18,7 +18,7 @@ mod plan;
 mod request;
 
 pub use actor::{ActorCore, ActorName, Placement};
-pub use config::{Policy, Role, SchedulerConfig};
+pub use config::{MambaSettings, Policy, Role, SchedulerConfig};
 pub use error::TypesError;
 pub use event::{EngineEvent, KvEvent};
 pub use ids::{OpId, PageId, RequestId, SlotId, Tier, Token};

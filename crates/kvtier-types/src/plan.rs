@@ -225,6 +225,9 @@ pub enum AbortReason {
     /// The request grew past what the whole device pool can hold, so it can never run
     /// again.
     ExceedsDevicePool,
+    /// A retracted hybrid request's path holds no recurrent state to resume from
+    /// (`Policy::Reference` only: kvtier recomputes it instead).
+    StateLost,
 }
 
 /// A request the scheduler aborted on its own; the engine must stop waiting for it.

@@ -49,7 +49,6 @@ use kvtier_device::DeviceCore;
 use kvtier_fsm::{SchedulerCore, cache_config};
 use kvtier_host::HostCore;
 use kvtier_l3::L3Core;
-use kvtier_mamba::MambaCore;
 use kvtier_radix::RadixCore;
 use kvtier_types::SchedulerConfig;
 
@@ -122,13 +121,6 @@ impl SystemBuilder {
     pub fn l3(mut self, l3: L3Core) -> Self {
         self.l3 = Some((l3.page_size(), l3.arena().pages()));
         self.actor(l3)
-    }
-
-    /// Adds the Mamba (recurrent-state) family actor over this core. The scheduler does
-    /// not address it yet (docs/mamba.md says what is wired); the embedder reaches it
-    /// with [`Handle::ask`], one batch of `MambaOp`s per message.
-    pub fn mamba(self, mamba: MambaCore) -> Self {
-        self.actor(mamba)
     }
 
     /// Adds an actor over any core: it is reached with [`Handle::ask`], stopped at

@@ -66,10 +66,28 @@ impl RadixCore {
             freed += pages;
             self.evicted_pages[t] += u64::from(pages);
             self.detach(id, tier);
+            // A state cannot be reused without its KV: it goes with it.
+            self.with_states(|states, tree| match tier {
+                Tier::Device => states.on_device_evicted(tree, id),
+                Tier::Host => states.on_host_evicted(id),
+            });
             evicted.push(id);
         }
         for id in parked {
             self.update_leaf(id, tier);
+        }
+        if self.reference {
+            // The reference prunes from each evicted node whose parent survived, so a
+            // chain evicted together stays as resource-less nodes below its top (kept
+            // for its node boundaries: they decide how later inserts split).
+            let evicted_set: std::collections::BTreeSet<_> = evicted.iter().copied().collect();
+            for &id in &evicted {
+                let parent = self.node(id).parent;
+                if self.is_live(id) && !parent.is_some_and(|p| evicted_set.contains(&p)) {
+                    self.prune_up(id);
+                }
+            }
+            return freed;
         }
         // Children were evicted before their parents: prune in that order, skipping
         // nodes an earlier prune already removed, so no resource-less node is left.

@@ -132,7 +132,9 @@ impl RadixCore {
                     leaves[t] += 1;
                 }
             }
-            if n.children.is_empty()
+            // (The reference's pruning leaves such nodes behind: `Policy::Reference`.)
+            if !self.reference
+                && n.children.is_empty()
                 && n.tiers
                     .iter()
                     .all(|r| !r.present() && r.refs == 0 && r.pending == 0)

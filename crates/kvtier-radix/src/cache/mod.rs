@@ -11,12 +11,14 @@ mod locks;
 mod lru;
 mod paths;
 mod residency;
+mod states;
 mod walk;
 mod write_back;
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use kvtier_host::{OwnedPages, PagePool, ReleaseQueue};
+use kvtier_mamba::{MambaConfig, MambaFamily};
 use kvtier_types::{Policy, Tier, Token};
 use slab::Slab;
 
@@ -44,6 +46,8 @@ pub struct CacheConfig {
     pub page_hashes: bool,
     /// kvtier's LRU and eviction, or the reference scheduler's (see [`Policy`]).
     pub policy: Policy,
+    /// The recurrent-state (Mamba) family of a hybrid model, hosted on the tree.
+    pub mamba: Option<MambaConfig>,
 }
 
 /// Counters of the tree for stats and tests.
@@ -89,10 +93,13 @@ pub struct RadixCore {
     next_ticket: u64,
     /// The host allocator's lease behind the host tier, returned when the cache goes.
     host_lease: Option<OwnedPages>,
+    /// The recurrent states attached to nodes (hybrid models).
+    mamba: Option<MambaFamily<NodeId>>,
 }
 
 impl RadixCore {
-    /// An empty cache with fresh pools.
+    /// An empty cache with fresh pools. A hybrid config's state family must be valid
+    /// (`SchedulerConfig::validate` checks it); an invalid one hosts no family.
     pub fn new(config: &CacheConfig) -> Self {
         let mut nodes = Slab::new();
         let idx = nodes.insert(Node {
@@ -131,6 +138,11 @@ impl RadixCore {
             tickets: BTreeMap::new(),
             next_ticket: 1,
             host_lease: None,
+            mamba: config.mamba.and_then(|m| {
+                let family = MambaFamily::new(m);
+                debug_assert!(family.is_ok(), "an invalid Mamba config: {family:?}");
+                family.ok()
+            }),
         }
     }
 

@@ -60,6 +60,8 @@ impl RadixCore {
                 break;
             }
             let parent = n.parent.expect("non-root node has a parent");
+            // Its states go before it does, so the family never names a removed node.
+            self.with_states(|states, tree| states.on_node_removed(tree, id));
             self.remove_child(parent, id);
             self.nodes.remove(id.idx as usize);
             self.gens[id.idx as usize] = self.gens[id.idx as usize].wrapping_add(1);

@@ -20,6 +20,9 @@ pub(super) struct Ticket {
     pub(super) nodes: Vec<NodeId>,
     /// The deepest node of the path, pinned on both tiers.
     pub(super) pinned: Option<NodeId>,
+    /// Nodes whose recurrent states it copies too (hybrid models): exactly these get
+    /// their host copies when it is acknowledged.
+    pub(super) states: Vec<NodeId>,
 }
 
 /// What a successful write-back made readable on host (see `write_back_done`).
@@ -73,6 +76,7 @@ impl RadixCore {
             Ticket {
                 nodes: nodes.to_vec(),
                 pinned,
+                states: Vec::new(),
             },
         );
         Some((WriteBackTicket(ticket), pairs))
@@ -85,7 +89,12 @@ impl RadixCore {
     /// are not kept): what an L3 backup should store.
     pub fn write_back_done(&mut self, ticket: WriteBackTicket, success: bool) -> WrittenBack {
         self.drain_releases();
-        let Some(Ticket { nodes, pinned }) = self.tickets.remove(&ticket.0) else {
+        let Some(Ticket {
+            nodes,
+            pinned,
+            states,
+        }) = self.tickets.remove(&ticket.0)
+        else {
             debug_assert!(false, "write-back ticket acknowledged twice");
             return WrittenBack::default();
         };
@@ -115,6 +124,11 @@ impl RadixCore {
             }
             written.deepest = nodes.first().copied().filter(|&n| self.is_live(n));
         }
+        // The states first, while the copy still pins the path (a demotion they allow
+        // waits for the pin to go).
+        if !states.is_empty() {
+            self.with_states(|family, tree| family.write_back_done(tree, &states, success));
+        }
         if let Some(deepest) = pinned {
             self.release_lock(deepest, Tier::Device);
             self.release_lock(deepest, Tier::Host);
@@ -125,6 +139,25 @@ impl RadixCore {
             }
         }
         written
+    }
+
+    /// Adds the state half to write-back `ticket` of `nodes` (hybrid models): their device
+    /// states without a host copy get host slots, reserved until the acknowledgement.
+    /// Returns the (device slot → host slot) copies.
+    pub(crate) fn attach_state_write_back(
+        &mut self,
+        ticket: WriteBackTicket,
+        nodes: &[NodeId],
+    ) -> Vec<TransferPair> {
+        let Some((pairs, states)) =
+            self.with_states(|family, tree| family.prepare_write_back(tree, nodes))
+        else {
+            return Vec::new();
+        };
+        if let Some(t) = self.tickets.get_mut(&ticket.0) {
+            t.states = states;
+        }
+        pairs
     }
 
     /// Write-backs attached and not yet acknowledged.
@@ -150,6 +183,10 @@ impl RadixCore {
             if !n.tiers[1].usable() || n.tiers[0].refs != 0 {
                 break;
             }
+            // A device state with a host copy goes even when a device child keeps the
+            // node's KV on device.
+            self.with_states(|states, tree| states.on_device_demoted(tree, cur));
+            let n = self.node(cur);
             if n.children
                 .iter()
                 .any(|&(_, c)| self.node(c).tiers[0].present())

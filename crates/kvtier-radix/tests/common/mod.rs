@@ -33,6 +33,7 @@ pub fn new_cache(page_size: u32, device_pages: u32, host_pages: u32) -> RadixCor
         kv_events: false,
         page_hashes: false,
         policy: Default::default(),
+        mamba: None,
     })
 }
 
@@ -45,6 +46,7 @@ pub fn new_cache_with_events(page_size: u32, device_pages: u32, host_pages: u32)
         kv_events: true,
         page_hashes: false,
         policy: Default::default(),
+        mamba: None,
     })
 }
 

@@ -916,6 +916,7 @@ impl Driver<'_> {
             let metric = match notice.reason {
                 AbortReason::ExceedsDevicePool => "scheduler abort: exceeds device pool",
                 AbortReason::HostPoolExhausted => "scheduler abort: host pool exhausted",
+                AbortReason::StateLost => "scheduler abort: recurrent state lost",
             };
             self.record.coverage.add(metric, 1);
         }

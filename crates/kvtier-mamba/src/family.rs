@@ -1,0 +1,791 @@
+//! The Mamba family attached to a prefix tree: which node holds which state, the match
+//! cap, eviction, host copies and load-backs (spec/hybrid-l3.md §1).
+//!
+//! A state slot attached to a node of depth `d` holds the recurrent state after
+//! `tokens[0, d)`, `d` a multiple of the page size. A node holds at most one device and
+//! one host slot; a split leaves them on the suffix (the node that keeps its identity),
+//! and a removed node frees them. The tree itself is the host's (the radix cache): this
+//! family reads it through [`StateTree`] and is told of every change that concerns its
+//! states (KV evicted or demoted, a node removed).
+//!
+//! Everything is ordered: nodes by their ids, eviction by `(time, seq)` of the tree's
+//! nodes, never by an address, so every rank decides alike.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Debug;
+
+use kvtier_types::{Tier, TransferKind, TransferPair};
+
+use crate::checkpoint::align_down;
+use crate::{MambaError, Slot, SlotId, SlotPool};
+
+/// What the family reads of the tree that hosts it.
+pub trait StateTree {
+    /// A node's identity (stable while the node lives; a split keeps it on the suffix).
+    type Node: Copy + Ord + Debug;
+
+    /// The root (depth 0; never holds a state).
+    fn root(&self) -> Self::Node;
+    /// A node's parent (`None` for the root).
+    fn parent(&self, node: Self::Node) -> Option<Self::Node>;
+    /// A node's children, in a fixed order.
+    fn children(&self, node: Self::Node) -> Vec<Self::Node>;
+    /// A node's depth in tokens (its label's end).
+    fn depth(&self, node: Self::Node) -> u32;
+    /// Whether the node's KV is on device.
+    fn on_device(&self, node: Self::Node) -> bool;
+    /// Whether someone holds a device lock on the node.
+    fn device_locked(&self, node: Self::Node) -> bool;
+    /// Whether the node's KV is on host and someone holds a host lock on it.
+    fn host_locked(&self, node: Self::Node) -> bool;
+    /// The node's LRU order: last access time, then creation order.
+    fn age(&self, node: Self::Node) -> (u64, u64);
+}
+
+/// Settings of the Mamba family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MambaConfig {
+    /// KV page size in tokens: states sit at multiples of it.
+    pub page_size: u32,
+    /// Device state slots (the reference's `mamba_pool_total_chunks`).
+    pub device_slots: u32,
+    /// Host state slots; 0 means no host copies.
+    pub host_slots: u32,
+    /// The scan kernel's chunk length (`mamba_cache_chunk_size`): the branching length
+    /// and intermediate checkpoints are aligned to it.
+    pub chunk: u32,
+    /// The reference scheduler's choices where kvtier's differ (see
+    /// `kvtier_types::Policy`): its incremental leaf tracking (direct children only,
+    /// nothing re-derived on a split) and eviction that runs even when it cannot free
+    /// enough.
+    pub reference: bool,
+}
+
+impl MambaConfig {
+    fn validate(&self) -> Result<(), MambaError> {
+        if self.page_size == 0 {
+            return Err(MambaError::Config("page_size must be positive"));
+        }
+        if self.chunk == 0 {
+            return Err(MambaError::Config("the Mamba chunk must be positive"));
+        }
+        if self.device_slots < 2 {
+            return Err(MambaError::Config(
+                "a request needs two device state slots: the pool needs at least 2",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether states get host copies.
+    pub fn host_copies(&self) -> bool {
+        self.host_slots > 0
+    }
+}
+
+/// The slots attached to one node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Attached {
+    device: Option<SlotId>,
+    host: Option<SlotId>,
+}
+
+/// The Mamba-capped view of a KV prefix match (§1.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CappedMatch<N> {
+    /// The deepest node with a device state within the device KV match (root: none).
+    pub device: N,
+    /// The deepest node with a host state within the host KV match (root: none).
+    pub host: N,
+    /// The device state to copy into the request's working slot, when it starts from
+    /// the device node's state.
+    pub cow_src: Option<SlotId>,
+    /// The host state at `host`, if any (loaded back when it is deeper than `device`).
+    pub host_src: Option<SlotId>,
+    /// Tokens the first chunk should also checkpoint at (the KV match aligned to the
+    /// kernel chunk, where that is deeper than the state).
+    pub branching: Option<u32>,
+}
+
+/// Counters of the family (the reference's probe counters where it has them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MambaStats {
+    /// Free device slots.
+    pub free_device_slots: u32,
+    /// Free host slots.
+    pub free_host_slots: u32,
+    /// Nodes holding a device state.
+    pub device_states: u32,
+    /// Nodes holding a host state.
+    pub host_states: u32,
+    /// Device states evicted (LRU leaves).
+    pub device_evicted: u64,
+    /// Host states evicted for room.
+    pub host_evicted: u64,
+    /// Device states dropped with their evicted KV.
+    pub dropped_with_kv: u64,
+    /// Host states dropped with their evicted host KV.
+    pub host_dropped_with_kv: u64,
+    /// Device copies dropped because a host copy exists.
+    pub device_demoted: u64,
+    /// Host states attached on a write-back's acknowledgement.
+    pub host_attached: u64,
+    /// States published into the tree.
+    pub published: u64,
+    /// Checkpoints freed instead (nothing to publish, or the node already had a state).
+    pub discarded: u64,
+    /// Decode states dropped because the same request cached a deeper one.
+    pub retired: u64,
+}
+
+/// The Mamba family of a prefix tree: its slot pools and the states attached to nodes.
+#[derive(Debug)]
+pub struct MambaFamily<N: Copy + Ord + Debug> {
+    config: MambaConfig,
+    device: SlotPool,
+    host: SlotPool,
+    attached: BTreeMap<N, Attached>,
+    /// Reference policy: the eviction candidates as the reference tracks them.
+    leaves: BTreeSet<N>,
+    /// Host slots reserved by write-backs in flight, not yet attached.
+    pending: BTreeMap<N, SlotId>,
+    /// Nodes whose host copy landed and whose device copy waits to be demoted.
+    to_demote: BTreeSet<N>,
+    /// States this plan's rows copy from (default policy: kept until the next plan).
+    protected: BTreeSet<N>,
+    stats: MambaStats,
+}
+
+impl<N: Copy + Ord + Debug> MambaFamily<N> {
+    /// A family with empty pools. Fails on an unusable config.
+    pub fn new(config: MambaConfig) -> Result<Self, MambaError> {
+        config.validate()?;
+        Ok(Self {
+            device: SlotPool::new(Tier::Device, config.device_slots),
+            host: SlotPool::new(Tier::Host, config.host_slots),
+            config,
+            attached: BTreeMap::new(),
+            leaves: BTreeSet::new(),
+            pending: BTreeMap::new(),
+            to_demote: BTreeSet::new(),
+            protected: BTreeSet::new(),
+            stats: MambaStats::default(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &MambaConfig {
+        &self.config
+    }
+
+    /// The node's device state slot, if any.
+    pub fn device_slot(&self, node: N) -> Option<SlotId> {
+        self.attached.get(&node).and_then(|a| a.device)
+    }
+
+    /// The node's host state slot, if any.
+    pub fn host_slot(&self, node: N) -> Option<SlotId> {
+        self.attached.get(&node).and_then(|a| a.host)
+    }
+
+    /// Free device slots (after taking back dropped handles).
+    pub fn free_device_slots(&mut self) -> u32 {
+        self.device.available()
+    }
+
+    /// `floor(x / chunk) · chunk`.
+    pub fn align(&self, x: u32) -> u32 {
+        align_down(x, self.config.chunk)
+    }
+
+    // ----- match --------------------------------------------------------------------
+
+    /// The deepest node from `node` up (root excluded) holding a device state.
+    pub fn last_device_state<T: StateTree<Node = N>>(&self, tree: &T, node: N) -> Option<N> {
+        self.last_with(tree, node, |a| a.device.is_some())
+    }
+
+    /// The deepest node from `node` up (root excluded) holding a host state.
+    pub fn last_host_state<T: StateTree<Node = N>>(&self, tree: &T, node: N) -> Option<N> {
+        self.last_with(tree, node, |a| a.host.is_some())
+    }
+
+    fn last_with<T: StateTree<Node = N>>(
+        &self,
+        tree: &T,
+        mut node: N,
+        has: impl Fn(&Attached) -> bool,
+    ) -> Option<N> {
+        let root = tree.root();
+        while node != root {
+            if self.attached.get(&node).is_some_and(&has) {
+                return Some(node);
+            }
+            node = tree.parent(node)?;
+        }
+        None
+    }
+
+    /// Caps a KV match at the deepest states reachable on each tier (§1.4): KV depth
+    /// without its state is never reusable. `device` and `host` are the KV match's
+    /// terminals; with host copies off the host tier caps to the device state (a
+    /// host-only KV hit has no state: #612).
+    pub fn cap_match<T: StateTree<Node = N>>(
+        &self,
+        tree: &T,
+        device: N,
+        host: N,
+    ) -> CappedMatch<N> {
+        let root = tree.root();
+        let ps = self.config.page_size;
+        let kv_pages = (tree.depth(device).max(tree.depth(host))) / ps;
+        let dm = self.last_device_state(tree, device);
+        let hm = if self.config.host_copies() {
+            self.last_host_state(tree, host)
+        } else {
+            None
+        };
+        let depth = |n: Option<N>| n.map_or(0, |n| tree.depth(n));
+        let (dm_depth, hm_depth) = (depth(dm), depth(hm));
+        let prefer_host = hm_depth > dm_depth;
+        let mut capped = CappedMatch {
+            device: dm.unwrap_or(root),
+            host: hm.unwrap_or(root),
+            cow_src: None,
+            host_src: hm.and_then(|n| self.host_slot(n)),
+            branching: None,
+        };
+        let mut state_depth = 0;
+        if let Some(dm) = dm
+            && !prefer_host
+        {
+            capped.cow_src = self.device_slot(dm);
+            state_depth = dm_depth;
+        }
+        if prefer_host {
+            state_depth = hm_depth;
+        }
+        if !self.config.host_copies() {
+            // The host tier's KV is reusable only as deep as the device state.
+            capped.host = capped.device;
+        }
+        let aligned = self.align(kv_pages * ps);
+        if aligned > state_depth {
+            capped.branching = Some(aligned);
+        }
+        capped
+    }
+
+    // ----- leaves and eviction ----------------------------------------------------------
+
+    /// Whether `node` holds a device state and no direct child does (the reference's
+    /// leaf rule; the default policy asks about every descendant instead).
+    fn is_direct_leaf<T: StateTree<Node = N>>(&self, tree: &T, node: N) -> bool {
+        node != tree.root()
+            && self.device_slot(node).is_some()
+            && tree
+                .children(node)
+                .into_iter()
+                .all(|c| self.device_slot(c).is_none())
+    }
+
+    /// Reference tracking: a node that became a leaf is tracked, and its parent, no
+    /// longer a leaf, is not (the parent is never added here).
+    fn track<T: StateTree<Node = N>>(&mut self, tree: &T, node: N) {
+        if node == tree.root() {
+            return;
+        }
+        if self.is_direct_leaf(tree, node) {
+            self.leaves.insert(node);
+        }
+        if let Some(p) = tree.parent(node)
+            && p != tree.root()
+            && !self.is_direct_leaf(tree, p)
+        {
+            self.leaves.remove(&p);
+        }
+    }
+
+    fn update_leaf<T: StateTree<Node = N>>(&mut self, tree: &T, node: Option<N>) {
+        let Some(node) = node.filter(|&n| n != tree.root()) else {
+            return;
+        };
+        if self.is_direct_leaf(tree, node) {
+            self.leaves.insert(node);
+        } else {
+            self.leaves.remove(&node);
+        }
+    }
+
+    /// Nodes whose device state may be evicted now, oldest first: leaves (reference: as
+    /// tracked; default: no device state anywhere below), neither `protected` nor
+    /// locked on device.
+    fn candidates<T: StateTree<Node = N>>(&self, tree: &T, protected: Option<N>) -> Vec<N> {
+        let leaves: Vec<N> = if self.config.reference {
+            self.leaves.iter().copied().collect()
+        } else {
+            let mut above = BTreeSet::new();
+            for (&node, a) in &self.attached {
+                if a.device.is_some() {
+                    let mut cur = tree.parent(node);
+                    while let Some(p) = cur {
+                        if !above.insert(p) {
+                            break;
+                        }
+                        cur = tree.parent(p);
+                    }
+                }
+            }
+            self.attached
+                .iter()
+                .filter(|(n, a)| a.device.is_some() && !above.contains(*n))
+                .map(|(&n, _)| n)
+                .collect()
+        };
+        let mut cands: Vec<N> = leaves
+            .into_iter()
+            .filter(|&n| Some(n) != protected && !self.pinned_on_device(tree, n))
+            .collect();
+        cands.sort_by_key(|&n| (tree.age(n), n));
+        cands
+    }
+
+    /// Whether a state cannot be evicted now. The reference keeps every state whose KV is
+    /// locked on device (a running request's whole path: its states fill the pool and
+    /// starve admissions); kvtier keeps only those a row of this plan copies from and
+    /// those a write-back is reading.
+    fn pinned_on_device<T: StateTree<Node = N>>(&self, tree: &T, node: N) -> bool {
+        if self.config.reference {
+            return tree.on_device(node) && tree.device_locked(node);
+        }
+        self.protected.contains(&node) || self.pending.contains_key(&node)
+    }
+
+    /// A new plan: the last plan's copies have been made.
+    pub fn begin_plan(&mut self) {
+        self.protected.clear();
+    }
+
+    /// A row of this plan copies `node`'s state: it stays until the next plan.
+    pub fn protect(&mut self, node: N) {
+        self.protected.insert(node);
+    }
+
+    /// Evicts up to `n` device states, least recently used leaves first (the KV stays: a
+    /// prefix then caps at a shallower state). Returns how many went.
+    pub fn evict<T: StateTree<Node = N>>(&mut self, tree: &T, n: u32, protected: Option<N>) -> u32 {
+        let mut cands = self.candidates(tree, protected);
+        let mut evicted = 0;
+        // Candidates are kept sorted oldest last, so the next victim is popped off the end.
+        cands.reverse();
+        while evicted < n {
+            let Some(leaf) = cands.pop() else { break };
+            if let Some(slot) = self.take_device(leaf) {
+                self.device.release(slot);
+                evicted += 1;
+                self.stats.device_evicted += 1;
+            }
+            self.leaves.remove(&leaf);
+            let Some(parent) = tree.parent(leaf).filter(|&p| p != tree.root()) else {
+                continue;
+            };
+            let parent_is_leaf = if self.config.reference {
+                self.is_direct_leaf(tree, parent)
+            } else {
+                self.device_slot(parent).is_some()
+                    && self.candidates(tree, protected).contains(&parent)
+            };
+            if parent_is_leaf {
+                self.leaves.insert(parent);
+                if Some(parent) != protected && !self.pinned_on_device(tree, parent) {
+                    let at = cands
+                        .binary_search_by(|&c| (tree.age(parent), parent).cmp(&(tree.age(c), c)))
+                        .unwrap_or_else(|i| i);
+                    cands.insert(at, parent);
+                }
+            }
+        }
+        evicted
+    }
+
+    /// Makes `need` device slots free, evicting states if it must (never `protected`).
+    /// The default policy evicts nothing when that cannot succeed; the reference evicts
+    /// what it can either way.
+    pub fn ensure_device<T: StateTree<Node = N>>(
+        &mut self,
+        tree: &T,
+        need: u32,
+        protected: Option<N>,
+    ) -> bool {
+        let free = self.device.available();
+        if free >= need {
+            return true;
+        }
+        if !self.config.reference && free + self.evictable(tree, protected) < need {
+            return false;
+        }
+        self.evict(tree, need - free, protected);
+        self.device.available() >= need
+    }
+
+    /// Device states a cascade of leaf evictions could reach (default policy).
+    fn evictable<T: StateTree<Node = N>>(&self, tree: &T, protected: Option<N>) -> u32 {
+        // A pinned state keeps every state above it from becoming a leaf.
+        let mut blocked = BTreeSet::new();
+        for (&node, a) in &self.attached {
+            if a.device.is_some() && (Some(node) == protected || self.pinned_on_device(tree, node))
+            {
+                let mut cur = Some(node);
+                while let Some(n) = cur {
+                    if !blocked.insert(n) {
+                        break;
+                    }
+                    cur = tree.parent(n);
+                }
+            }
+        }
+        self.attached
+            .iter()
+            .filter(|(n, a)| a.device.is_some() && !blocked.contains(*n))
+            .count() as u32
+    }
+
+    fn take_device(&mut self, node: N) -> Option<SlotId> {
+        let a = self.attached.get_mut(&node)?;
+        let slot = a.device.take();
+        if a.device.is_none() && a.host.is_none() {
+            self.attached.remove(&node);
+        }
+        slot
+    }
+
+    fn take_host(&mut self, node: N) -> Option<SlotId> {
+        let a = self.attached.get_mut(&node)?;
+        let slot = a.host.take();
+        if a.device.is_none() && a.host.is_none() {
+            self.attached.remove(&node);
+        }
+        slot
+    }
+
+    // ----- publication -------------------------------------------------------------------
+
+    /// Attaches `slot` to `node` as the state after its prefix. A node that already
+    /// has a device state keeps it and the new slot is freed (both hold the same state;
+    /// replacing would free an index a plan may still name). Returns whether it was
+    /// attached.
+    pub fn publish<T: StateTree<Node = N>>(&mut self, tree: &T, node: N, slot: Slot) -> bool {
+        if node == tree.root() || self.device_slot(node).is_some() {
+            self.device.free(slot);
+            self.stats.discarded += 1;
+            return false;
+        }
+        debug_assert!(
+            tree.depth(node).is_multiple_of(self.config.page_size),
+            "a state off a page boundary"
+        );
+        let id = self.device.adopt(slot);
+        self.attached.entry(node).or_default().device = Some(id);
+        self.track(tree, node);
+        self.stats.published += 1;
+        true
+    }
+
+    /// Drops `node`'s device state because a deeper one on the same request's path
+    /// supersedes it — unless a row of this plan or a write-back still reads it. A host
+    /// copy stays.
+    pub fn retire<T: StateTree<Node = N>>(&mut self, tree: &T, node: N) {
+        if self.pinned_on_device(tree, node) {
+            return;
+        }
+        if let Some(slot) = self.take_device(node) {
+            self.leaves.remove(&node);
+            self.device.release(slot);
+            self.stats.retired += 1;
+            self.update_leaf(tree, tree.parent(node));
+        }
+    }
+
+    /// Frees a request's slot that holds nothing worth caching.
+    pub fn discard(&mut self, slot: Slot) {
+        self.device.free(slot);
+        self.stats.discarded += 1;
+    }
+
+    /// A fresh device slot for a request (its working or checkpoint slot), if one is
+    /// free. Admission made room beforehand.
+    pub fn allocate(&mut self) -> Option<Slot> {
+        self.device.allocate()
+    }
+
+    // ----- what the tree tells the family -------------------------------------------------
+
+    /// The node's device KV was evicted: its device state goes with it.
+    pub fn on_device_evicted<T: StateTree<Node = N>>(&mut self, tree: &T, node: N) {
+        if let Some(slot) = self.take_device(node) {
+            self.leaves.remove(&node);
+            self.device.release(slot);
+            self.stats.dropped_with_kv += 1;
+            self.update_leaf(tree, tree.parent(node));
+        }
+    }
+
+    /// The node's device KV is being demoted (its host copy stays): a device state that
+    /// also has a host copy goes; one without stays (it is the only copy).
+    pub fn on_device_demoted<T: StateTree<Node = N>>(&mut self, tree: &T, node: N) {
+        let both = self
+            .attached
+            .get(&node)
+            .is_some_and(|a| a.device.is_some() && a.host.is_some());
+        if both && let Some(slot) = self.take_device(node) {
+            self.leaves.remove(&node);
+            self.device.release(slot);
+            self.stats.device_demoted += 1;
+            self.update_leaf(tree, tree.parent(node));
+        }
+    }
+
+    /// The node's host KV was evicted: its host state, and a host slot a write-back
+    /// reserved for it, go.
+    pub fn on_host_evicted(&mut self, node: N) {
+        if let Some(slot) = self.pending.remove(&node) {
+            self.host.release(slot);
+        }
+        if let Some(slot) = self.take_host(node) {
+            self.host.release(slot);
+            self.stats.host_dropped_with_kv += 1;
+        }
+        self.to_demote.remove(&node);
+    }
+
+    /// The node is about to be removed from the tree: everything attached to it goes
+    /// first, so no set names a node that no longer exists (#357).
+    pub fn on_node_removed<T: StateTree<Node = N>>(&mut self, tree: &T, node: N) {
+        self.leaves.remove(&node);
+        if let Some(slot) = self.take_device(node) {
+            self.device.release(slot);
+            self.update_leaf(tree, tree.parent(node));
+        }
+        self.on_host_evicted(node);
+    }
+
+    // ----- host copies ------------------------------------------------------------------------
+
+    /// Evicts host states, oldest first by `(time, seq)`, until `need` host slots are
+    /// free; none is evicted when that cannot succeed. States whose host KV is locked,
+    /// and `protected`, stay.
+    fn ensure_host<T: StateTree<Node = N>>(&mut self, tree: &T, need: u32) -> bool {
+        if self.host.available() >= need {
+            return true;
+        }
+        let mut victims: Vec<N> = self
+            .attached
+            .iter()
+            .filter(|(n, a)| a.host.is_some() && !tree.host_locked(**n))
+            .map(|(&n, _)| n)
+            .collect();
+        if self.host.available() + (victims.len() as u32) < need && !self.config.reference {
+            return false;
+        }
+        victims.sort_by_key(|&n| (tree.age(n), n));
+        for node in victims {
+            if self.host.available() >= need {
+                break;
+            }
+            if let Some(slot) = self.take_host(node) {
+                self.host.release(slot);
+                self.to_demote.remove(&node);
+                self.stats.host_evicted += 1;
+            }
+        }
+        self.host.available() >= need
+    }
+
+    /// The state half of a write-back of `nodes` (their KV is being copied to host):
+    /// each node with a device state, no host state and none reserved gets a host slot,
+    /// reserved — not attached — until the write-back is acknowledged. Returns the device
+    /// → host copies and the nodes they are for: all of them, or none when the host pool
+    /// cannot make room for all.
+    pub fn prepare_write_back<T: StateTree<Node = N>>(
+        &mut self,
+        tree: &T,
+        nodes: &[N],
+    ) -> (Vec<TransferPair>, Vec<N>) {
+        if !self.config.host_copies() {
+            return (Vec::new(), Vec::new());
+        }
+        let wanted: Vec<(N, SlotId)> = nodes
+            .iter()
+            .filter_map(|&n| {
+                let a = self.attached.get(&n)?;
+                let device = a.device?;
+                (a.host.is_none() && !self.pending.contains_key(&n)).then_some((n, device))
+            })
+            .collect();
+        if wanted.is_empty() || !self.ensure_host(tree, wanted.len() as u32) {
+            return (Vec::new(), Vec::new());
+        }
+        let mut pairs = Vec::with_capacity(wanted.len());
+        let mut filled = Vec::with_capacity(wanted.len());
+        for (node, device) in wanted {
+            let Some(host) = self.host.take() else {
+                debug_assert!(false, "ensure_host made room");
+                break;
+            };
+            self.pending.insert(node, host);
+            filled.push(node);
+            pairs.push(TransferPair {
+                kind: TransferKind::Mamba,
+                src: device,
+                dst: host,
+            });
+        }
+        (pairs, filled)
+    }
+
+    /// A write-back of exactly `nodes`' states finished. On success each gets its host
+    /// copy (never an ancestor: #620), and device copies that now have a host copy are
+    /// demoted once nothing holds them; on failure the reserved host slots go back and
+    /// nothing is demoted.
+    pub fn write_back_done<T: StateTree<Node = N>>(
+        &mut self,
+        tree: &T,
+        nodes: &[N],
+        success: bool,
+    ) {
+        for &node in nodes {
+            let Some(slot) = self.pending.remove(&node) else {
+                continue;
+            };
+            if success {
+                self.attached.entry(node).or_default().host = Some(slot);
+                self.stats.host_attached += 1;
+                self.to_demote.insert(node);
+            } else {
+                self.host.release(slot);
+            }
+        }
+        if success {
+            self.demote_idle(tree);
+        }
+    }
+
+    /// Demotes every device copy that has a host copy and no device lock; the others wait
+    /// for the next try (each release of a request, each acknowledgement).
+    pub fn demote_idle<T: StateTree<Node = N>>(&mut self, tree: &T) {
+        let waiting: Vec<N> = self.to_demote.iter().copied().collect();
+        for node in waiting {
+            let Some(a) = self.attached.get(&node).copied() else {
+                self.to_demote.remove(&node);
+                continue;
+            };
+            if a.host.is_none() || a.device.is_none() {
+                self.to_demote.remove(&node);
+                continue;
+            }
+            if tree.device_locked(node) {
+                continue;
+            }
+            self.to_demote.remove(&node);
+            self.on_device_demoted(tree, node);
+        }
+    }
+
+    /// Loads `node`'s host state back: a device slot attached at once, and the host →
+    /// device copy. `None` (nothing changed) without a host state, with a device state
+    /// already, or without a free device slot.
+    pub fn load_back<T: StateTree<Node = N>>(&mut self, tree: &T, node: N) -> Option<TransferPair> {
+        let a = self.attached.get(&node)?;
+        let host = a.host?;
+        if a.device.is_some() {
+            return None;
+        }
+        let dst = self.device.take()?;
+        self.attached.entry(node).or_default().device = Some(dst);
+        self.track(tree, node);
+        Some(TransferPair {
+            kind: TransferKind::Mamba,
+            src: host,
+            dst,
+        })
+    }
+
+    // ----- queries ----------------------------------------------------------------------------
+
+    /// Counters and gauges.
+    pub fn stats(&mut self) -> MambaStats {
+        let mut s = self.stats;
+        s.free_device_slots = self.device.available();
+        s.free_host_slots = self.host.available();
+        s.device_states = self
+            .attached
+            .values()
+            .filter(|a| a.device.is_some())
+            .count() as u32;
+        s.host_states = self.attached.values().filter(|a| a.host.is_some()).count() as u32;
+        s
+    }
+
+    /// Device slots held by requests (live handles).
+    pub fn request_slots(&mut self) -> u32 {
+        self.device.held()
+    }
+
+    /// Checks that every slot of each pool is free, held by a request, attached to
+    /// exactly one node or reserved by one write-back; that states sit at page
+    /// boundaries on live nodes; and (reference) that tracked leaves hold states.
+    pub fn check_invariants<T: StateTree<Node = N>>(
+        &mut self,
+        tree: &T,
+        live: impl Fn(N) -> bool,
+    ) -> Result<(), MambaError> {
+        let bad = |what: String| Err(MambaError::Invariant(what));
+        let mut seen = [BTreeSet::new(), BTreeSet::new()];
+        for (&node, a) in &self.attached {
+            if !live(node) {
+                return bad(format!("a state on a removed node {node:?}"));
+            }
+            if node == tree.root() || !tree.depth(node).is_multiple_of(self.config.page_size) {
+                return bad(format!("a state at depth {}", tree.depth(node)));
+            }
+            if a.device.is_none() && a.host.is_none() {
+                return bad(format!("an empty attachment on {node:?}"));
+            }
+            for (t, slot) in [(0, a.device), (1, a.host)] {
+                if let Some(s) = slot
+                    && !seen[t].insert(s)
+                {
+                    return bad(format!("slot {s} attached twice"));
+                }
+            }
+        }
+        for (&node, &s) in &self.pending {
+            if !live(node) {
+                return bad(format!("a reserved host slot on a removed node {node:?}"));
+            }
+            if !seen[1].insert(s) {
+                return bad(format!("host slot {s} reserved twice"));
+            }
+        }
+        if let Some(stale) = self.leaves.iter().find(|n| !live(**n)) {
+            return bad(format!("a removed node {stale:?} is an eviction candidate"));
+        }
+        let device = self.device.available() + self.device.held() + seen[0].len() as u32;
+        if device != self.device.total() {
+            return bad(format!(
+                "device slots: {device} free, held or attached of {}",
+                self.device.total()
+            ));
+        }
+        if self.config.host_copies() {
+            let host = self.host.available() + self.host.held() + seen[1].len() as u32;
+            if host != self.host.total() {
+                return bad(format!(
+                    "host slots: {host} free, held, attached or reserved of {}",
+                    self.host.total()
+                ));
+            }
+        }
+        Ok(())
+    }
+}

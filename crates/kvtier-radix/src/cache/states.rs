@@ -1,0 +1,72 @@
+//! The recurrent-state family hosted on the tree (hybrid models): the radix cache owns
+//! the Mamba family's slot pools and tells it of every change to a node that holds a
+//! state (KV evicted, demoted, node removed). Admission needs the KV tree and the states
+//! on its nodes in one place: each decision depends on both as the candidates before it
+//! left them (docs/mamba.md).
+
+use kvtier_mamba::{MambaFamily, StateTree};
+
+use super::RadixCore;
+use crate::NodeId;
+
+impl StateTree for RadixCore {
+    type Node = NodeId;
+
+    fn root(&self) -> NodeId {
+        self.root
+    }
+
+    fn parent(&self, node: NodeId) -> Option<NodeId> {
+        self.node(node).parent
+    }
+
+    fn children(&self, node: NodeId) -> Vec<NodeId> {
+        self.node(node).children.iter().map(|&(_, c)| c).collect()
+    }
+
+    fn depth(&self, node: NodeId) -> u32 {
+        self.node(node).end_page(self.page_size) * self.page_size as u32
+    }
+
+    fn on_device(&self, node: NodeId) -> bool {
+        self.node(node).tiers[0].present()
+    }
+
+    fn device_locked(&self, node: NodeId) -> bool {
+        let d = &self.node(node).tiers[0];
+        d.present() && d.refs > 0
+    }
+
+    fn host_locked(&self, node: NodeId) -> bool {
+        let h = &self.node(node).tiers[1];
+        h.present() && h.refs > 0
+    }
+
+    fn age(&self, node: NodeId) -> (u64, u64) {
+        let n = self.node(node);
+        (n.last_access, n.seq)
+    }
+}
+
+impl RadixCore {
+    /// Whether the tree hosts a recurrent-state family.
+    pub fn has_states(&self) -> bool {
+        self.mamba.is_some()
+    }
+
+    /// Runs `f` on the state family with the tree to read; `None` without a family.
+    pub fn with_states<R>(
+        &mut self,
+        f: impl FnOnce(&mut MambaFamily<NodeId>, &RadixCore) -> R,
+    ) -> Option<R> {
+        let mut family = self.mamba.take()?;
+        let result = f(&mut family, self);
+        self.mamba = Some(family);
+        Some(result)
+    }
+
+    /// The state family, read-only.
+    pub fn states(&self) -> Option<&MambaFamily<NodeId>> {
+        self.mamba.as_ref()
+    }
+}

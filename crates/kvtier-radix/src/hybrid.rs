@@ -1,0 +1,339 @@
+//! Admission and publication for hybrid models: the KV tree and the recurrent states on
+//! its nodes decided together (spec/hybrid-l3.md §1.3–§1.6).
+//!
+//! Every step follows the reference's order — the KV match, capped at the deepest states
+//! (§1.4), room for the KV, then for the states (`2` slots for a request's pair, one more
+//! for a host state loaded back), the loads, the allocations — so a refusal leaves what
+//! the reference leaves, and `Policy::Reference` reproduces its decisions. Where the
+//! reference caches a state at the wrong depth or loses one, kvtier does not: a slot is
+//! cached only at the depth whose state it holds.
+
+use kvtier_mamba::{CappedMatch, RequestStates};
+use kvtier_types::{PageId, Tier, Token};
+
+use crate::batch::{
+    Admission, ChunkCommit, ChunkShape, FinalStates, Outcome, Publication, StateGrant, grow,
+};
+use crate::{Match, NodeId, NodeLock, RadixCore};
+
+impl RadixCore {
+    /// The KV match of `tokens` capped at the states reachable on each tier.
+    fn capped(&mut self, m: Match) -> (Match, CappedMatch<NodeId>) {
+        let capped = self
+            .with_states(|states, tree| states.cap_match(tree, m.device, m.host))
+            .expect("hybrid admission needs the state family");
+        let m = Match {
+            device: capped.device,
+            device_pages: self.depth_pages(capped.device),
+            host: capped.host,
+            host_pages: self.depth_pages(capped.host),
+        };
+        (m, capped)
+    }
+
+    /// A hybrid request's first chunk: its prefix capped at the deepest cached state, a
+    /// host state loaded back when it is deeper than any device state, and a working and
+    /// a checkpoint slot.
+    pub(crate) fn first_chunk_hybrid(
+        &mut self,
+        tokens: &[Token],
+        prefill_len: u32,
+        remaining: u32,
+        d: u32,
+        use_host: bool,
+        reuse: bool,
+    ) -> Outcome {
+        let ps = self.page_size();
+        let kv = self.committed_match(tokens, reuse);
+        let (m, capped) = self.capped(kv);
+        let host_pages = if use_host { m.host_pages } else { 0 };
+        let shape = ChunkShape::new(m.device_pages, host_pages, prefill_len, remaining, d, ps);
+        let branching = capped.branching.or_else(|| {
+            let aligned = self.states().map_or(0, |s| s.align(shape.tokens));
+            (aligned > 0).then_some(aligned)
+        });
+        let Some(guard) = self.make_room(m.device, shape.need) else {
+            return Outcome::waits();
+        };
+        // A host state deeper than every device state is loaded back.
+        let load_node = (capped.host_src.is_some() && capped.cow_src.is_none())
+            .then(|| {
+                self.states().and_then(|s| {
+                    s.last_host_state(&*self, m.host)
+                        .filter(|&n| s.device_slot(n).is_none())
+                })
+            })
+            .flatten();
+        let need = 2 + u32::from(load_node.is_some());
+        if self.with_states(|states, tree| states.ensure_device(tree, need, None)) != Some(true) {
+            self.unlock(guard);
+            return Outcome::waits();
+        }
+        let mut cow_src = capped.cow_src;
+        if cow_src.is_some() {
+            self.with_states(|states, _| states.protect(capped.device));
+        }
+        let state_load = load_node.and_then(|node| {
+            self.with_states(|states, tree| {
+                let pair = states.load_back(tree, node);
+                let source = states.last_device_state(tree, m.host);
+                cow_src = source.and_then(|n| states.device_slot(n));
+                if let Some(n) = source {
+                    states.protect(n);
+                }
+                pair
+            })
+            .flatten()
+        });
+        let Some((device_lock, host_lock, mut load_back)) = self.pin_path(m, guard, use_host)
+        else {
+            debug_assert!(false, "room was made for the load-back");
+            return Outcome::waits();
+        };
+        load_back.extend(state_load);
+        let Some(pages) = self.allocate(Tier::Device, shape.own_pages as usize) else {
+            debug_assert!(false, "admission reserved the pages");
+            return Outcome::waits();
+        };
+        let pair = self
+            .with_states(|states, _| {
+                Some(RequestStates::new(states.allocate()?, states.allocate()?))
+            })
+            .flatten();
+        let Some(states) = pair else {
+            debug_assert!(false, "room was made for the pair");
+            return Outcome::waits();
+        };
+        let mut prefix_pages =
+            Vec::with_capacity((shape.begin_pages + shape.tokens.div_ceil(ps)) as usize);
+        self.device_path_pages(device_lock.node(), &mut prefix_pages);
+        Outcome::Admitted(Box::new(Admission {
+            tokens: shape.tokens,
+            begin_pages: shape.begin_pages,
+            device_lock,
+            host_lock,
+            load_back,
+            pages,
+            tail_free: shape.tail_free,
+            prefix_pages,
+            states: Some(Box::new(StateGrant {
+                states,
+                cow_src,
+                branching,
+            })),
+        }))
+    }
+
+    /// Resumes a retracted hybrid request. Its KV prefix comes back whole (as for any
+    /// request); its state only from a cached state at exactly its computed history
+    /// (`exact_state`), else it is recomputed from the deepest state there is. Under
+    /// `Policy::Reference` a path without any state loses the request, as in the
+    /// reference.
+    pub(crate) fn recovery_hybrid(
+        &mut self,
+        tokens: &[Token],
+        tail_pages: u32,
+        tail_free: u32,
+        held: Vec<NodeLock>,
+        d: u32,
+        exact_state: bool,
+    ) -> Outcome {
+        let ps = self.page_size();
+        let kv = self.match_prefix(tokens);
+        let (_, capped) = self.capped(kv);
+        let any_state = self
+            .states()
+            .map(|s| {
+                s.last_device_state(&*self, capped.host).is_some()
+                    || s.last_host_state(&*self, capped.host).is_some()
+            })
+            .unwrap_or(false);
+        if !any_state && self.is_reference() {
+            drop(held);
+            return Outcome::StateLost;
+        }
+        // The node at the published depth holds the state the next decode starts from.
+        let depth = (tokens.len() / ps as usize) as u32;
+        let terminal = if kv.device_pages == depth {
+            kv.device
+        } else if kv.host_pages == depth {
+            kv.host
+        } else {
+            self.root()
+        };
+        let (device_state, host_state) = self
+            .states()
+            .map(|s| (s.device_slot(terminal), s.host_slot(terminal)))
+            .unwrap_or((None, None));
+        if !exact_state || depth == 0 || (device_state.is_none() && host_state.is_none()) {
+            drop(held);
+            return Outcome::Recompute;
+        }
+        let (reserve_pages, new_tail_free) = grow(tail_free, d, ps);
+        let load_back = kv.host_pages.saturating_sub(kv.device_pages);
+        let footprint = kv.device_pages.max(kv.host_pages) + tail_pages + reserve_pages;
+        if footprint > self.usable(Tier::Device) {
+            drop(held);
+            return Outcome::TooBig;
+        }
+        let Some(guard) = self.make_room(kv.device, load_back + reserve_pages) else {
+            return Outcome::Waits { held, commit: None };
+        };
+        let need = 2 + u32::from(device_state.is_none());
+        if self.with_states(|states, tree| states.ensure_device(tree, need, Some(terminal)))
+            != Some(true)
+        {
+            self.unlock(guard);
+            return Outcome::Waits { held, commit: None };
+        }
+        let mut cow_src = device_state;
+        self.with_states(|states, _| states.protect(terminal));
+        let state_load = if device_state.is_none() {
+            self.with_states(|states, tree| {
+                let pair = states.load_back(tree, terminal);
+                cow_src = states.device_slot(terminal);
+                pair
+            })
+            .flatten()
+        } else {
+            None
+        };
+        let Some((device_lock, host_lock, mut load_back)) = self.pin_path(kv, guard, true) else {
+            debug_assert!(false, "room was made for the load-back");
+            return Outcome::Waits { held, commit: None };
+        };
+        load_back.extend(state_load);
+        for lock in held {
+            self.unlock(lock);
+        }
+        let Some(pages) = self.allocate(Tier::Device, reserve_pages as usize) else {
+            debug_assert!(false, "pages were made free");
+            return Outcome::waits();
+        };
+        let pair = self
+            .with_states(|states, _| {
+                Some(RequestStates::new(states.allocate()?, states.allocate()?))
+            })
+            .flatten();
+        let Some(states) = pair else {
+            debug_assert!(false, "room was made for the pair");
+            return Outcome::waits();
+        };
+        let mut prefix_pages = Vec::new();
+        self.device_path_pages(device_lock.node(), &mut prefix_pages);
+        Outcome::Admitted(Box::new(Admission {
+            tokens: 0,
+            begin_pages: depth,
+            device_lock,
+            host_lock,
+            load_back,
+            pages,
+            tail_free: new_tail_free,
+            prefix_pages,
+            states: Some(Box::new(StateGrant {
+                states,
+                cow_src,
+                branching: None,
+            })),
+        }))
+    }
+
+    /// Commits a hybrid request's last chunk: its new full pages go into the tree and
+    /// its checkpoint is cached at their end if it holds that state (else freed). Returns
+    /// the lock on the published node and its path's device pages; `None` when nothing
+    /// was published.
+    pub(crate) fn commit_chunk(&mut self, commit: ChunkCommit) -> Option<(NodeLock, Vec<PageId>)> {
+        let ChunkCommit {
+            publication,
+            checkpoint,
+        } = commit;
+        let published = publication.and_then(|p| self.publish_pages(p));
+        let node = published.as_ref().map(|(lock, _)| lock.node());
+        if let Some((slot, at)) = checkpoint {
+            self.cache_state(node, slot, at);
+        }
+        published
+    }
+
+    /// Publishes a request's pages; the lock on the published node and its path's device
+    /// pages.
+    fn publish_pages(&mut self, publication: Publication) -> Option<(NodeLock, Vec<PageId>)> {
+        let (lock, _) = self.publish(publication, None);
+        let lock = lock?;
+        let mut path = Vec::new();
+        self.device_path_pages(lock.node(), &mut path);
+        Some((lock, path))
+    }
+
+    /// Caches `slot` on `node` if it holds the state after exactly the node's prefix;
+    /// frees it otherwise.
+    fn cache_state(&mut self, node: Option<NodeId>, slot: kvtier_mamba::Slot, at: Option<u32>) {
+        let depth = node.map(|n| self.depth_pages(n) * self.page_size());
+        self.with_states(|states, tree| match node {
+            Some(node) if at.is_some() && at == depth => {
+                states.publish(tree, node, slot);
+            }
+            _ => states.discard(slot),
+        });
+    }
+
+    /// A decoding hybrid request's new full pages, and its checkpoint (cached where it
+    /// holds the state at their end); a fresh checkpoint when asked for and one can be
+    /// had.
+    pub(crate) fn publish_decode(
+        &mut self,
+        publication: Publication,
+        checkpoint: Option<(kvtier_mamba::Slot, Option<u32>)>,
+        renew: bool,
+        retire: Option<NodeId>,
+    ) -> (Option<(NodeLock, Vec<PageId>)>, Option<kvtier_mamba::Slot>) {
+        let published = self.commit_chunk(ChunkCommit {
+            publication: Some(publication),
+            checkpoint,
+        });
+        let deeper = published.as_ref().is_some_and(|(lock, _)| {
+            self.states()
+                .is_some_and(|s| s.device_slot(lock.node()).is_some())
+        });
+        if let Some(old) = retire.filter(|&n| deeper && self.is_live(n)) {
+            self.with_states(|states, tree| states.retire(tree, old));
+        }
+        // Only from a free slot: evicting a cached state for a state this request may
+        // never need would trade a likely hit for an unlikely one.
+        let fresh = if renew {
+            self.with_states(|states, _| states.allocate()).flatten()
+        } else {
+            None
+        };
+        (published, fresh)
+    }
+
+    /// A finishing or retracted hybrid request's slots: the one holding the state at
+    /// `terminal`'s depth is cached there (the checkpoint first), the rest freed.
+    /// `publish` false frees them all (the reference caches only when the request
+    /// published pages at the end).
+    pub(crate) fn settle_states(&mut self, terminal: NodeId, states: FinalStates, publish: bool) {
+        let FinalStates {
+            states: mut pair,
+            working_at,
+        } = states;
+        let depth = self.depth_pages(terminal) * self.page_size();
+        let has_state = self
+            .states()
+            .is_some_and(|s| s.device_slot(terminal).is_some());
+        let mut cached = !publish || has_state || terminal == self.root();
+        if let Some((slot, at)) = pair.take_checkpoint() {
+            if !cached && at == Some(depth) {
+                self.cache_state(Some(terminal), slot, at);
+                cached = true;
+            } else {
+                self.with_states(|s, _| s.discard(slot));
+            }
+        }
+        if !cached && working_at == depth {
+            self.cache_state(Some(terminal), pair.working, Some(working_at));
+        } else {
+            self.with_states(|s, _| s.discard(pair.working));
+        }
+    }
+}
