@@ -61,6 +61,11 @@ struct ReplayArgs {
     /// Turn the prefix cache and host tier off (every request computes its whole prompt).
     #[arg(long)]
     no_cache: bool,
+    /// The model served: `dense` (full attention, the default) or `mamba-hybrid`
+    /// (attention and Mamba layers: a recurrent state per request, checked by the
+    /// oracle too).
+    #[arg(long, value_enum)]
+    model: Option<kvtier_sim::scenario::Model>,
     /// How much KV the integrity oracle checks.
     #[arg(long, value_enum)]
     verify: Option<Verify>,

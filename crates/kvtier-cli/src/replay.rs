@@ -9,7 +9,7 @@ use clap::ValueEnum;
 use clap::builder::PossibleValue;
 use kvtier_sim::reference::Verify;
 use kvtier_sim::scenario::{
-    CostModel, L3Store, Scenario, ScenarioOptions, TraceWorkload, run_scenario_with_progress,
+    CostModel, L3Store, Model, Scenario, ScenarioOptions, TraceWorkload, run_scenario_with_progress,
 };
 use kvtier_sim::trace::{TraceSlice, parse_trace, read_trace};
 use kvtier_sim::{Path, WorkloadKind, WorkloadOptions, run_workload};
@@ -54,6 +54,8 @@ impl ValueEnum for ReplayWorkload {
 struct ReplayFile {
     #[serde(default, deserialize_with = "by_name")]
     workload: Option<ReplayWorkload>,
+    #[serde(default, deserialize_with = "by_name")]
+    model: Option<Model>,
     cache: Option<bool>,
     publish: Option<bool>,
     #[serde(default, deserialize_with = "by_name")]
@@ -239,14 +241,15 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         ReplayWorkload::Scenario(scenario) => scenario,
         ReplayWorkload::Bench(kind) => {
             let scenario_only = args.no_cache
+                || args.model.is_some()
                 || args.l3.is_some()
                 || args.l3_dir.is_some()
                 || args.device_pages.is_some()
                 || args.host_pages.is_some();
             if scenario_only {
                 bail!(
-                    "--no-cache, --l3, --l3-dir, --device-pages and --host-pages apply to \
-                     scenarios and traces"
+                    "--no-cache, --model, --l3, --l3-dir, --device-pages and --host-pages \
+                     apply to scenarios and traces"
                 );
             }
             let options = WorkloadOptions {
@@ -272,6 +275,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         ScenarioOptions::new(scenario)
     };
     let options = ScenarioOptions {
+        model: args.model.or(file.model).unwrap_or_default(),
         cache: !args.no_cache && file.cache.unwrap_or(true),
         publish: file.publish.unwrap_or(true),
         verify: args.verify.or(file.verify).unwrap_or(base.verify),

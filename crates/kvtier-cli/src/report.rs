@@ -26,8 +26,9 @@ pub fn scenario(r: &ScenarioReport) {
         }
     };
     println!(
-        "replay {} (prefix cache and host tier {})",
+        "replay {} ({} model, prefix cache and host tier {})",
         r.workload,
+        r.model,
         if r.cache { "on" } else { "off" }
     );
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
@@ -136,6 +137,7 @@ pub fn scenario(r: &ScenarioReport) {
     let tail_rows: Vec<(&str, String)> = vec![
         ("retractions", r.retractions.to_string()),
         ("integrity errors", r.integrity_errors.to_string()),
+        ("output digest", r.output_digest.clone()),
         (
             "virtual time",
             format!("{:.2} s (cost model: docs/data-plane.md)", r.virtual_s),

@@ -378,6 +378,22 @@ impl KvArenas {
         }
     }
 
+    /// The device arena and, for a hybrid model, the device state arena at once: a state
+    /// slot `s` is page `s + 1` of the state view, its layers the items of plane 0.
+    pub fn device_views(&mut self) -> (DeviceView<'_>, Option<DeviceView<'_>>) {
+        let geometry = self.geometry;
+        let pages = self.device_pages;
+        let states = self.states.as_mut().map(|s| s.device_view());
+        (
+            DeviceView {
+                bytes: self.inner.pin_mut().device_all(),
+                geometry,
+                pages,
+            },
+            states,
+        )
+    }
+
     /// The bytes of one page of one plane of one layer on `tier`. A host item holds a
     /// write borrow of its page until it is dropped.
     pub fn item_mut(

@@ -254,6 +254,25 @@ impl DeviceCore {
                 }
             }
         }
+        // Rows that start from a cached recurrent state copy it into their working slot
+        // first (copy on write), after the load-backs that may have brought it.
+        let cow: Vec<TransferPair> = plan
+            .forward
+            .rows
+            .iter()
+            .filter_map(|row| {
+                let m = row.mamba;
+                Some(TransferPair {
+                    kind: TransferKind::Mamba,
+                    src: m.cow_src?,
+                    dst: m.working?,
+                })
+            })
+            .collect();
+        if !cow.is_empty() {
+            self.arenas.copy_device_states(&cow)?;
+            self.stats.moved_bytes += cow.len() as u64 * slot_bytes;
+        }
         if let Some(runner) = &mut self.runner {
             runner.forward(plan, &mut self.arenas, &mut events)?;
         }

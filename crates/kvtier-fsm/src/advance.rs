@@ -354,6 +354,7 @@ impl SchedulerCore {
                 id,
                 published_from,
                 own_pages,
+                decode: true,
             },
         );
     }

@@ -107,6 +107,7 @@ impl SchedulerCore {
                     id,
                     published_from,
                     own_pages,
+                    decode,
                 },
                 OpResult::PublishedDecode {
                     published,
@@ -120,7 +121,9 @@ impl SchedulerCore {
                     return;
                 };
                 if let Some((lock, path_pages)) = published {
-                    run.decode_state = Some(lock.node());
+                    if decode {
+                        run.decode_state = Some(lock.node());
+                    }
                     run.adopt_published(lock, path_pages, published_from, &own_pages);
                 }
                 if let Some(states) = run.states.as_mut() {

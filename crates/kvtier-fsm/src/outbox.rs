@@ -25,6 +25,9 @@ pub(crate) enum Target {
         published_from: u32,
         /// The request's own copies of the published pages.
         own_pages: Vec<PageId>,
+        /// Published by a decode (its state retires at the next one), not a prefill
+        /// chunk (whose state may be a shared prompt's).
+        decode: bool,
     },
     /// A mid-flight publication: the new prefix lock and page table.
     Publish {

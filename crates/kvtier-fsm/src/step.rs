@@ -25,8 +25,8 @@ use kvtier_radix::{
     NodeLock, OpResult, Outcome, PrefetchCheck, RetractOutcome, TokenRef,
 };
 use kvtier_types::{
-    AbortNotice, AbortReason, ExecutionPlan, LoadBackOp, OpId, PrefetchOp, RequestId, RowKind,
-    TransferKind, TransferPair, WriteBackOp,
+    AbortNotice, AbortReason, ExecutionPlan, LoadBackOp, OpId, Policy, PrefetchOp, RequestId,
+    RowKind, TransferKind, TransferPair, WriteBackOp,
 };
 
 use crate::draft::{Awaiting, Entry, PlanInProgress, Republish, Retraction, Rows, Seen};
@@ -77,9 +77,12 @@ impl SchedulerCore {
         self.issue_finish_write_backs(&mut plan, &mut seen);
         self.ops.issue_backups(&mut plan.backups);
         let released = self.requests.erase_finished(self.stats.plans) > 0;
-        // A hybrid model publishes each chunk when the next is admitted instead.
-        if self.config.publish_prefix_mid_flight && self.config.mamba.is_none() {
-            self.publish_computed_prompts();
+        match (&self.config.mamba, self.config.policy) {
+            (None, _) if self.config.publish_prefix_mid_flight => self.publish_computed_prompts(),
+            // The reference publishes a hybrid request's chunk when its next row is
+            // admitted, after this plan's new requests looked for it.
+            (Some(_), Policy::Default) => self.commit_computed_chunks(),
+            _ => {}
         }
         let (program, candidates) = self.admit_program(released);
         let (mut batch, targets) = self.outbox.take();
@@ -289,6 +292,52 @@ impl SchedulerCore {
         }
     }
 
+    /// Hybrid models: every request in prefill commits the chunks it has computed —
+    /// their pages with its checkpoint, cached where it holds the state at their end —
+    /// before any candidate is probed, so a sibling admitted in this plan reuses them.
+    fn commit_computed_chunks(&mut self) {
+        let prefilling = self
+            .requests
+            .keys_where(|r| matches!(r.state, State::Prefilling(_) | State::PrefillDone(_)));
+        for key in prefilling {
+            let (Some(commit), republish) = self.chunk_commit(key) else {
+                continue;
+            };
+            let ChunkCommit {
+                publication,
+                checkpoint,
+            } = *commit;
+            let Some(publication) = publication else {
+                // No new page: the checkpoint holds no state worth caching.
+                drop(checkpoint);
+                continue;
+            };
+            let Some(Republish {
+                published_from,
+                own_pages,
+            }) = republish
+            else {
+                continue;
+            };
+            let id = self.requests[key].id.clone();
+            self.outbox.push(
+                CacheOp::PublishDecode {
+                    publication,
+                    checkpoint,
+                    renew: false,
+                    retire: None,
+                },
+                Target::PublishDecode {
+                    key,
+                    id,
+                    published_from,
+                    own_pages,
+                    decode: false,
+                },
+            );
+        }
+    }
+
     /// Candidates in scheduling order: priority class, then request id. One buffer
     /// sized once; the stable sort keeps id order within a class and is linear when
     /// one class dominates (a steady decode batch).
@@ -322,15 +371,23 @@ impl SchedulerCore {
                 State::Prefilling(run) => {
                     let (remaining, tail_free) =
                         (r.prefill_len - run.window_end(), run.local_kv.tail_free);
-                    let (commit, republish) = if hybrid {
+                    // The reference commits the last chunk when this one is admitted;
+                    // kvtier did at the start of the plan.
+                    let (commit, republish) = if hybrid && reference {
                         self.chunk_commit(key)
                     } else {
                         (None, None)
+                    };
+                    let checkpoint = if hybrid {
+                        CheckpointNeed::Required
+                    } else {
+                        CheckpointNeed::None
                     };
                     intents.push(Intent::NextChunk {
                         remaining,
                         tail_free,
                         commit,
+                        checkpoint,
                     });
                     Entry::NextChunk(republish)
                 }
@@ -365,7 +422,7 @@ impl SchedulerCore {
                         }
                         _ => CheckpointNeed::None,
                     };
-                    let (commit, republish) = if first {
+                    let (commit, republish) = if first && reference {
                         self.chunk_commit(key)
                     } else {
                         (None, None)

@@ -299,6 +299,8 @@ pub enum Intent {
         tail_free: u32,
         /// Hybrid models: the last chunk, committed if this one is admitted.
         commit: Option<Box<ChunkCommit>>,
+        /// Hybrid models: the checkpoint slot the chunk needs.
+        checkpoint: CheckpointNeed,
     },
     /// A decode row reserving `reserve` token slots.
     Decode {
@@ -770,6 +772,7 @@ impl RadixCore {
                     remaining: left,
                     tail_free,
                     commit,
+                    checkpoint,
                 } => {
                     let t = remaining.min(left);
                     // The reference makes room for whole fresh pages, ignoring the tail.
@@ -777,11 +780,6 @@ impl RadixCore {
                         t.div_ceil(ps)
                     } else {
                         grow(tail_free, t, ps).0
-                    };
-                    let checkpoint = if commit.is_some() {
-                        CheckpointNeed::Required
-                    } else {
-                        CheckpointNeed::None
                     };
                     self.grow_running(t, tail_free, room, commit, checkpoint)
                 }

@@ -16,6 +16,15 @@
 //!   a run with cache reuse must produce exactly the tokens of a run without it. Which rows yield a token, and when a request
 //!   finishes, is [`kvtier_types::engine_rule`].
 //!
+//! * A hybrid model ([`ReferenceEngine::with_states`]) also keeps a recurrent state per
+//!   request: the state after `tokens[0, L)` is a pure function of that prefix and `L`.
+//!   Each row reads the state its working slot holds (after the device copied the
+//!   row's copy-on-write source there), checks it is the state after exactly the
+//!   tokens before the row, mixes it into the next token, and writes the state after
+//!   the row to the working slot — and to the checkpoint slot at the positions the
+//!   checkpoint rule names (`kvtier_mamba::checkpoint_depth`). A wrong or stale state
+//!   is reported with the request, slot and position ([`WrongState`]).
+//!
 //! It is a [`ModelRunner`]: the device actor runs each plan's load-backs and write-backs
 //! on the arenas through the kernel library, then hands the forward rows to it.
 
@@ -24,6 +33,7 @@ use std::collections::BTreeMap;
 
 use kvtier_device::{
     DeviceCore, DeviceError, DeviceView, KvArenas, KvGeometry, ModelRunner, NewRequest,
+    StateGeometry,
 };
 use kvtier_types::{
     EngineEvent, ExecutionPlan, PageId, RequestId, RowKind, Tier, Token, TransferKind,
@@ -116,6 +126,22 @@ pub enum IntegrityError {
         /// The request the row names.
         request: RequestId,
     },
+    /// A hybrid model's row read a recurrent state other than the one after its
+    /// tokens (or named no state slot).
+    WrongState(WrongState),
+}
+
+/// A wrong recurrent state a row read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WrongState {
+    /// The request whose row read it.
+    pub request: RequestId,
+    /// The device state slot (`None`: the row named no working slot).
+    pub slot: Option<u32>,
+    /// The prefix length whose state the row needed.
+    pub position: u32,
+    /// The prefix length the slot's state claims to follow (garbage claims anything).
+    pub found: u64,
 }
 
 impl IntegrityError {
@@ -125,6 +151,7 @@ impl IntegrityError {
             IntegrityError::WrongKv(wrong) => &wrong.request,
             IntegrityError::ShortPageTable { request, .. }
             | IntegrityError::UnknownRequest { request } => request,
+            IntegrityError::WrongState(wrong) => &wrong.request,
         }
     }
 
@@ -241,6 +268,28 @@ pub struct ReferenceEngine {
     void_pages: std::collections::BTreeSet<PageId>,
     /// Rows skipped because they read a failed load-back.
     pub void_rows: u64,
+    /// A hybrid model's recurrent state, if the model has one.
+    states: Option<StateModel>,
+}
+
+/// The recurrent state of a hybrid model.
+#[derive(Debug, Clone, Copy)]
+struct StateModel {
+    geometry: StateGeometry,
+    /// The checkpoint rule's chunk (`MambaSettings::chunk`).
+    chunk: u32,
+    /// Device and host state slots.
+    device_slots: u32,
+    host_slots: u32,
+}
+
+/// Word `w` of layer `layer` of the state after the prefix of length `len` whose
+/// rolling hash is `h` (word 0 holds `len`, so a stale state says which it is).
+fn state_word(len: u32, h: u64, layer: u32, w: usize) -> u64 {
+    if w == 0 {
+        return u64::from(len);
+    }
+    splitmix64(h ^ 0x5354_4154_4500_0000 ^ (u64::from(layer) << 40) ^ w as u64)
 }
 
 /// Bytes of one token in one (layer, plane): one slot.
@@ -279,7 +328,32 @@ impl ReferenceEngine {
             ideal_hit_pages: 0,
             void_pages: std::collections::BTreeSet::new(),
             void_rows: 0,
+            states: None,
         })
+    }
+
+    /// A hybrid model: each request also carries a recurrent state of `geometry`
+    /// (layers of whole 8-byte words), checkpointed by the rule with `chunk`, in pools
+    /// of `device_slots` and `host_slots`.
+    pub fn with_states(
+        mut self,
+        geometry: StateGeometry,
+        chunk: u32,
+        device_slots: u32,
+        host_slots: u32,
+    ) -> Result<Self, DeviceError> {
+        if geometry.bytes_per_layer == 0 || !geometry.bytes_per_layer.is_multiple_of(8) {
+            return Err(DeviceError::InvalidGeometry(
+                "the reference engine needs state layers of whole 8-byte words".into(),
+            ));
+        }
+        self.states = Some(StateModel {
+            geometry,
+            chunk,
+            device_slots,
+            host_slots,
+        });
+        Ok(self)
     }
 
     /// The reference engine a device runs its rows through, if that is its runner.
@@ -293,7 +367,10 @@ impl ReferenceEngine {
     /// (page 0 included), with this engine as its model runner.
     pub fn into_device(self, host_pages: u32) -> Result<DeviceCore, DeviceError> {
         let device_pages = self.device_sources.len() as u32;
-        let arenas = KvArenas::new(self.geometry, device_pages, host_pages.max(2), 2)?;
+        let mut arenas = KvArenas::new(self.geometry, device_pages, host_pages.max(2), 2)?;
+        if let Some(m) = self.states {
+            arenas = arenas.with_states(m.geometry, m.device_slots, m.host_slots.max(1))?;
+        }
         Ok(DeviceCore::new(arenas).with_runner(Box::new(self)))
     }
 
@@ -325,6 +402,7 @@ impl ReferenceEngine {
     fn forward_row(
         &mut self,
         view: &mut DeviceView<'_>,
+        states: Option<&mut DeviceView<'_>>,
         row: &kvtier_types::ForwardRow,
         table: &[PageId],
         mut track: Track,
@@ -370,7 +448,10 @@ impl ReferenceEngine {
         }
         // Read after the writes, as attention does: a table that maps two positions to
         // one slot shows up as well as a stale or misplaced page.
-        let digest = self.read(view, &row.request_id, &track, table, compute.end)?;
+        let mut digest = self.read(view, &row.request_id, &track, table, compute.end)?;
+        if let (Some(model), Some(states)) = (self.states, states) {
+            digest ^= self.recur(states, model, row, &track, compute.clone())?;
+        }
         if !engine_rule::yields_token(row) {
             return Ok(track);
         }
@@ -386,6 +467,94 @@ impl ReferenceEngine {
             track.max_new,
         );
         Ok(track)
+    }
+
+    /// The recurrent part of a row computing `compute`: reads and checks the state of
+    /// `0..compute.start` in the working slot (a fresh request starts from the empty
+    /// state), writes the state after the row there, and the checkpoint the rule asks
+    /// for. Returns how far the state read is from the right one (0 when it is right).
+    fn recur(
+        &mut self,
+        view: &mut DeviceView<'_>,
+        model: StateModel,
+        row: &kvtier_types::ForwardRow,
+        track: &Track,
+        compute: std::ops::Range<u32>,
+    ) -> Result<u64, DeviceError> {
+        let state_of = |len: u32| -> u64 {
+            if len == 0 {
+                0x6b76_7469_6572
+            } else {
+                track.prefix[len as usize - 1]
+            }
+        };
+        let words = (model.geometry.bytes_per_layer / 8) as usize;
+        let (begin, end) = (compute.start, compute.end);
+        let Some(working) = row.mamba.working else {
+            self.errors.push(IntegrityError::WrongState(WrongState {
+                request: row.request_id.clone(),
+                slot: None,
+                position: begin,
+                found: 0,
+            }));
+            return Ok(0);
+        };
+        // What the row's state differs from the one it needs: nothing when it is right,
+        // so a right state gives the same tokens however the history was chunked, and a
+        // wrong one changes them (and every state after it).
+        let mut delta = 0u64;
+        if begin > 0 {
+            let expected = state_of(begin);
+            let mut found = None;
+            for layer in 0..model.geometry.layers {
+                let item = view.item(working + 1, layer, 0)?;
+                for (w, chunk) in item.chunks_exact(8).take(words).enumerate() {
+                    let word = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+                    let off = word ^ state_word(begin, expected, layer, w);
+                    delta = (delta ^ off)
+                        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                        .rotate_left(23);
+                    if off != 0 && found.is_none() {
+                        found = Some(u64::from_le_bytes(item[..8].try_into().unwrap_or([0; 8])));
+                    }
+                }
+            }
+            if let Some(found) = found.filter(|_| self.verify != Verify::Off) {
+                self.errors.push(IntegrityError::WrongState(WrongState {
+                    request: row.request_id.clone(),
+                    slot: Some(working),
+                    position: begin,
+                    found,
+                }));
+            }
+        }
+        let mut write = |slot: u32, len: u32| -> Result<(), DeviceError> {
+            let h = state_of(len);
+            for layer in 0..model.geometry.layers {
+                let item = view.item(slot + 1, layer, 0)?;
+                for (w, chunk) in item.chunks_exact_mut(8).take(words).enumerate() {
+                    let word = state_word(len, h, layer, w) ^ if w > 0 { delta } else { 0 };
+                    chunk.copy_from_slice(&word.to_le_bytes());
+                }
+            }
+            Ok(())
+        };
+        write(working, end)?;
+        if let Some(checkpoint) = row.mamba.checkpoint_dst {
+            let ps = self.geometry.page_size;
+            let at = match row.kind {
+                RowKind::Prefill => {
+                    kvtier_mamba::checkpoint_depth(begin, end - begin, ps, model.chunk)
+                }
+                RowKind::Decode | RowKind::Recovery => {
+                    kvtier_mamba::decode_checkpoint_depth(end, ps)
+                }
+            };
+            if let Some(at) = at {
+                write(checkpoint, at)?;
+            }
+        }
+        Ok(delta)
     }
 
     /// The slot of position `pos` in (`layer`, `plane`); the table must reach `pos`.
@@ -539,7 +708,7 @@ impl ModelRunner for ReferenceEngine {
             self.forget(&notice.request_id);
         }
         let void_pages = std::mem::take(&mut self.void_pages);
-        let mut view = arenas.device_view();
+        let (mut view, mut state_view) = arenas.device_views();
         for row in &plan.forward.rows {
             let table = plan.forward.page_table_of(row);
             if !void_pages.is_empty() && table.iter().any(|p| void_pages.contains(p)) {
@@ -553,7 +722,8 @@ impl ModelRunner for ReferenceEngine {
                 });
                 continue;
             };
-            let track = self.forward_row(&mut view, row, table, track, events)?;
+            let track =
+                self.forward_row(&mut view, state_view.as_mut(), row, table, track, events)?;
             if track.generated < track.max_new {
                 self.tracks.insert(row.request_id.clone(), track);
             } else {

@@ -17,19 +17,50 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvtier::KvError;
-use kvtier_device::{DeviceCore, DeviceError, FailEveryNth, KvGeometry, NewRequest};
+use kvtier_device::{DeviceCore, DeviceError, FailEveryNth, KvGeometry, NewRequest, StateGeometry};
 use kvtier_fsm::{BatchError, SchedError};
 use kvtier_l3::{
     L3Backend, L3Core, L3Error, L3Faults, L3Key, LocalStore, LocalStoreConfig, MooncakeConfig,
     MooncakeStore, Namespace,
 };
-use kvtier_types::{EngineEvent, RequestId, RequestSpec, SchedulerConfig, Token};
+use kvtier_types::{EngineEvent, MambaSettings, RequestId, RequestSpec, SchedulerConfig, Token};
 use serde::Serialize;
 
 use crate::api::{Path, system_on};
 use crate::reference::{IntegrityError, ReferenceEngine, Verify};
 use crate::tokens::{gen_tokens, tag};
 use crate::trace::{TraceRequest, unbounded_hit_tokens};
+
+/// The model a scenario serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum Model {
+    /// Full attention: KV only.
+    #[default]
+    Dense,
+    /// Attention layers beside Mamba layers (Qwen3-Next, Nemotron-H style): KV and a
+    /// recurrent state per request, checkpointed at page boundaries.
+    MambaHybrid,
+}
+
+impl Model {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Model::Dense => "dense",
+            Model::MambaHybrid => "mamba-hybrid",
+        }
+    }
+}
+
+/// The recurrent state of the scenarios' hybrid model: 2 Mamba layers of 32 bytes.
+pub const SCENARIO_STATE: StateGeometry = StateGeometry {
+    layers: 2,
+    bytes_per_layer: 32,
+};
+
+/// The scan kernel's chunk of the scenarios' hybrid model.
+pub const SCENARIO_STATE_CHUNK: u32 = 64;
 
 /// Which scenario.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -237,6 +268,8 @@ impl CostModel {
 pub struct ScenarioOptions {
     /// Which scenario.
     pub scenario: Scenario,
+    /// The model served.
+    pub model: Model,
     /// Prefix cache and host tier on (off: every request computes its whole prompt).
     pub cache: bool,
     /// Mid-flight prefix publication.
@@ -293,6 +326,7 @@ impl ScenarioOptions {
     pub fn new(scenario: Scenario) -> Self {
         Self {
             scenario,
+            model: Model::Dense,
             cache: true,
             publish: true,
             verify: Verify::Full,
@@ -412,6 +446,11 @@ pub struct ScenarioReport {
     pub l3_corrupt_objects: u64,
     /// Integrity errors found by the oracle.
     pub integrity_errors: u64,
+    /// The model served (`dense`, `mamba-hybrid`).
+    pub model: String,
+    /// FNV-1a over every finished request's id and generated tokens, in id order: two
+    /// runs answered alike exactly when these are equal.
+    pub output_digest: String,
     /// Scheduler time (submit, plan, advance), ns.
     pub scheduler_ns: u64,
     /// Virtual time of the whole run, s.
@@ -552,8 +591,22 @@ pub fn reference_device(
     host_pages: u32,
     verify: Verify,
 ) -> Result<DeviceCore, DeviceError> {
-    ReferenceEngine::new(scenario_geometry(page_size), device_pages, verify)?
-        .into_device(host_pages)
+    hybrid_reference_device(page_size, device_pages, host_pages, verify, None)
+}
+
+/// [`reference_device`] for a hybrid model with these state pools, when `states` says so.
+pub fn hybrid_reference_device(
+    page_size: u32,
+    device_pages: u32,
+    host_pages: u32,
+    verify: Verify,
+    states: Option<MambaSettings>,
+) -> Result<DeviceCore, DeviceError> {
+    let mut engine = ReferenceEngine::new(scenario_geometry(page_size), device_pages, verify)?;
+    if let Some(m) = states {
+        engine = engine.with_states(SCENARIO_STATE, m.chunk, m.device_slots, m.host_slots)?;
+    }
+    engine.into_device(host_pages)
 }
 
 /// The L3 actor's core over `backend`, keyed under `model` (the reference engine's KV
@@ -660,7 +713,15 @@ pub fn run_scenario_with(
     };
     let device_pages = o.device_pages.unwrap_or(device_pages);
     let host_pages = o.host_pages.unwrap_or(host_pages);
+    // A hybrid model: two state slots per running request, as many again for cached
+    // states; host copies with the host tier.
+    let states = (o.model == Model::MambaHybrid).then(|| MambaSettings {
+        device_slots: 4 * batch,
+        host_slots: if o.cache { 16 * batch } else { 0 },
+        chunk: SCENARIO_STATE_CHUNK,
+    });
     let config = SchedulerConfig {
+        mamba: states,
         page_size: PAGE,
         device_pages,
         host_pages,
@@ -672,8 +733,8 @@ pub fn run_scenario_with(
         enable_l3_storage: o.l3_on(),
         ..SchedulerConfig::default()
     };
-    let mut device =
-        reference_device(PAGE, device_pages, host_pages, o.verify)?.with_faults(Box::new(
+    let mut device = hybrid_reference_device(PAGE, device_pages, host_pages, o.verify, states)?
+        .with_faults(Box::new(
             FailEveryNth::new(o.fail_every_nth_write_back)
                 .with_load_backs(o.fail_every_nth_load_back),
         ));
@@ -734,6 +795,8 @@ pub fn run_scenario_with(
         l3_backed_up_bytes: 0,
         l3_corrupt_objects: 0,
         integrity_errors: 0,
+        model: o.model.name().into(),
+        output_digest: String::new(),
         scheduler_ns: 0,
         virtual_s: 0.0,
         ttft_mean_ms: 0.0,
@@ -1037,6 +1100,7 @@ pub fn run_scenario_with(
         r.l3_backed_up_bytes = l3.backed_up_bytes;
         r.l3_corrupt_objects = l3.backend.corrupt_objects;
     }
+    r.output_digest = output_digest(&outputs);
     // The device actor's counters, and the reference engine's findings.
     let device = s.take_device()?.ok_or(KvError::NoDevice)?;
     // Every request is done: shutdown lets go of everything, and the pools must balance
@@ -1087,6 +1151,27 @@ pub fn run_scenario_with(
     }
     r.outputs = outputs;
     Ok(r)
+}
+
+/// FNV-1a 64 over each request's id (length, bytes) and its tokens (count, each as a
+/// little-endian i64), in id order.
+pub fn output_digest(outputs: &BTreeMap<RequestId, Vec<Token>>) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut feed = |bytes: &[u8]| {
+        for &b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    for (id, tokens) in outputs {
+        feed(&(id.as_str().len() as i64).to_le_bytes());
+        feed(id.as_str().as_bytes());
+        feed(&(tokens.len() as i64).to_le_bytes());
+        for &t in tokens {
+            feed(&i64::from(t).to_le_bytes());
+        }
+    }
+    format!("{h:016x}")
 }
 
 /// The `p`-th percentile of sorted values (nearest rank).
