@@ -195,7 +195,6 @@ fn a_corrupted_cached_state_is_caught() {
         let (Some(src), true) = (row.mamba.cow_src, row.extend_prefix_len > 0) else {
             return;
         };
-        let src = src;
         // After the load-back lands and before the copy: flip a byte of the host copy the
         // load-back reads from, else of the device state itself.
         let from_host = step
