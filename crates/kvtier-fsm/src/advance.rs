@@ -10,7 +10,7 @@ use kvtier_types::{
     AbortNotice, AbortReason, EngineEvent, OpId, PageId, RequestId, RequestSpec, Token,
 };
 
-use crate::ops::WriteBackInFlight;
+use crate::ops::{FailedLoad, WriteBackInFlight};
 use crate::outbox::Target;
 use crate::request::{Prefetch, Request, Retracted, Running, Settled, State, StateKind};
 use crate::{BatchError, Rejected, SchedError, SchedulerCore};
@@ -260,8 +260,8 @@ impl SchedulerCore {
     /// that is a cache miss on device, not lost work). Then the cache takes the failed
     /// device copies back, leaving those nodes with their host copies.
     fn load_back_failed(&mut self, op_id: OpId) -> Result<(), SchedError> {
-        let pages = match self.ops.load_back_failed(op_id) {
-            Ok(pages) => pages,
+        let FailedLoad { pages, states } = match self.ops.load_back_failed(op_id) {
+            Ok(load) => load,
             Err(true) => {
                 self.stats.stale_events += 1;
                 return Ok(());
@@ -273,10 +273,13 @@ impl SchedulerCore {
         };
         self.stats.failed_load_backs += 1;
         let failed: BTreeSet<PageId> = pages.iter().copied().collect();
+        // A hybrid row that copied a failed state read garbage as well.
+        let copied: BTreeSet<RequestId> = self.ops.copied_from(&states).into_iter().collect();
         let readers = self.requests.keys_where(|r| {
-            r.state
-                .running()
-                .is_some_and(|run| run.prefix_pages.iter().any(|p| failed.contains(p)))
+            copied.contains(&r.id)
+                || r.state
+                    .running()
+                    .is_some_and(|run| run.prefix_pages.iter().any(|p| failed.contains(p)))
         });
         let ps = u64::from(self.config.page_size);
         let usable = u64::from(self.config.usable_device_pages());
@@ -304,7 +307,7 @@ impl SchedulerCore {
             tracing::debug!(parent: &r.span, phase = "requeued", reason = "load-back failed");
         }
         self.outbox
-            .push(CacheOp::DiscardLoadBack { pages }, Target::Ignore);
+            .push(CacheOp::DiscardLoadBack { pages, states }, Target::Ignore);
         Ok(())
     }
 

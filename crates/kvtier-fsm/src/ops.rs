@@ -11,6 +11,13 @@ use std::collections::BTreeMap;
 use kvtier_radix::{BackupSource, NodeId, NodeLock, WriteBackTicket};
 use kvtier_types::{BackupOp, OpId, PageId, RequestId};
 
+/// What a load-back wrote: device pages, and device state slots (hybrid models).
+#[derive(Debug, Default)]
+pub(crate) struct FailedLoad {
+    pub pages: Vec<PageId>,
+    pub states: Vec<u32>,
+}
+
 /// A write-back in flight. Its cache ticket pins the copy's source and destination pages
 /// until acknowledged, so it survives the request that issued it (an abort cannot free
 /// pages that a copy is still reading or writing).
@@ -43,8 +50,12 @@ pub(crate) struct OpTable {
     pending_backups: Vec<BackupSource>,
     /// Backups in flight: the host lock pinning each one's source pages until acked.
     backups: BTreeMap<OpId, NodeLock>,
-    /// The last plan's load-backs: their device pages, and whether a failure was taken.
-    load_backs: BTreeMap<OpId, (Vec<PageId>, bool)>,
+    /// The last plan's load-backs: their device pages and state slots, and whether a
+    /// failure was taken.
+    load_backs: BTreeMap<OpId, (FailedLoad, bool)>,
+    /// The last plan's rows that copied a cached state into their working slot: the
+    /// request and the device state slot (hybrid models).
+    copies: Vec<(RequestId, u32)>,
     /// The id the next op gets; ids below it (and above 0) were issued.
     next: OpId,
 }
@@ -58,6 +69,7 @@ impl Default for OpTable {
             pending_backups: Vec::new(),
             backups: BTreeMap::new(),
             load_backs: BTreeMap::new(),
+            copies: Vec::new(),
             // 0 is never issued: an acknowledgement for op 0 is always unknown.
             next: 1,
         }
@@ -81,13 +93,30 @@ impl OpTable {
     /// A new plan starts: the last plan's load-backs can no longer fail.
     pub fn forget_load_backs(&mut self) {
         self.load_backs.clear();
+        self.copies.clear();
     }
 
-    /// Records a load-back of this plan onto `pages` under a fresh id, which it returns.
-    pub fn issue_load_back(&mut self, pages: Vec<PageId>) -> OpId {
+    /// Records a load-back of this plan onto device `pages` and state slots `states`
+    /// under a fresh id, which it returns.
+    pub fn issue_load_back(&mut self, pages: Vec<PageId>, states: Vec<u32>) -> OpId {
         let op_id = self.next_id();
-        self.load_backs.insert(op_id, (pages, false));
+        self.load_backs
+            .insert(op_id, (FailedLoad { pages, states }, false));
         op_id
+    }
+
+    /// A row of this plan copies the cached state in device slot `slot` (hybrid models).
+    pub fn record_copy(&mut self, request: RequestId, slot: u32) {
+        self.copies.push((request, slot));
+    }
+
+    /// The requests whose rows of the last plan copied one of these state slots.
+    pub fn copied_from(&self, slots: &[u32]) -> Vec<RequestId> {
+        self.copies
+            .iter()
+            .filter(|(_, slot)| slots.contains(slot))
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 
     /// Whether the last plan had load-backs (a failure can only name one of those).
@@ -98,12 +127,12 @@ impl OpTable {
     /// A load-back of the last plan failed: its device pages, the first time it is
     /// reported (taken: a second report needs none). `Err(true)`: reported before (stale); `Err(false)`: not a load-back of
     /// the last plan.
-    pub fn load_back_failed(&mut self, op_id: OpId) -> Result<Vec<PageId>, bool> {
+    pub fn load_back_failed(&mut self, op_id: OpId) -> Result<FailedLoad, bool> {
         match self.load_backs.get_mut(&op_id) {
             Some((_, true)) => Err(true),
-            Some((pages, reported)) => {
+            Some((load, reported)) => {
                 *reported = true;
-                Ok(std::mem::take(pages))
+                Ok(std::mem::take(load))
             }
             None => Err(false),
         }

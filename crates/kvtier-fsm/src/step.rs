@@ -783,6 +783,9 @@ impl SchedulerCore {
             decode_state: None,
         };
         self.track_checkpoint(&mut run);
+        if let Some(slot) = cow_src {
+            self.ops.record_copy(self.requests[key].id.clone(), slot);
+        }
         draft
             .rows
             .push_prefill_row(&self.requests[key], &run, 0, cow_src, branching);
@@ -808,13 +811,16 @@ impl SchedulerCore {
             return;
         }
         let pairs = seen.new_load_back_pairs(pairs);
-        let op_id = self.ops.issue_load_back(
+        let dsts = |kind: TransferKind| {
             pairs
                 .iter()
-                .filter(|pair| pair.kind == TransferKind::Kv)
+                .filter(|pair| pair.kind == kind)
                 .map(|pair| pair.dst)
-                .collect(),
-        );
+                .collect()
+        };
+        let op_id = self
+            .ops
+            .issue_load_back(dsts(TransferKind::Kv), dsts(TransferKind::Mamba));
         plan.load_backs.push(LoadBackOp { op_id, pairs });
     }
 
@@ -1035,6 +1041,9 @@ impl SchedulerCore {
             states,
             decode_state: None,
         };
+        if let Some(slot) = cow_src {
+            self.ops.record_copy(r.id.clone(), slot);
+        }
         draft
             .rows
             .push_decode_row(r, &run, RowKind::Recovery, 0, d, cow_src);

@@ -506,6 +506,24 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
         }
     }
 
+    /// A load-back into these device slots failed: the nodes they are attached to lose
+    /// those device states (their host copies stay).
+    pub fn discard_slots<T: StateTree<Node = N>>(&mut self, tree: &T, slots: &[SlotId]) {
+        let nodes: Vec<N> = self
+            .attached
+            .iter()
+            .filter(|(_, a)| a.device.is_some_and(|s| slots.contains(&s)))
+            .map(|(&n, _)| n)
+            .collect();
+        for node in nodes {
+            if let Some(slot) = self.take_device(node) {
+                self.leaves.remove(&node);
+                self.device.release(slot);
+                self.update_leaf(tree, tree.parent(node));
+            }
+        }
+    }
+
     /// Frees a request's slot that holds nothing worth caching.
     pub fn discard(&mut self, slot: Slot) {
         self.device.free(slot);

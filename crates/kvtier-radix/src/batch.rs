@@ -186,10 +186,13 @@ pub enum CacheOp {
     /// One scheduling step's admissions.
     Admit(AdmitProgram),
     /// A load-back failed: the device copies it attached hold no valid KV. Every node
-    /// whose device pages are among these goes back to its host copy.
+    /// whose device pages are among these goes back to its host copy, and so does every
+    /// node whose device state is among its state slots (hybrid models).
     DiscardLoadBack {
         /// The load-back's device pages.
         pages: Vec<PageId>,
+        /// The load-back's device state slots.
+        states: Vec<SlotId>,
     },
 }
 
@@ -623,7 +626,10 @@ impl RadixCore {
                 }
             }
             CacheOp::Admit(program) => OpResult::Admitted(self.admit(program)),
-            CacheOp::DiscardLoadBack { pages } => {
+            CacheOp::DiscardLoadBack { pages, states } => {
+                if !states.is_empty() {
+                    self.with_states(|family, tree| family.discard_slots(tree, &states));
+                }
                 OpResult::Discarded(self.discard_load_back(&pages))
             }
         }

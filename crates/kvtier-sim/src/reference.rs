@@ -266,6 +266,9 @@ pub struct ReferenceEngine {
     pub ideal_hit_pages: u64,
     /// Device pages of this step's failed load-backs: rows reading them are skipped.
     void_pages: std::collections::BTreeSet<PageId>,
+    /// Device state slots of this step's failed load-backs: rows copying them are
+    /// skipped.
+    void_states: std::collections::BTreeSet<u32>,
     /// Rows skipped because they read a failed load-back.
     pub void_rows: u64,
     /// A hybrid model's recurrent state, if the model has one.
@@ -327,6 +330,7 @@ impl ReferenceEngine {
             computed_pages: std::collections::HashMap::new(),
             ideal_hit_pages: 0,
             void_pages: std::collections::BTreeSet::new(),
+            void_states: std::collections::BTreeSet::new(),
             void_rows: 0,
             states: None,
         })
@@ -693,8 +697,12 @@ impl ModelRunner for ReferenceEngine {
     }
 
     fn load_failed(&mut self, pairs: &[TransferPair]) {
-        let kv = pairs.iter().filter(|p| p.kind == TransferKind::Kv);
-        self.void_pages.extend(kv.map(|pair| pair.dst));
+        for pair in pairs {
+            match pair.kind {
+                TransferKind::Kv => self.void_pages.insert(pair.dst),
+                TransferKind::Mamba => self.void_states.insert(pair.dst),
+            };
+        }
     }
 
     fn forward(
@@ -708,10 +716,13 @@ impl ModelRunner for ReferenceEngine {
             self.forget(&notice.request_id);
         }
         let void_pages = std::mem::take(&mut self.void_pages);
+        let void_states = std::mem::take(&mut self.void_states);
         let (mut view, mut state_view) = arenas.device_views();
         for row in &plan.forward.rows {
             let table = plan.forward.page_table_of(row);
-            if !void_pages.is_empty() && table.iter().any(|p| void_pages.contains(p)) {
+            let copies_void = row.mamba.cow_src.is_some_and(|s| void_states.contains(&s));
+            if copies_void || !void_pages.is_empty() && table.iter().any(|p| void_pages.contains(p))
+            {
                 // It would read a failed load-back: the scheduler runs it again later.
                 self.void_rows += 1;
                 continue;

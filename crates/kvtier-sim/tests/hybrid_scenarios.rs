@@ -64,3 +64,31 @@ fn a_right_state_changes_no_answer() {
     assert_eq!(hybrid.model, "mamba-hybrid");
     assert_eq!(dense.model, "dense");
 }
+
+/// Failed copies of states are misses, never wrong state: a state write-back that fails
+/// leaves no host copy (and the device copy stays), a state load-back that fails voids
+/// the rows that copied it and their requests run again.
+#[test]
+fn failed_state_copies_become_misses_never_wrong_state() {
+    let off = hybrid(Scenario::Chat, false, Path::Core);
+    for (write_backs, load_backs) in [(2, 0), (0, 2), (3, 3)] {
+        let options = ScenarioOptions {
+            model: Model::MambaHybrid,
+            fail_every_nth_write_back: write_backs,
+            fail_every_nth_load_back: load_backs,
+            path: Path::Core,
+            ..ScenarioOptions::new(Scenario::Chat)
+        };
+        let r = run_scenario(&options).expect("chat runs");
+        let what = format!("every {write_backs}th write-back, every {load_backs}th load-back");
+        clean(&r, &what);
+        assert_eq!(r.outputs, off.outputs, "{what}");
+        if write_backs > 0 {
+            assert!(r.failed_write_backs > 0, "{what}: no write-back failed");
+        }
+        if load_backs > 0 {
+            assert!(r.failed_load_backs > 0, "{what}: no load-back failed");
+            assert!(r.void_rows > 0, "{what}: no row read a failed load-back");
+        }
+    }
+}
