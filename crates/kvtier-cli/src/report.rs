@@ -104,6 +104,14 @@ pub fn scenario(r: &ScenarioReport) {
         ),
         ("L3 store", r.l3.clone()),
     ];
+    // A hybrid model's recurrent states travel beside its pages.
+    let states = |n: u64| {
+        if r.model == "dense" {
+            String::new()
+        } else {
+            format!(", {n} states")
+        }
+    };
     let l3_rows: Vec<(&str, String)> = vec![
         (
             "  from L3",
@@ -115,9 +123,10 @@ pub fn scenario(r: &ScenarioReport) {
         (
             "  prefetched",
             format!(
-                "{} ops, {} pages, {:.1} MiB ({} failed, {} pages found at submit)",
+                "{} ops, {} pages{}, {:.1} MiB ({} failed, {} pages found at submit)",
                 r.l3_prefetch_ops,
                 r.l3_prefetched_pages,
+                states(r.l3_prefetched_states),
                 mib(r.l3_prefetched_bytes),
                 r.l3_failed_prefetches,
                 r.l3_lookup_hit_pages
@@ -126,9 +135,10 @@ pub fn scenario(r: &ScenarioReport) {
         (
             "  backed up",
             format!(
-                "{} ops, {} pages, {:.1} MiB",
+                "{} ops, {} pages{}, {:.1} MiB",
                 r.l3_backup_ops,
                 r.l3_backed_up_pages,
+                states(r.l3_backed_up_states),
                 mib(r.l3_backed_up_bytes)
             ),
         ),

@@ -398,9 +398,13 @@ impl SchedulerCore {
                 host_lock,
                 mut pages,
                 start_page,
+                state,
                 ..
             }) => {
                 let done = if success { completed } else { 0 };
+                // A hybrid prefix is no use without the state after its last page.
+                let whole = done as usize == pages.len();
+                let done = if state.is_some() && !whole { 0 } else { done };
                 match (done > 0, pages.take_first(done as usize)) {
                     (true, Ok(taken)) => {
                         let end = ((start_page + done) * self.config.page_size) as usize;
@@ -411,6 +415,7 @@ impl SchedulerCore {
                                 start_page,
                                 pages: taken,
                                 host_lock,
+                                state,
                             },
                             Target::Ignore,
                         );

@@ -231,6 +231,7 @@ impl OpTable {
                 op_id,
                 src_pages: backup.pages,
                 page_hashes: backup.hashes,
+                states: backup.states,
             });
             self.debug_check_free(op_id);
             self.backups.insert(op_id, backup.pin);

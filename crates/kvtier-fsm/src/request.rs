@@ -145,6 +145,8 @@ pub(crate) struct Prefetch {
     pub host_lock: NodeLock,
     pub pages: OwnedPages,
     pub start_page: u32,
+    /// Hybrid models: the host state slot the state after the last page lands in.
+    pub state: Option<kvtier_mamba::Slot>,
 }
 
 /// A preempted request whose prefix waits on host.

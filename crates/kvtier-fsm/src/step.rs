@@ -22,11 +22,11 @@ use std::time::Instant;
 
 use kvtier_radix::{
     Admission, AdmitProgram, Attached, CacheBatch, CacheOp, CheckpointNeed, ChunkCommit, Intent,
-    NodeLock, OpResult, Outcome, PrefetchCheck, RetractOutcome, TokenRef,
+    OpResult, Outcome, PrefetchCheck, RetractOutcome, TokenRef,
 };
 use kvtier_types::{
     AbortNotice, AbortReason, ExecutionPlan, LoadBackOp, OpId, Policy, PrefetchOp, RequestId,
-    RowKind, TransferKind, TransferPair, WriteBackOp,
+    RowKind, StateObject, TransferKind, TransferPair, WriteBackOp,
 };
 
 use crate::draft::{Awaiting, Entry, PlanInProgress, Republish, Retraction, Rows, Seen};
@@ -550,9 +550,17 @@ impl SchedulerCore {
                         host_lock,
                         pages,
                         start_page,
+                        state,
                     },
                 ) => {
-                    self.start_prefetch(key, host_lock, pages, start_page, &mut draft.plan);
+                    let fetch = Prefetch {
+                        op: 0,
+                        host_lock,
+                        pages,
+                        start_page,
+                        state,
+                    };
+                    self.start_prefetch(key, fetch, &mut draft.plan);
                 }
                 (Entry::FirstChunk, Outcome::Admitted(admission)) => {
                     self.first_chunk(key, *admission, draft);
@@ -720,37 +728,33 @@ impl SchedulerCore {
     /// An L3 prefetch instead of the first chunk: the op names the pages by hashes
     /// derived from the tokens at the current host boundary, so they align whatever the
     /// engine's own hashes were.
-    fn start_prefetch(
-        &mut self,
-        key: usize,
-        host_lock: NodeLock,
-        pages: kvtier_host::OwnedPages,
-        start_page: u32,
-        plan: &mut ExecutionPlan,
-    ) {
+    fn start_prefetch(&mut self, key: usize, mut fetch: Prefetch, plan: &mut ExecutionPlan) {
         let ps = self.config.page_size;
-        let n = pages.len() as u32;
-        let end = ((start_page + n) * ps) as usize;
+        let n = fetch.pages.len() as u32;
+        let end = ((fetch.start_page + n) * ps) as usize;
         let page_hashes = kvtier_types::hash::rolling_page_hashes(
             None,
             &self.requests[key].tokens[..end],
             ps as usize,
         )
-        .split_off(start_page as usize);
-        let op = self.ops.next_id();
+        .split_off(fetch.start_page as usize);
+        fetch.op = self.ops.next_id();
+        // A hybrid prefix's state is the one after its last page.
+        let state = fetch.state.as_ref().and_then(|slot| {
+            Some(StateObject {
+                slot: slot.id(),
+                page_hash: *page_hashes.last()?,
+            })
+        });
         plan.prefetches.push(PrefetchOp {
-            op_id: op,
+            op_id: fetch.op,
             request_id: self.requests[key].id.clone(),
-            dst_pages: pages.ids().to_vec(),
+            dst_pages: fetch.pages.ids().to_vec(),
             page_hashes,
+            state,
         });
         tracing::debug!(parent: &self.requests[key].span, phase = "prefetching", pages = n);
-        self.requests[key].state = State::Prefetching(Prefetch {
-            op,
-            host_lock,
-            pages,
-            start_page,
-        });
+        self.requests[key].state = State::Prefetching(fetch);
     }
 
     // ----- Submitted → first chunk -----------------------------------------------------

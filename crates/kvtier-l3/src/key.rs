@@ -79,6 +79,16 @@ impl Namespace {
     pub fn keys(&self, pages: &[PageHash]) -> Vec<L3Key> {
         pages.iter().map(|h| self.key(h)).collect()
     }
+
+    /// The key of the recurrent state after the page whose rolling hash is `page`
+    /// (hybrid models): in the page's namespace, never equal to a page's key.
+    pub fn state_key(&self, page: &PageHash) -> L3Key {
+        let mut key = String::with_capacity(self.prefix.len() + 71);
+        key.push_str(&self.prefix);
+        key.push_str("/state/");
+        page.push_hex(&mut key);
+        L3Key(key)
+    }
 }
 
 #[cfg(test)]
@@ -117,6 +127,19 @@ mod tests {
         for other in others {
             assert_ne!(other.unwrap().key(&h), base);
         }
+    }
+
+    #[test]
+    fn a_state_key_is_never_a_page_key() {
+        let h = PageHash([7; 32]);
+        let (page, state) = (ns().key(&h), ns().state_key(&h));
+        assert_ne!(page, state);
+        assert!(
+            state
+                .as_str()
+                .starts_with("kvtier/v1/llama-3-8b/bf16/page-first/p64/tp1of2/")
+        );
+        assert!(state.as_str().ends_with(&"07".repeat(32)));
     }
 
     #[test]

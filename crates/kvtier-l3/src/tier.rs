@@ -85,6 +85,10 @@ pub struct L3TierStats {
     pub backed_up_bytes: u64,
     /// Pages a backup found already stored (objects are write-once).
     pub already_present_pages: u64,
+    /// Recurrent states stored by backups (hybrid models).
+    pub backed_up_states: u64,
+    /// Recurrent states prefetched with their pages (hybrid models).
+    pub prefetched_states: u64,
     /// Backup ops with a page not stored (none of their objects is kept).
     pub failed_backups: u64,
     /// Objects of failed backups the store would not take back (its removal failed
@@ -99,6 +103,8 @@ pub struct L3Core {
     // Declared before `arena`: a backend with the arena registered goes first.
     backend: Box<dyn L3Backend>,
     arena: Arc<HostArena>,
+    /// Hybrid models: the host state arena (slot `s` is its page `s + 1`).
+    states: Option<Arc<HostArena>>,
     namespace: Namespace,
     page_size: usize,
     faults: Box<dyn L3Faults>,
@@ -131,11 +137,25 @@ impl L3Core {
         Ok(Self {
             backend,
             arena,
+            states: None,
             namespace,
             page_size: page_size as usize,
             faults: Box::new(NoL3Faults),
             stats: L3TierStats::default(),
         })
+    }
+
+    /// A hybrid model: recurrent states move between the store and this host state
+    /// arena (one object per state), and a prompt is found in the store only as deep as
+    /// a stored state.
+    pub fn with_states(mut self, arena: Arc<HostArena>) -> Self {
+        self.states = Some(arena);
+        self
+    }
+
+    /// The host state arena, for a hybrid model.
+    pub fn state_arena(&self) -> Option<&Arc<HostArena>> {
+        self.states.as_ref()
     }
 
     /// Injects faults.
@@ -196,9 +216,36 @@ impl L3Core {
                     }
                 }
             }
+            if self.states.is_some() && hits > 0 {
+                hits = self.deepest_state(&spec.tokens[..hits * self.page_size]);
+            }
             spec.storage_hit_pages = hits as u32;
             self.stats.lookup_hit_pages += hits as u64;
         }
+    }
+
+    /// Hybrid models: the deepest page count, at most the pages of `tokens`, after which
+    /// the store holds a recurrent state (0: none), looking back at most
+    /// [`LOOKUP_CHUNK`] pages from the end.
+    fn deepest_state(&mut self, tokens: &[i32]) -> usize {
+        let hashes = kvtier_types::hash::rolling_page_hashes(None, tokens, self.page_size);
+        for pages in (1..=hashes.len()).rev().take(LOOKUP_CHUNK) {
+            let key = self.namespace.state_key(&hashes[pages - 1]);
+            let keys = std::slice::from_ref(&key);
+            let found = self
+                .faults
+                .before_exists(keys)
+                .and_then(|()| self.backend.exists(keys, false));
+            match found {
+                Ok(1) => return pages,
+                Ok(_) => {}
+                Err(_) => {
+                    self.stats.lookup_errors += 1;
+                    return 0;
+                }
+            }
+        }
+        0
     }
 
     /// Runs a plan's prefetches and backups; returns one `PrefetchDone` per prefetch and
@@ -239,15 +286,36 @@ impl L3Core {
                     buffers: op.dst_pages.len(),
                 });
             }
-            let keys = self.namespace.keys(&op.page_hashes);
+            let mut keys = self.namespace.keys(&op.page_hashes);
             let mut pages = self.arena.write(&op.dst_pages).map_err(arena_refused)?;
-            self.faults.before_get(&keys, self.backend.as_mut())?;
             let mut buffers = pages.slices_mut();
-            self.backend.get(&keys, &mut buffers)
+            // A hybrid prefix's state comes in the same batch, last.
+            let mut state = match (&op.state, &self.states) {
+                (Some(s), Some(arena)) => {
+                    keys.push(self.namespace.state_key(&s.page_hash));
+                    Some(arena.write(&[s.slot + 1]).map_err(arena_refused)?)
+                }
+                (Some(_), None) => return Err(L3Error::Config("no host state arena".into())),
+                (None, _) => None,
+            };
+            if let Some(state) = &mut state {
+                buffers.extend(state.slices_mut());
+            }
+            self.faults.before_get(&keys, self.backend.as_mut())?;
+            let hits = self.backend.get(&keys, &mut buffers)?;
+            if op.state.is_some() {
+                // Pages without the state at their end are no use: all or nothing.
+                let whole = hits.iter().all(|&hit| hit);
+                return Ok(vec![whole; op.page_hashes.len()]);
+            }
+            Ok(hits)
         })();
         match got {
             Ok(hits) => {
                 let completed = hits.iter().take_while(|&&hit| hit).count() as u64;
+                if op.state.is_some() && completed > 0 {
+                    self.stats.prefetched_states += 1;
+                }
                 self.stats.prefetched_pages += completed;
                 self.stats.prefetched_bytes += completed * self.arena.page_bytes() as u64;
                 Some(completed as u32)
@@ -269,17 +337,42 @@ impl L3Core {
                     buffers: op.src_pages.len(),
                 });
             }
-            let keys = self.namespace.keys(&op.page_hashes);
+            let mut keys = self.namespace.keys(&op.page_hashes);
             let pages = self.arena.read(&op.src_pages).map_err(arena_refused)?;
+            let mut buffers = pages.slices();
+            // A hybrid prefix's states go with its pages, all or nothing.
+            let state_arena = match (op.states.is_empty(), &self.states) {
+                (true, _) => None,
+                (false, Some(arena)) => Some(arena),
+                (false, None) => return Err(L3Error::Config("no host state arena".into())),
+            };
+            let slots: Vec<u32> = op.states.iter().map(|s| s.slot + 1).collect();
+            let states = match state_arena {
+                Some(arena) => Some(arena.read(&slots).map_err(arena_refused)?),
+                None => None,
+            };
+            if let Some(states) = &states {
+                keys.extend(
+                    op.states
+                        .iter()
+                        .map(|s| self.namespace.state_key(&s.page_hash)),
+                );
+                buffers.extend(states.slices());
+            }
             let taken = self.faults.before_put(&keys)?.min(keys.len());
-            let mut outcomes = self.backend.put(&keys[..taken], &pages.slices()[..taken])?;
+            let mut outcomes = self.backend.put(&keys[..taken], &buffers[..taken])?;
             outcomes.resize(keys.len(), PutOutcome::Failed);
             Ok((keys, outcomes))
         })();
         let page_bytes = self.arena.page_bytes() as u64;
         match put {
             Ok((_, outcomes)) if !outcomes.contains(&PutOutcome::Failed) => {
-                for outcome in outcomes {
+                let pages = op.src_pages.len();
+                self.stats.backed_up_states += outcomes[pages..]
+                    .iter()
+                    .filter(|&&o| o == PutOutcome::Stored)
+                    .count() as u64;
+                for outcome in outcomes.into_iter().take(pages) {
                     if outcome == PutOutcome::Stored {
                         self.stats.backed_up_pages += 1;
                         self.stats.backed_up_bytes += page_bytes;

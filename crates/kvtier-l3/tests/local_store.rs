@@ -217,6 +217,7 @@ fn a_failed_backup_leaves_none_of_its_objects() {
         op_id,
         src_pages: pages,
         page_hashes: hashes.into_iter().map(|i| PageHash([i; 32])).collect(),
+        states: Vec::new(),
     };
     let mut l3 = L3Core::new(
         Box::new(store(dir.path(), 1 << 20, 1 << 20)),

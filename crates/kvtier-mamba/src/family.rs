@@ -661,6 +661,29 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
         (pairs, filled)
     }
 
+    /// A host slot for a state an L3 prefetch brings (evicting older host states if it
+    /// must); `None` without host copies or room.
+    pub fn allocate_host<T: StateTree<Node = N>>(&mut self, tree: &T) -> Option<Slot> {
+        if !self.config.host_copies() || !self.ensure_host(tree, 1) {
+            return None;
+        }
+        self.host.allocate()
+    }
+
+    /// Attaches a host state `slot` (filled by an L3 prefetch) to `node`; a node that
+    /// already has a host state keeps it and the slot is freed. Returns whether it was
+    /// attached.
+    pub fn attach_host<T: StateTree<Node = N>>(&mut self, tree: &T, node: N, slot: Slot) -> bool {
+        let occupied = self.host_slot(node).is_some() || self.pending.contains_key(&node);
+        if node == tree.root() || occupied {
+            self.host.free(slot);
+            return false;
+        }
+        let id = self.host.adopt(slot);
+        self.attached.entry(node).or_default().host = Some(id);
+        true
+    }
+
     /// A write-back of exactly `nodes`' states finished. On success each gets its host
     /// copy (never an ancestor: #620), and device copies that now have a host copy are
     /// demoted once nothing holds them; on failure the reserved host slots go back and

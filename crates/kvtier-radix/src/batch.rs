@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use kvtier_host::OwnedPages;
 use kvtier_mamba::{RequestStates, Slot, SlotId};
-use kvtier_types::{PageId, Tier, Token, TransferPair, hash::PageHash};
+use kvtier_types::{PageId, StateObject, Tier, Token, TransferPair, hash::PageHash};
 
 use crate::{Match, NodeId, NodeLock, RadixCore, WriteBackTicket};
 
@@ -96,6 +96,9 @@ pub struct BackupSource {
     pub pages: Vec<PageId>,
     /// Their rolling page hashes.
     pub hashes: Vec<PageHash>,
+    /// Hybrid models: the host states the write-back made valid on those pages (the
+    /// pin keeps them too).
+    pub states: Vec<StateObject>,
 }
 
 /// A publication into the tree: a request's computed full pages `prefix..` of `tokens`.
@@ -182,6 +185,9 @@ pub enum CacheOp {
         pages: OwnedPages,
         /// Lock on the host prefix they extend (released after the insert).
         host_lock: NodeLock,
+        /// Hybrid models: the host state slot holding the state after the last page,
+        /// attached to the node that ends there.
+        state: Option<Slot>,
     },
     /// One scheduling step's admissions.
     Admit(AdmitProgram),
@@ -417,6 +423,8 @@ pub enum Outcome {
         pages: OwnedPages,
         /// Host pages already resident (the prefetch starts there).
         start_page: u32,
+        /// Hybrid models: the host state slot for the state after the last page.
+        state: Option<Slot>,
     },
     /// A retracted request can never fit the device pool again.
     TooBig,
@@ -606,9 +614,14 @@ impl RadixCore {
                 start_page,
                 pages,
                 host_lock,
+                state,
             } => {
                 let inserted = self.insert(Tier::Host, &tokens, start_page, pages);
                 debug_assert!(inserted.is_ok(), "prefetch insert: {inserted:?}");
+                if let (Ok(result), Some(slot)) = (&inserted, state) {
+                    let node = result.last_node;
+                    self.with_states(|states, tree| states.attach_host(tree, node, slot));
+                }
                 self.unlock(host_lock);
                 OpResult::Inserted
             }
@@ -679,6 +692,7 @@ impl RadixCore {
             pin: self.lock(node, Tier::Host),
             pages: written.host_pages,
             hashes: written.page_hashes,
+            states: written.states,
         })
     }
 
@@ -920,10 +934,22 @@ impl RadixCore {
             self.unlock(host_lock);
             return None;
         };
+        // A hybrid prefix comes with the state at its end, into a host state slot.
+        let state = match self.with_states(|states, tree| states.allocate_host(tree)) {
+            None => None,
+            Some(Some(slot)) => Some(slot),
+            Some(None) => {
+                self.unlock(host_lock);
+                let freed = self.free(Tier::Host, pages);
+                debug_assert!(freed.is_ok(), "{freed:?}");
+                return None;
+            }
+        };
         Some(Outcome::Prefetch {
             host_lock,
             pages,
             start_page: host,
+            state,
         })
     }
 

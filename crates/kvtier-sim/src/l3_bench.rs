@@ -297,6 +297,7 @@ fn measure_page_size(o: &L3BenchOptions, kib: u32, run: u64) -> Result<L3BenchRo
                         op_id: 1,
                         src_pages: ids.clone(),
                         page_hashes: hashes.clone(),
+                        states: Vec::new(),
                     };
                     let events = actor.transfer(Vec::new(), vec![backup])?;
                     samples[1].push(gbps(batch, t.elapsed().as_secs_f64()));
@@ -347,6 +348,7 @@ fn measure_page_size(o: &L3BenchOptions, kib: u32, run: u64) -> Result<L3BenchRo
                         request_id: RequestId::from("bench"),
                         dst_pages: ids.clone(),
                         page_hashes: hashes.clone(),
+                        state: None,
                     };
                     let events = actor.transfer(vec![prefetch], Vec::new())?;
                     samples[3].push(gbps(batch, t.elapsed().as_secs_f64()));

@@ -442,6 +442,10 @@ pub struct ScenarioReport {
     pub l3_backed_up_pages: u64,
     /// Bytes stored by backups.
     pub l3_backed_up_bytes: u64,
+    /// Recurrent states stored beside the pages (hybrid model).
+    pub l3_backed_up_states: u64,
+    /// Recurrent states prefetched with their pages (hybrid model).
+    pub l3_prefetched_states: u64,
     /// Objects the store found corrupt and dropped (read as misses).
     pub l3_corrupt_objects: u64,
     /// Integrity errors found by the oracle.
@@ -622,11 +626,13 @@ pub(crate) fn l3_core_over(
 }
 
 /// The L3 actor's core for a run: the store the options name, over the device's host
-/// arena. The scratch directory, if one was made, must outlive the core.
+/// arena (and host state arena, for a hybrid model). The scratch directory, if one was
+/// made, must outlive the core.
 fn l3_core(
     o: &ScenarioOptions,
     page_size: u32,
     arena: std::sync::Arc<kvtier_host::HostArena>,
+    states: Option<std::sync::Arc<kvtier_host::HostArena>>,
     scratch: &mut Option<tempfile::TempDir>,
 ) -> Result<Option<L3Core>, ScenarioError> {
     if !o.l3_on() {
@@ -652,11 +658,17 @@ fn l3_core(
             let config = mooncake_cluster(o.mooncake.as_ref())?;
             let mut store = MooncakeStore::connect(&config)?;
             store.register_arena(&arena)?;
+            if let Some(states) = &states {
+                store.register_arena(states)?;
+            }
             Box::new(store)
         }
     };
     let page_bytes = arena.page_bytes();
-    let core = l3_core_over(backend, &o.l3_model, page_size, arena)?;
+    let mut core = l3_core_over(backend, &o.l3_model, page_size, arena)?;
+    if let Some(states) = states {
+        core = core.with_states(states);
+    }
     Ok(Some(core.with_faults(Box::new(ScenarioFaults {
         fault: o.l3_fault,
         gets: 0,
@@ -740,7 +752,9 @@ pub fn run_scenario_with(
         ));
     // Declared before the system: the store's scratch directory outlives it.
     let mut scratch = None;
-    let l3 = l3_core(o, PAGE, device.arenas_mut().host_arena(), &mut scratch)?;
+    let arenas = device.arenas_mut();
+    let (host, host_states) = (arenas.host_arena(), arenas.host_state_arena());
+    let l3 = l3_core(o, PAGE, host, host_states, &mut scratch)?;
     let mut s = system_on(o.path, config, Some(device), l3)?;
     // A step computes at least one token of some request: a run that takes more steps
     // than its requests have tokens has stopped making progress.
@@ -793,6 +807,8 @@ pub fn run_scenario_with(
         l3_failed_backups: 0,
         l3_backed_up_pages: 0,
         l3_backed_up_bytes: 0,
+        l3_backed_up_states: 0,
+        l3_prefetched_states: 0,
         l3_corrupt_objects: 0,
         integrity_errors: 0,
         model: o.model.name().into(),
@@ -1098,6 +1114,8 @@ pub fn run_scenario_with(
         r.l3_backup_ops = l3.backup_ops;
         r.l3_backed_up_pages = l3.backed_up_pages;
         r.l3_backed_up_bytes = l3.backed_up_bytes;
+        r.l3_backed_up_states = l3.backed_up_states;
+        r.l3_prefetched_states = l3.prefetched_states;
         r.l3_corrupt_objects = l3.backend.corrupt_objects;
     }
     r.output_digest = output_digest(&outputs);

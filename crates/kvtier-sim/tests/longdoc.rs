@@ -6,7 +6,8 @@
 mod common;
 
 use common::{
-    assert_later_questions_came_from_l3, cache_off, checked, longdoc as options, run_checked as run,
+    assert_later_questions_came_from_l3, cache_off, checked, corrupt_new_objects,
+    longdoc as options, run_checked as run,
 };
 use kvtier_sim::Path;
 use kvtier_sim::scenario::{L3Fault, L3Store, ScenarioOptions, run_scenario_with};
@@ -134,20 +135,7 @@ fn corrupt_store_files_are_misses_never_wrong_kv() {
     let r = run_scenario_with(
         &options,
         |_, _| {},
-        |_| {
-            let extents = kvtier_l3::payload_extents(dir.path()).expect("store segments");
-            for (path, payload) in extents {
-                if !corrupted.insert((path.clone(), payload.start)) {
-                    continue;
-                }
-                let Ok(mut bytes) = std::fs::read(&path) else {
-                    continue;
-                };
-                let mid = ((payload.start + payload.end) / 2) as usize;
-                bytes[mid] ^= 0x5a;
-                std::fs::write(&path, &bytes).expect("rewrite segment");
-            }
-        },
+        |_| corrupt_new_objects(dir.path(), &mut corrupted),
     )
     .expect("longdoc runs");
     assert!(!corrupted.is_empty(), "the test corrupted objects");

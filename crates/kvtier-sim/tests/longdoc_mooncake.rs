@@ -8,7 +8,7 @@ mod common;
 
 use common::{assert_later_questions_came_from_l3, cache_off, checked, longdoc, run_checked};
 use kvtier_l3::{MooncakeConfig, testing};
-use kvtier_sim::scenario::{L3Store, ScenarioOptions, run_scenario_with};
+use kvtier_sim::scenario::{L3Store, Model, ScenarioOptions, run_scenario_with};
 
 /// The cluster the environment describes, or a loud skip (a failure under CI).
 fn cluster() -> Option<MooncakeConfig> {
@@ -42,6 +42,30 @@ fn documents_come_back_from_mooncake_with_the_answers_of_a_run_without_cache() {
     let on = run_checked(&mooncake_options("roundtrip", own.config(&cluster)));
     assert_eq!(on.l3, "mooncake");
     assert_later_questions_came_from_l3(&on, &off);
+}
+
+/// A hybrid model's documents come back with the recurrent states at their ends, stored
+/// in Mooncake as objects of their own from a second registered buffer.
+#[test]
+fn hybrid_documents_come_back_from_mooncake_with_their_states() {
+    let Some(cluster) = cluster() else { return };
+    let hybrid = |options: ScenarioOptions| ScenarioOptions {
+        model: Model::MambaHybrid,
+        ..options
+    };
+    let off = run_checked(&hybrid(ScenarioOptions {
+        cache: false,
+        ..longdoc()
+    }));
+    let own = testing::LoopbackMaster::start(&cluster).expect("start the test's own master");
+    let on = run_checked(&hybrid(mooncake_options("hybrid", own.config(&cluster))));
+    assert_eq!(
+        (on.l3.as_str(), on.model.as_str()),
+        ("mooncake", "mamba-hybrid")
+    );
+    assert_later_questions_came_from_l3(&on, &off);
+    assert_eq!(on.l3_prefetched_states, on.l3_prefetch_ops);
+    assert!(on.l3_backed_up_states >= 4, "{on:#?}");
 }
 
 /// The master dies once the first two documents have come back from it: later lookups,

@@ -24,6 +24,6 @@ pub use event::{EngineEvent, KvEvent};
 pub use ids::{OpId, PageId, RequestId, SlotId, Tier, Token};
 pub use plan::{
     AbortNotice, AbortReason, BackupOp, ExecutionPlan, ForwardBatch, ForwardRow, LoadBackOp,
-    MambaRow, PrefetchOp, RowKind, TransferKind, TransferPair, WriteBackOp,
+    MambaRow, PrefetchOp, RowKind, StateObject, TransferKind, TransferPair, WriteBackOp,
 };
 pub use request::RequestSpec;

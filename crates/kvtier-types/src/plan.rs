@@ -204,6 +204,9 @@ pub struct PrefetchOp {
     pub dst_pages: Vec<PageId>,
     /// Rolling hash of each page to fetch.
     pub page_hashes: Vec<PageHash>,
+    /// Hybrid models: the recurrent state after the last page, into this host state
+    /// slot. The pages are of no use without it: the op completes whole or not at all.
+    pub state: Option<StateObject>,
 }
 
 /// Host→L3 copy of written-back pages, acknowledged with `BackupDone` (L3 tier).
@@ -215,6 +218,19 @@ pub struct BackupOp {
     pub src_pages: Vec<PageId>,
     /// Rolling hash of each page.
     pub page_hashes: Vec<PageHash>,
+    /// Hybrid models: the recurrent states cached on those pages, each the state after
+    /// the page its hash names; stored with them, all or nothing.
+    pub states: Vec<StateObject>,
+}
+
+/// A recurrent state as one L3 object (hybrid models): a host state slot, and the rolling
+/// hash of the page the state follows (its object is keyed by it, apart from the page's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StateObject {
+    /// The host state slot.
+    pub slot: u32,
+    /// The rolling hash of the last page of the prefix the state follows.
+    pub page_hash: PageHash,
 }
 
 /// Why the scheduler gave up on a request by itself.

@@ -1,7 +1,7 @@
 //! Write-backs (device → host): tickets, the pins they hold on both tiers while in
 //! flight, their acknowledgement (publish or roll back), and demotion of written-back copies.
 
-use kvtier_types::{PageId, Tier, TransferPair, hash::PageHash};
+use kvtier_types::{PageId, StateObject, Tier, TransferPair, hash::PageHash};
 
 use super::RadixCore;
 use crate::NodeId;
@@ -34,6 +34,9 @@ pub struct WrittenBack {
     pub page_hashes: Vec<PageHash>,
     /// The deepest written node (lock it on host to pin the pages).
     pub deepest: Option<NodeId>,
+    /// Hybrid models: the host states it made valid, each with the hash of the last
+    /// page of its node (empty unless page hashes are kept).
+    pub states: Vec<StateObject>,
 }
 
 impl RadixCore {
@@ -129,6 +132,20 @@ impl RadixCore {
         if !states.is_empty() {
             self.with_states(|family, tree| family.write_back_done(tree, &states, success));
         }
+        let written_states: Vec<StateObject> = if success && self.keep_page_hashes {
+            states
+                .iter()
+                .filter(|&&n| self.is_live(n))
+                .filter_map(|&n| {
+                    let slot = self.states()?.host_slot(n)?;
+                    let page_hash = *self.node(n).page_hashes.last()?;
+                    Some(StateObject { slot, page_hash })
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        written.states = written_states;
         if let Some(deepest) = pinned {
             self.release_lock(deepest, Tier::Device);
             self.release_lock(deepest, Tier::Host);

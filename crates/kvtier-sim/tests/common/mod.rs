@@ -1,6 +1,9 @@
 //! What the `longdoc` tests share: the default options, a checked run, and the cache-off
 //! run every answer is compared with.
 
+// Each test binary uses part of this module.
+#![allow(dead_code)]
+
 use kvtier_sim::scenario::{Scenario, ScenarioOptions, ScenarioReport, run_scenario};
 
 /// `longdoc` on its defaults (the embedded L3 store).
@@ -42,4 +45,33 @@ pub fn assert_later_questions_came_from_l3(on: &ScenarioReport, off: &ScenarioRe
     assert_eq!(on.l3_failed_prefetches, 0);
     assert!(on.l3_backed_up_pages >= 4 * 2048);
     assert_eq!(on.l3_backed_up_bytes, on.l3_backed_up_pages * 512);
+}
+
+/// Flips a byte in the middle of the payload of every object in the local store at `dir`
+/// that is not in `corrupted` yet, and adds it there (a page recomputed after its corrupt
+/// object was dropped is put again, as a new record). Each segment file is read and
+/// written once.
+pub fn corrupt_new_objects(
+    dir: &std::path::Path,
+    corrupted: &mut std::collections::BTreeSet<(std::path::PathBuf, u64)>,
+) {
+    let mut by_segment: std::collections::BTreeMap<std::path::PathBuf, Vec<u64>> =
+        std::collections::BTreeMap::new();
+    for (path, payload) in kvtier_l3::payload_extents(dir).expect("store segments") {
+        if corrupted.insert((path.clone(), payload.start)) {
+            by_segment
+                .entry(path)
+                .or_default()
+                .push((payload.start + payload.end) / 2);
+        }
+    }
+    for (path, middles) in by_segment {
+        let Ok(mut bytes) = std::fs::read(&path) else {
+            continue;
+        };
+        for mid in middles {
+            bytes[mid as usize] ^= 0x5a;
+        }
+        std::fs::write(&path, &bytes).expect("rewrite segment");
+    }
 }
