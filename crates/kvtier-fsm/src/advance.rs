@@ -401,10 +401,9 @@ impl SchedulerCore {
                 state,
                 ..
             }) => {
+                // A hybrid prefetch's state slot holds the state after exactly its
+                // completed pages (the L3 actor's contract).
                 let done = if success { completed } else { 0 };
-                // A hybrid prefix is no use without the state after its last page.
-                let whole = done as usize == pages.len();
-                let done = if state.is_some() && !whole { 0 } else { done };
                 match (done > 0, pages.take_first(done as usize)) {
                     (true, Ok(taken)) => {
                         let end = ((start_page + done) * self.config.page_size) as usize;

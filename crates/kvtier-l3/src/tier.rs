@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use kvtier_host::HostArena;
 use kvtier_types::hash::PageHash;
-use kvtier_types::{BackupOp, EngineEvent, PrefetchOp, RequestSpec};
+use kvtier_types::{BackupOp, EngineEvent, PrefetchOp, RequestSpec, StateObject};
 
 use crate::backend::{L3Backend, L3Stats, PutOutcome};
 use crate::{L3Error, L3Key, Namespace};
@@ -89,6 +89,9 @@ pub struct L3TierStats {
     pub backed_up_states: u64,
     /// Recurrent states prefetched with their pages (hybrid models).
     pub prefetched_states: u64,
+    /// Hybrid prefetches whose last state did not come back, served up to an earlier
+    /// state instead.
+    pub shorter_state_prefetches: u64,
     /// Backup ops with a page not stored (none of their objects is kept).
     pub failed_backups: u64,
     /// Objects of failed backups the store would not take back (its removal failed
@@ -303,16 +306,24 @@ impl L3Core {
             }
             self.faults.before_get(&keys, self.backend.as_mut())?;
             let hits = self.backend.get(&keys, &mut buffers)?;
-            if op.state.is_some() {
-                // Pages without the state at their end are no use: all or nothing.
-                let whole = hits.iter().all(|&hit| hit);
-                return Ok(vec![whole; op.page_hashes.len()]);
-            }
-            Ok(hits)
+            let leading = hits
+                .iter()
+                .take(op.page_hashes.len())
+                .take_while(|&&hit| hit);
+            Ok((leading.count(), hits.last() == Some(&true)))
         })();
+        // A hybrid prefix needs the state after its last page.
+        let got = match (got, &op.state) {
+            (Ok((leading, state_arrived)), Some(wanted))
+                if leading < op.page_hashes.len() || !state_arrived =>
+            {
+                Ok(self.earlier_state(wanted, &op.page_hashes[..leading]))
+            }
+            (got, _) => got.map(|(leading, _)| leading),
+        };
         match got {
-            Ok(hits) => {
-                let completed = hits.iter().take_while(|&&hit| hit).count() as u64;
+            Ok(completed) => {
+                let completed = completed as u64;
                 if op.state.is_some() && completed > 0 {
                     self.stats.prefetched_states += 1;
                 }
@@ -325,6 +336,35 @@ impl L3Core {
                 None
             }
         }
+    }
+
+    /// A hybrid prefetch came back without the state after its last page (lost or
+    /// corrupt), or without some of its pages: falls back to the deepest state after one
+    /// of the leading pages that did arrive (`arrived`), read into the op's state slot.
+    /// The pages that arrived beyond that state are of no use. Returns how many pages the
+    /// state follows (0: none came back, a miss).
+    fn earlier_state(&mut self, wanted: &StateObject, arrived: &[PageHash]) -> usize {
+        let Some(arena) = self.states.clone() else {
+            return 0;
+        };
+        for depth in (1..=arrived.len()).rev().take(LOOKUP_CHUNK) {
+            let page = &arrived[depth - 1];
+            if *page == wanted.page_hash {
+                continue; // the state that just failed
+            }
+            let key = self.namespace.state_key(page);
+            let Ok(mut slot) = arena.write(&[wanted.slot + 1]) else {
+                return 0;
+            };
+            let got = self
+                .backend
+                .get(std::slice::from_ref(&key), &mut slot.slices_mut());
+            if matches!(got.as_deref(), Ok([true])) {
+                self.stats.shorter_state_prefetches += 1;
+                return depth;
+            }
+        }
+        0
     }
 
     /// Puts the op's pinned host pages; whether every page is stored.

@@ -1,7 +1,7 @@
 //! Hybrid models in L3: a prefix's pages are of use only with the recurrent state at its
 //! end, so states travel beside pages as objects of their own. A lookup stops at the
-//! deepest page the store holds a state after, and a prefetch brings its pages and the
-//! state whole or not at all.
+//! deepest page the store holds a state after, and a prefetch brings its pages with the
+//! state at their end, or a shorter prefix with an earlier state, or nothing.
 
 use kvtier_host::HostArena;
 use kvtier_l3::{L3Core, LocalStore, LocalStoreConfig, Namespace};
@@ -153,10 +153,62 @@ fn a_prefetch_brings_its_pages_and_state_whole() {
     assert_eq!(f.l3.stats().prefetched_states, 1);
 }
 
-/// Pages whose state is gone are no use: the prefetch completes no page (a miss, the
-/// request computes the prefix), and the state slot is not written.
+/// The state after the last page is gone (evicted, or corrupt and dropped): the prefetch
+/// falls back to the deepest earlier state and completes the pages it follows — a shorter
+/// prefix, never pages without their state.
 #[test]
-fn a_prefetch_whose_state_is_gone_completes_nothing() {
+fn a_prefetch_whose_state_is_gone_serves_a_shorter_prefix() {
+    let mut f = fixture();
+    stored(&mut f, &[backup(1, 4, vec![state(0, 2), state(1, 4)])]);
+    let key = ns().state_key(&hashes()[3]);
+    f.l3.backend_mut().remove(&[key]).expect("remove");
+    let events = f.l3.transfer(&[prefetch(2, 4, Some(state(3, 4)))], &[]);
+    assert!(
+        matches!(
+            events.as_slice(),
+            [EngineEvent::PrefetchDone {
+                success: true,
+                completed_pages: 2,
+                ..
+            }]
+        ),
+        "{events:?}"
+    );
+    let slot = f.states.read(&[4]).expect("state slot 3");
+    assert!(
+        slot.slices()[0].iter().all(|&b| b == 0xa0),
+        "the state after page 2"
+    );
+    drop(slot);
+    let stats = f.l3.stats();
+    assert_eq!(
+        (
+            stats.prefetched_states,
+            stats.shorter_state_prefetches,
+            stats.prefetched_pages
+        ),
+        (1, 1, 2)
+    );
+    // A page lost past the earlier state: the same shorter prefix.
+    let key = ns().key(&hashes()[2]);
+    f.l3.backend_mut().remove(&[key]).expect("remove");
+    let events = f.l3.transfer(&[prefetch(3, 4, Some(state(3, 4)))], &[]);
+    assert!(
+        matches!(
+            events.as_slice(),
+            [EngineEvent::PrefetchDone {
+                completed_pages: 2,
+                ..
+            }]
+        ),
+        "{events:?}"
+    );
+}
+
+/// With no earlier state to fall back to, the prefetch completes no page (a miss: the
+/// request computes the prefix) and the state slot is not written.
+#[test]
+fn a_prefetch_with_no_state_left_completes_nothing() {
     let mut f = fixture();
     stored(&mut f, &[backup(1, 4, vec![state(1, 4)])]);
     let key = ns().state_key(&hashes()[3]);

@@ -2,7 +2,7 @@
 //! worth something only with the recurrent state at their end, so its checkpoints are
 //! backed up beside its pages and prefetched with them. Every answer equals a run with
 //! caching off, and the oracle checks every state a row reads; a store that loses or
-//! corrupts objects gives misses, never a wrong state.
+//! corrupts objects gives shorter prefixes or misses, never a wrong state.
 
 mod common;
 
@@ -46,11 +46,13 @@ fn documents_come_back_from_l3_with_their_states() {
     }
 }
 
-/// A prefetch that loses any object — the state, always last in its batch, included —
-/// completes no page: the question computes its document again.
+/// A prefetch that loses objects — the state, always last in its batch, among them —
+/// serves the shorter prefix up to the deepest checkpoint that came back: the question
+/// computes the rest of its document.
 #[test]
-fn a_store_that_is_down_or_loses_objects_gives_misses_never_wrong_state() {
+fn a_store_that_is_down_or_loses_objects_gives_shorter_prefixes_never_wrong_state() {
     let off = hybrid_cache_off();
+    let whole = run_checked(&hybrid());
     let down = run_checked(&ScenarioOptions {
         l3_fault: L3Fault::FailEveryNthGet(2),
         ..hybrid()
@@ -64,15 +66,15 @@ fn a_store_that_is_down_or_loses_objects_gives_misses_never_wrong_state() {
     });
     assert_eq!(lossy.outputs, off.outputs);
     assert_eq!(
-        (
-            lossy.l3_prefetched_pages,
-            lossy.l3_prefetched_states,
-            lossy.hit_tokens_l3
-        ),
-        (0, 0, 0),
-        "pages without their state are no use"
+        lossy.l3_prefetched_states, lossy.l3_prefetch_ops,
+        "each fell back to an earlier checkpoint"
     );
-    assert!(lossy.l3_prefetch_ops > 0);
+    assert!(
+        lossy.hit_tokens_l3 > 0 && lossy.hit_tokens_l3 <= whole.hit_tokens_l3 / 2,
+        "shorter prefixes: {} of {} tokens",
+        lossy.hit_tokens_l3,
+        whole.hit_tokens_l3
+    );
 }
 
 /// States and pages corrupted on disk between their backup and their prefetch read as

@@ -205,7 +205,10 @@ pub struct PrefetchOp {
     /// Rolling hash of each page to fetch.
     pub page_hashes: Vec<PageHash>,
     /// Hybrid models: the recurrent state after the last page, into this host state
-    /// slot. The pages are of no use without it: the op completes whole or not at all.
+    /// slot. Pages are of no use without the state at their end: when that state (or a
+    /// page) does not come back, the L3 actor falls back to the deepest earlier state
+    /// it can read into the slot, and `completed_pages` counts the pages that state
+    /// follows (0 when none).
     pub state: Option<StateObject>,
 }
 
