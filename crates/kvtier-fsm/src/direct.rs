@@ -27,6 +27,7 @@ impl SchedulerStats {
         self.cached_host_pages = tree.cached_pages[1];
         self.evicted_device_pages = tree.evicted_pages[0];
         self.evicted_host_pages = tree.evicted_pages[1];
+        self.states = tree.states;
         self
     }
 }
@@ -151,10 +152,31 @@ impl Scheduler {
         self.core.outside_pages()
     }
 
-    /// Checks cache invariants and exact page conservation against every request.
+    /// Checks cache invariants and exact page conservation against every request; for a
+    /// hybrid model, that every state slot out of its pool is held by exactly one request.
     pub fn check_invariants(&mut self) -> Result<(), kvtier_radix::RadixError> {
         let [device, host] = self.core.outside_pages();
-        self.cache.check_invariants([&device, &host])
+        self.cache.check_invariants([&device, &host])?;
+        let held = self.core.held_state_slots();
+        let Some(out) = self.cache.with_states(|family, _| family.held_slots()) else {
+            return Ok(());
+        };
+        for ((mut ids, out), tier) in held.into_iter().zip(out).zip(["device", "host"]) {
+            ids.sort_unstable();
+            let before = ids.len();
+            ids.dedup();
+            if ids.len() != before || ids.len() as u32 != out {
+                let what = format!(
+                    "{out} {tier} state slots out of the pool, requests hold {before} \
+                     ({} distinct)",
+                    ids.len()
+                );
+                return Err(kvtier_radix::RadixError::Invariant(
+                    kvtier_radix::Violation::States(what),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Counters and gauges.

@@ -283,12 +283,20 @@ impl Request {
         }
     }
 
-    /// A request that stops running hands its state slots to the cache: its working slot
-    /// holds the state after every token but the newest (which has no KV yet).
+    /// A request that stops running hands its state slots to the cache. Its working slot
+    /// holds the state after every token its rows computed: the whole prompt before its
+    /// first generated token arrives, else every token but the newest (which no row has
+    /// read yet).
     pub fn final_states(&self, states: RequestStates) -> kvtier_radix::FinalStates {
+        let len = self.tokens.len() as u32;
+        let computed = if len == self.prefill_len {
+            len
+        } else {
+            len - 1
+        };
         kvtier_radix::FinalStates {
             states,
-            working_at: self.tokens.len().saturating_sub(1) as u32,
+            working_at: computed,
         }
     }
 

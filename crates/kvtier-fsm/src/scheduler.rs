@@ -56,6 +56,8 @@ pub struct SchedulerStats {
     pub load_back_requeues: u64,
     /// Cache batches sent (one per `advance` with cache work, one or two per plan).
     pub cache_batches: u64,
+    /// Hybrid models: the recurrent-state slots and their counters.
+    pub states: Option<kvtier_mamba::MambaStats>,
     /// Nothing running, queued or in flight.
     pub idle: bool,
 }
@@ -177,6 +179,29 @@ impl SchedulerCore {
                     device.extend_from_slice(local_kv.pages.ids())
                 }
                 State::Prefetching(p) | State::Aborting(p) => host.extend_from_slice(p.pages.ids()),
+                _ => {}
+            }
+        }
+        [device, host]
+    }
+
+    /// Recurrent-state slots held by requests, per tier (hybrid models): running
+    /// requests' working and checkpoint slots on device, prefetches' state slots on host.
+    /// For invariant checks.
+    pub fn held_state_slots(&self) -> [Vec<kvtier_mamba::SlotId>; 2] {
+        let mut device = Vec::new();
+        let mut host = Vec::new();
+        for r in self.requests.iter() {
+            match &r.state {
+                State::Prefilling(run) | State::PrefillDone(run) | State::Decoding(run) => {
+                    if let Some(states) = &run.states {
+                        device.push(states.working.id());
+                        device.extend(states.checkpoint.as_ref().map(|s| s.id()));
+                    }
+                }
+                State::Prefetching(p) | State::Aborting(p) => {
+                    host.extend(p.state.as_ref().map(|s| s.id()));
+                }
                 _ => {}
             }
         }

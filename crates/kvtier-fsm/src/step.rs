@@ -608,7 +608,7 @@ impl SchedulerCore {
                     // Its state cannot be restored exactly: compute its history again from
                     // the deepest cached state.
                     drop(local_kv);
-                    self.requeue(key);
+                    self.requeue(key, &mut draft.plan);
                 }
                 (Entry::Recovery { local_kv, .. }, Outcome::StateLost) => {
                     drop(local_kv);
@@ -987,6 +987,13 @@ impl SchedulerCore {
             }
         }
         let Some((key, _)) = victim else { return };
+        self.requeue(key, &mut draft.plan);
+    }
+
+    /// Queues a retracted request to compute its whole history again as its prompt (its
+    /// cached prefix is reused; the last prefill chunk yields its next token) — or gives
+    /// it up when that prompt, with its decode slot, no longer fits the device pool.
+    fn requeue(&mut self, key: usize, plan: &mut ExecutionPlan) {
         let ps = u64::from(self.config.page_size);
         let history = self.requests[key].tokens.len() as u64;
         let need = (history + u64::from(self.config.decode_input_tokens)).div_ceil(ps);
@@ -994,15 +1001,9 @@ impl SchedulerCore {
             let state = std::mem::replace(&mut self.requests[key].state, State::Finished);
             drop(state);
             let id = self.requests[key].id.clone();
-            self.abort_notice(id, AbortReason::ExceedsDevicePool, &mut draft.plan);
+            self.abort_notice(id, AbortReason::ExceedsDevicePool, plan);
             return;
         }
-        self.requeue(key);
-    }
-
-    /// Queues a retracted request to compute its whole history again as its prompt (its
-    /// cached prefix is reused; the last prefill chunk yields its next token).
-    fn requeue(&mut self, key: usize) {
         let state = std::mem::replace(&mut self.requests[key].state, State::Submitted);
         drop(state);
         let r = &mut self.requests[key];

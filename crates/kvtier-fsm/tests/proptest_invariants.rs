@@ -24,8 +24,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kvtier_fsm::{BatchError, SchedError, Scheduler, SchedulerStats, StateKind};
 use kvtier_types::{
-    EngineEvent, ExecutionPlan, OpId, PageId, RequestId, RequestSpec, RowKind, SchedulerConfig,
-    Tier, Token,
+    EngineEvent, ExecutionPlan, MambaSettings, OpId, PageId, RequestId, RequestSpec, RowKind,
+    SchedulerConfig, Tier, Token,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{FileFailurePersistence, TestCaseError};
@@ -114,22 +114,37 @@ fn config_strategy() -> impl Strategy<Value = SchedulerConfig> {
         any::<bool>(),
         prop::bool::weighted(0.1),
     );
-    (pools, policy).prop_map(
+    // A hybrid model in one case of three: few state slots (pressure on the family as on
+    // the pools), host copies when the host tier is on, chunks of 1 to 4 pages.
+    let hybrid = prop_oneof![
+        2 => Just(None),
+        1 => (2u32..12, 0u32..8, 1u32..=4).prop_map(Some),
+    ];
+    (pools, policy, hybrid).prop_map(
         |(
             (page_size, device_pages, (host_pages, disable_l2_cache)),
             (max_batch_size, max_scheduled_tokens, decode_input_tokens, mixed, publish, no_prefix),
-        )| SchedulerConfig {
-            page_size,
-            device_pages,
-            host_pages,
-            max_scheduled_tokens,
-            max_batch_size,
-            decode_input_tokens,
-            disable_l2_cache,
-            enable_mixed_prefill_decode: mixed,
-            publish_prefix_mid_flight: publish,
-            disable_prefix_cache: no_prefix,
-            ..SchedulerConfig::default()
+            hybrid,
+        )| {
+            let l2 = host_pages > 0 && !disable_l2_cache;
+            SchedulerConfig {
+                page_size,
+                device_pages,
+                host_pages,
+                max_scheduled_tokens,
+                max_batch_size,
+                decode_input_tokens,
+                disable_l2_cache,
+                enable_mixed_prefill_decode: mixed,
+                publish_prefix_mid_flight: publish,
+                disable_prefix_cache: no_prefix,
+                mamba: hybrid.map(|(device_slots, host_slots, chunk_pages)| MambaSettings {
+                    device_slots,
+                    host_slots: if l2 { host_slots } else { 0 },
+                    chunk: chunk_pages * page_size,
+                }),
+                ..SchedulerConfig::default()
+            }
         },
     )
 }
@@ -202,6 +217,23 @@ fn case_strategy(max_ops: usize) -> impl Strategy<Value = Case> {
         prop::collection::vec(op_strategy(), 1..max_ops),
     )
         .prop_map(|(config, bases, ops)| Case { config, bases, ops })
+}
+
+/// Whether a transfer pair from `from` to the other tier names real pages (page 0 is
+/// the pools' dummy) or, for a state pair, real state slots (state pools have none).
+fn in_range(cfg: &SchedulerConfig, p: &kvtier_types::TransferPair, from: Tier) -> bool {
+    let (device, host, first) = match p.kind {
+        kvtier_types::TransferKind::Kv => (cfg.device_pages, cfg.host_pages, 1),
+        kvtier_types::TransferKind::Mamba => {
+            let m = cfg.mamba.unwrap_or_default();
+            (m.device_slots, m.host_slots, 0)
+        }
+    };
+    let (src_end, dst_end) = match from {
+        Tier::Device => (device, host),
+        Tier::Host => (host, device),
+    };
+    (first..src_end).contains(&p.src) && (first..dst_end).contains(&p.dst)
 }
 
 // ----- the harness: scheduler + engine model ---------------------------------------------
@@ -432,6 +464,33 @@ impl Harness {
                 "prefill-first policy: a round mixes prefill and decode rows"
             );
         }
+        // A hybrid model's rows each own a working slot (and a checkpoint slot) no other
+        // row names; a full-attention model's rows carry no state.
+        let mut own_slots = BTreeSet::new();
+        for r in rows {
+            if cfg.mamba.is_none() {
+                prop_assert!(r.mamba.is_empty(), "state slots on a dense row: {:?}", r);
+                continue;
+            }
+            let working = r.mamba.working;
+            prop_assert!(
+                working.is_some(),
+                "a hybrid row without a working slot: {:?}",
+                r
+            );
+            for slot in [working, r.mamba.checkpoint_dst].into_iter().flatten() {
+                prop_assert!(own_slots.insert(slot), "state slot {} named twice", slot);
+            }
+        }
+        for r in rows {
+            if let Some(src) = r.mamba.cow_src {
+                prop_assert!(
+                    !own_slots.contains(&src),
+                    "row {} copies from slot {src}, a request's own slot",
+                    r.request_id
+                );
+            }
+        }
         let prefill_tokens: u64 = rows[..n_prefill]
             .iter()
             .map(|r| u64::from(r.input_length))
@@ -595,10 +654,7 @@ impl Harness {
                 wb.op_id
             );
             prop_assert!(
-                wb.pairs.iter().all(|p| p.src >= 1
-                    && p.src < cfg.device_pages
-                    && p.dst >= 1
-                    && p.dst < cfg.host_pages),
+                wb.pairs.iter().all(|p| in_range(&cfg, p, Tier::Device)),
                 "write-back pair out of range: {:?}",
                 wb.pairs
             );
@@ -610,10 +666,7 @@ impl Harness {
                 lb.op_id
             );
             prop_assert!(
-                lb.pairs.iter().all(|p| p.src >= 1
-                    && p.src < cfg.host_pages
-                    && p.dst >= 1
-                    && p.dst < cfg.device_pages),
+                lb.pairs.iter().all(|p| in_range(&cfg, p, Tier::Host)),
                 "load-back pair out of range: {:?}",
                 lb.pairs
             );
@@ -1072,6 +1125,21 @@ impl Harness {
             [s.cached_device_pages, s.cached_host_pages],
             "idle: cached pages still locked"
         );
+        if let Some(states) = s.states {
+            // At quiescence only the tree holds state slots.
+            prop_assert_eq!(
+                (
+                    states.free_device_slots + states.device_states,
+                    states.free_host_slots + states.host_states
+                ),
+                (
+                    self.cfg.mamba.map_or(0, |m| m.device_slots),
+                    self.cfg.mamba.map_or(0, |m| m.host_slots)
+                ),
+                "idle: state slots neither free nor cached: {:?}",
+                states
+            );
+        }
         self.s.clear_cache();
         self.check("clear_cache")?;
         let s = self.s.stats();
@@ -1082,6 +1150,17 @@ impl Harness {
             s
         );
         prop_assert_eq!((s.cached_device_pages, s.cached_host_pages), (0, 0));
+        if let Some(m) = &self.cfg.mamba {
+            // Every exit returned the requests' slots, and the cached states left with
+            // their KV: both pools are whole.
+            let states = s.states.expect("a hybrid scheduler reports its states");
+            prop_assert_eq!(
+                (states.free_device_slots, states.free_host_slots),
+                (m.device_slots, m.host_slots),
+                "after clear_cache not every state slot is free: {:?}",
+                states
+            );
+        }
         Ok(())
     }
 }
@@ -1327,4 +1406,33 @@ fn regression_prefill_blocked_by_retracted_tails_deadlocks() {
         ],
         true,
     );
+}
+
+/// A hybrid `small_config` with `device_slots` state slots, chunk 2.
+fn hybrid(config: SchedulerConfig, device_slots: u32) -> SchedulerConfig {
+    SchedulerConfig {
+        mamba: Some(MambaSettings {
+            device_slots,
+            host_slots: 0,
+            chunk: 2,
+        }),
+        ..config
+    }
+}
+
+/// Found with the hybrid configs: a 14-token request is retracted, then recomputed with
+/// its two generated tokens as a 16-token prompt that, with its decode slot, needs 9
+/// of the 8 usable pages: it must be given up, not left prefilling forever.
+#[test]
+fn regression_hybrid_recompute_too_large_for_the_pool() {
+    let ops = vec![
+        submit(&[(14, 3)]),
+        step(false),
+        step(false),
+        step(false),
+        step(false),
+    ];
+    let config = small_config(2, 9, 8, 5, 1, 1, true, false);
+    replay(config.clone(), ops.clone(), true);
+    replay(hybrid(config, 2), ops, true);
 }

@@ -228,19 +228,22 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
 
     /// Caps a KV match at the deepest states reachable on each tier (§1.4): KV depth
     /// without its state is never reusable. `device` and `host` are the KV match's
-    /// terminals; with host copies off the host tier caps to the device state (a
-    /// host-only KV hit has no state: #612).
+    /// terminals; with host copies off, or `host_states` false (no room to load one
+    /// back), the host tier caps to the device state (a host-only KV hit has no state:
+    /// #612).
     pub fn cap_match<T: StateTree<Node = N>>(
         &self,
         tree: &T,
         device: N,
         host: N,
+        host_states: bool,
     ) -> CappedMatch<N> {
         let root = tree.root();
         let ps = self.config.page_size;
         let kv_pages = (tree.depth(device).max(tree.depth(host))) / ps;
         let dm = self.last_device_state(tree, device);
-        let hm = if self.config.host_copies() {
+        let host_states = host_states && self.config.host_copies();
+        let hm = if host_states {
             self.last_host_state(tree, host)
         } else {
             None
@@ -265,7 +268,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
         if prefer_host {
             state_depth = hm_depth;
         }
-        if !self.config.host_copies() {
+        if !host_states {
             // The host tier's KV is reusable only as deep as the device state.
             capped.host = capped.device;
         }
@@ -767,9 +770,10 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
         s
     }
 
-    /// Device slots held by requests (live handles).
-    pub fn request_slots(&mut self) -> u32 {
-        self.device.held()
+    /// Slots out as live handles, device then host: those requests hold (working and
+    /// checkpoint slots, host slots an L3 prefetch fills).
+    pub fn held_slots(&mut self) -> [u32; 2] {
+        [self.device.held(), self.host.held()]
     }
 
     /// Checks that every slot of each pool is free, held by a request, attached to

@@ -58,3 +58,50 @@ fn returns_drain_sorted_and_out_of_range_frees_are_ignored() {
     pool.release(u32::MAX);
     assert_eq!(pool.available(), 4);
 }
+
+/// A slot moved into a box frees nothing; dropping the box frees it once.
+#[test]
+fn a_boxed_slot_is_freed_once_with_its_box() {
+    let mut pool = SlotPool::new(Tier::Device, 2);
+    let boxed = Box::new(pool.allocate().expect("free"));
+    assert_eq!(pool.available(), 1);
+    drop(boxed);
+    assert_eq!(pool.available(), 2);
+}
+
+/// A request's pair: two distinct slots; taking the checkpoint out (or moving the
+/// working slot out) frees nothing; dropping the pair frees both.
+#[test]
+fn a_request_pair_holds_two_slots_until_dropped() {
+    use kvtier_mamba::RequestStates;
+    let mut pool = SlotPool::new(Tier::Device, 8);
+    let mut pair = RequestStates::new(
+        pool.allocate().expect("free"),
+        pool.allocate().expect("free"),
+    );
+    let (working, checkpoint) = (pair.working.id(), pair.checkpoint.as_ref().map(Slot::id));
+    assert_ne!(Some(working), checkpoint);
+    assert_eq!((pool.available(), pair.checkpoint_at), (6, None));
+    pair.checkpoint_at = Some(4);
+    let (taken, at) = pair.take_checkpoint().expect("a checkpoint");
+    assert_eq!((Some(taken.id()), at), (checkpoint, Some(4)));
+    assert!(pair.checkpoint.is_none() && pair.take_checkpoint().is_none());
+    assert_eq!(
+        pool.available(),
+        6,
+        "taking the checkpoint out frees nothing"
+    );
+    drop(taken);
+    assert_eq!(pool.available(), 7);
+    let RequestStates { working: moved, .. } = pair;
+    assert_eq!((moved.id(), pool.available()), (working, 7));
+    drop(moved);
+    assert_eq!(pool.available(), 8);
+    let pair = RequestStates::new(
+        pool.allocate().expect("free"),
+        pool.allocate().expect("free"),
+    );
+    assert_eq!(pool.available(), 6);
+    drop(pair);
+    assert_eq!(pool.available(), 8);
+}

@@ -173,6 +173,10 @@ pub enum Violation {
         /// Leaves of the tier.
         leaves: usize,
     },
+    /// The recurrent-state family's slots or attachments are inconsistent (hybrid
+    /// models): a slot neither free, held, attached nor reserved, or a state off a page
+    /// boundary or on a removed node.
+    States(String),
 }
 
 /// Where the invariant check found a page.
@@ -250,6 +254,7 @@ impl fmt::Display for Violation {
                 f,
                 "{tier:?} LRU set has {entries} entries for {leaves} leaves"
             ),
+            Violation::States(what) => write!(f, "recurrent states: {what}"),
         }
     }
 }

@@ -17,10 +17,11 @@ use crate::batch::{
 use crate::{Match, NodeId, NodeLock, RadixCore};
 
 impl RadixCore {
-    /// The KV match of `tokens` capped at the states reachable on each tier.
-    fn capped(&mut self, m: Match) -> (Match, CappedMatch<NodeId>) {
+    /// The KV match of `tokens` capped at the states reachable on each tier (host states
+    /// only with `host_states`).
+    fn capped(&mut self, m: Match, host_states: bool) -> (Match, CappedMatch<NodeId>) {
         let capped = self
-            .with_states(|states, tree| states.cap_match(tree, m.device, m.host))
+            .with_states(|states, tree| states.cap_match(tree, m.device, m.host, host_states))
             .expect("hybrid admission needs the state family");
         let m = Match {
             device: capped.device,
@@ -43,9 +44,22 @@ impl RadixCore {
         use_host: bool,
         reuse: bool,
     ) -> Outcome {
+        self.first_chunk_from(tokens, prefill_len, remaining, d, [use_host, reuse, true])
+    }
+
+    /// [`Self::first_chunk_hybrid`]; `[use_host, reuse, host_states]`, the last false when
+    /// the device pool cannot take a host state beside the request's pair.
+    fn first_chunk_from(
+        &mut self,
+        tokens: &[Token],
+        prefill_len: u32,
+        remaining: u32,
+        d: u32,
+        [use_host, reuse, host_states]: [bool; 3],
+    ) -> Outcome {
         let ps = self.page_size();
         let kv = self.committed_match(tokens, reuse);
-        let (m, capped) = self.capped(kv);
+        let (m, capped) = self.capped(kv, host_states);
         let host_pages = if use_host { m.host_pages } else { 0 };
         let shape = ChunkShape::new(m.device_pages, host_pages, prefill_len, remaining, d, ps);
         let branching = capped.branching.or_else(|| {
@@ -65,8 +79,28 @@ impl RadixCore {
             })
             .flatten();
         let need = 2 + u32::from(load_node.is_some());
-        if self.with_states(|states, tree| states.ensure_device(tree, need, None)) != Some(true) {
+        // The state the request starts from must survive the room made for its own slots
+        // (else the slot it copies from could come back as one of them).
+        let source = capped.cow_src.map(|_| capped.device);
+        if self.with_states(|states, tree| states.ensure_device(tree, need, source)) != Some(true) {
             self.unlock(guard);
+            if self.is_reference() {
+                return Outcome::waits();
+            }
+            // A pool too small for a host state beside a fresh pair: start from the
+            // deepest device state instead. Too small to keep the device source: give
+            // it up and start from whatever state is left. (The reference would wait
+            // forever in both cases.)
+            let flags = [use_host, reuse, false];
+            if load_node.is_some() {
+                return self.first_chunk_from(tokens, prefill_len, remaining, d, flags);
+            }
+            let room = source.is_some()
+                && self.with_states(|states, tree| states.ensure_device(tree, need, None))
+                    == Some(true);
+            if room {
+                return self.first_chunk_from(tokens, prefill_len, remaining, d, flags);
+            }
             return Outcome::waits();
         }
         let mut cow_src = capped.cow_src;
@@ -140,7 +174,7 @@ impl RadixCore {
     ) -> Outcome {
         let ps = self.page_size();
         let kv = self.match_prefix(tokens);
-        let (_, capped) = self.capped(kv);
+        let (_, capped) = self.capped(kv, true);
         let any_state = self
             .states()
             .map(|s| {

@@ -36,7 +36,8 @@ pub use batch::{
     Publication, RetractOutcome, StateGrant, TokenRef, grow,
 };
 pub use cache::{
-    CacheConfig, InsertResult, Match, Probe, RadixCore, TreeStats, WriteBackTicket, WrittenBack,
+    CacheConfig, CachedState, InsertResult, Match, Probe, RadixCore, TreeStats, WriteBackTicket,
+    WrittenBack,
 };
 pub use error::{PageOwner, RadixError, Violation};
 pub use lock::NodeLock;

@@ -1,5 +1,6 @@
 //! The structural invariant check used by tests and debug builds: page conservation, label
-//! shape, tier closure, lock counts, LRU membership and counters.
+//! shape, tier closure, lock counts, LRU membership and counters, and the recurrent-state
+//! family's slots (hybrid models).
 
 use kvtier_types::{PageId, Tier};
 
@@ -165,6 +166,11 @@ impl RadixCore {
                 });
             }
         }
-        Ok(())
+        let states = self
+            .with_states(|family, tree| family.check_invariants(tree, |node| tree.is_live(node)));
+        match states {
+            Some(Err(e)) => Err(Violation::States(e.to_string())),
+            _ => Ok(()),
+        }
     }
 }

@@ -18,11 +18,12 @@ mod write_back;
 use std::collections::{BTreeMap, BTreeSet};
 
 use kvtier_host::{OwnedPages, PagePool, ReleaseQueue};
-use kvtier_mamba::{MambaConfig, MambaFamily};
+use kvtier_mamba::{MambaConfig, MambaFamily, MambaStats};
 use kvtier_types::{Policy, Tier, Token};
 use slab::Slab;
 
 pub use insert::InsertResult;
+pub use states::CachedState;
 pub use walk::{Match, Probe};
 use write_back::Ticket;
 pub use write_back::{WriteBackTicket, WrittenBack};
@@ -64,6 +65,8 @@ pub struct TreeStats {
     /// Pages evicted so far, per tier (LRU eviction to make room; demotions of copies
     /// held on the other tier too and discarded load-backs are not counted).
     pub evicted_pages: [u64; 2],
+    /// The recurrent-state family's counters (hybrid models).
+    pub states: Option<MambaStats>,
 }
 
 /// The radix prefix cache with device and host tiers.
@@ -315,6 +318,7 @@ impl RadixCore {
             locked_pages: self.locked_pages,
             free_pages: [self.pools[0].available(), self.pools[1].available()],
             evicted_pages: self.evicted_pages,
+            states: self.with_states(|family, _| family.stats()),
         }
     }
 }

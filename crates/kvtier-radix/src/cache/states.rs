@@ -4,7 +4,8 @@
 //! on its nodes in one place: each decision depends on both as the candidates before it
 //! left them (docs/mamba.md).
 
-use kvtier_mamba::{MambaFamily, StateTree};
+use kvtier_mamba::{MambaFamily, SlotId, StateTree};
+use kvtier_types::Token;
 
 use super::RadixCore;
 use crate::NodeId;
@@ -69,4 +70,41 @@ impl RadixCore {
     pub fn states(&self) -> Option<&MambaFamily<NodeId>> {
         self.mamba.as_ref()
     }
+
+    /// The states cached along the longest cached prefix of `tokens` (nodes matched
+    /// whole), root first, without touching anything: each node's depth in pages and its
+    /// device and host state slots. Empty without a state family.
+    pub fn cached_states(&self, tokens: &[Token]) -> Vec<CachedState> {
+        let Some(family) = self.states() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let mut pages = 0;
+        for (node, matched) in self.cached_path(tokens) {
+            if matched < self.node(node).pages(self.page_size) as usize {
+                break;
+            }
+            pages += matched as u32;
+            let (device, host) = (family.device_slot(node), family.host_slot(node));
+            if device.is_some() || host.is_some() {
+                out.push(CachedState {
+                    pages,
+                    device,
+                    host,
+                });
+            }
+        }
+        out
+    }
+}
+
+/// A state cached on a node (see [`RadixCore::cached_states`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CachedState {
+    /// The node's depth in pages: the state follows that many pages of tokens.
+    pub pages: u32,
+    /// Its device state slot.
+    pub device: Option<SlotId>,
+    /// Its host state slot.
+    pub host: Option<SlotId>,
 }

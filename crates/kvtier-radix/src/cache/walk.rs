@@ -71,8 +71,19 @@ impl RadixCore {
     /// Page hashes stored along the longest cached prefix of `tokens` (whole pages, any
     /// tier), without touching anything. Empty unless page hashes are kept.
     pub fn prefix_page_hashes(&self, tokens: &[Token]) -> Vec<PageHash> {
-        let ps = self.page_size;
         let mut out = Vec::new();
+        for (node, matched) in self.cached_path(tokens) {
+            out.extend(self.node(node).page_hashes.iter().take(matched).copied());
+        }
+        out
+    }
+
+    /// The nodes along the longest cached prefix of `tokens` (whole pages, any tier),
+    /// root excluded, each with its pages the prefix covers (all of them but perhaps
+    /// the last node's), without touching anything.
+    pub(crate) fn cached_path(&self, tokens: &[Token]) -> Vec<(NodeId, usize)> {
+        let ps = self.page_size;
+        let mut path = Vec::new();
         let mut node = self.root;
         let mut pos = 0;
         while pos + ps <= tokens.len() {
@@ -81,14 +92,14 @@ impl RadixCore {
             };
             let c = self.node(child);
             let matched = self.common_pages(&c.tokens, &tokens[pos..]);
-            out.extend(c.page_hashes.iter().take(matched).copied());
+            path.push((child, matched));
             if matched < c.pages(ps) as usize {
                 break;
             }
             pos += matched * ps;
             node = child;
         }
-        out
+        path
     }
 
     /// Committing prefix match: splits the node where the match ends inside it and
