@@ -266,6 +266,7 @@ impl Request {
                 tokens: TokenRef::new(&self.tokens, run.prefix_pages.len() * page_size as usize),
                 prefix: run.prefix_pages.len() as u32,
                 pages: Default::default(),
+                at: None,
             });
         let Running {
             device_lock,
@@ -328,6 +329,7 @@ impl Request {
                 tokens,
                 prefix,
                 pages: taken,
+                at: Some(run.device_lock.node()),
             },
             own,
         ))

@@ -40,6 +40,11 @@ pub trait StateTree {
     fn host_locked(&self, node: Self::Node) -> bool;
     /// The node's LRU order: last access time, then creation order.
     fn age(&self, node: Self::Node) -> (u64, u64);
+    /// A dense index of the node, below [`Self::index_bound`] (for marking nodes in a
+    /// bit set rather than an ordered set).
+    fn index(&self, node: Self::Node) -> usize;
+    /// One more than the largest index a live node has.
+    fn index_bound(&self) -> usize;
 }
 
 /// Settings of the Mamba family.
@@ -82,6 +87,9 @@ impl MambaConfig {
         self.host_slots > 0
     }
 }
+
+/// A node with its LRU key `(time, seq)`.
+type Aged<N> = ((u64, u64), N);
 
 /// The slots attached to one node.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -320,37 +328,38 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
         }
     }
 
-    /// Nodes whose device state may be evicted now, oldest first: leaves (reference: as
-    /// tracked; default: no device state anywhere below), neither `protected` nor
-    /// locked on device.
-    fn candidates<T: StateTree<Node = N>>(&self, tree: &T, protected: Option<N>) -> Vec<N> {
+    /// Nodes whose device state may be evicted now, with their LRU keys, in no order:
+    /// leaves (reference: as tracked; default: no device state anywhere below), neither
+    /// `protected` nor locked on device.
+    fn candidates<T: StateTree<Node = N>>(&self, tree: &T, protected: Option<N>) -> Vec<Aged<N>> {
         let leaves: Vec<N> = if self.config.reference {
             self.leaves.iter().copied().collect()
         } else {
-            let mut above = BTreeSet::new();
-            for (&node, a) in &self.attached {
-                if a.device.is_some() {
-                    let mut cur = tree.parent(node);
-                    while let Some(p) = cur {
-                        if !above.insert(p) {
-                            break;
-                        }
-                        cur = tree.parent(p);
+            // Mark every node above a device state (a chain stops where an earlier one
+            // marked); the unmarked device states are the leaves.
+            let mut above = vec![false; tree.index_bound()];
+            let devices = self.attached.iter().filter(|(_, a)| a.device.is_some());
+            for (&node, _) in devices.clone() {
+                let mut cur = tree.parent(node);
+                while let Some(p) = cur {
+                    let seen = &mut above[tree.index(p)];
+                    if *seen {
+                        break;
                     }
+                    *seen = true;
+                    cur = tree.parent(p);
                 }
             }
-            self.attached
-                .iter()
-                .filter(|(n, a)| a.device.is_some() && !above.contains(*n))
+            devices
+                .filter(|(n, _)| !above[tree.index(**n)])
                 .map(|(&n, _)| n)
                 .collect()
         };
-        let mut cands: Vec<N> = leaves
+        leaves
             .into_iter()
             .filter(|&n| Some(n) != protected && !self.pinned_on_device(tree, n))
-            .collect();
-        cands.sort_by_key(|&n| (tree.age(n), n));
-        cands
+            .map(|n| (tree.age(n), n))
+            .collect()
     }
 
     /// Whether a state cannot be evicted now. The reference keeps every state whose KV is
@@ -377,12 +386,25 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
     /// Evicts up to `n` device states, least recently used leaves first (the KV stays: a
     /// prefix then caps at a shallower state). Returns how many went.
     pub fn evict<T: StateTree<Node = N>>(&mut self, tree: &T, n: u32, protected: Option<N>) -> u32 {
-        let mut cands = self.candidates(tree, protected);
+        let cands = self.candidates(tree, protected);
+        self.evict_from(tree, n, protected, cands)
+    }
+
+    /// [`Self::evict`] from these candidates (`Self::candidates`, oldest first).
+    fn evict_from<T: StateTree<Node = N>>(
+        &mut self,
+        tree: &T,
+        n: u32,
+        protected: Option<N>,
+        mut cands: Vec<Aged<N>>,
+    ) -> u32 {
         let mut evicted = 0;
-        // Candidates are kept sorted oldest last, so the next victim is popped off the end.
-        cands.reverse();
         while evicted < n {
-            let Some(leaf) = cands.pop() else { break };
+            // The oldest by `(time, seq)`, then node id: a total order, never an address.
+            let Some(oldest) = (0..cands.len()).min_by_key(|&i| cands[i]) else {
+                break;
+            };
+            let (_, leaf) = cands.swap_remove(oldest);
             if let Some(slot) = self.take_device(leaf) {
                 self.device.release(slot);
                 evicted += 1;
@@ -392,19 +414,23 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
             let Some(parent) = tree.parent(leaf).filter(|&p| p != tree.root()) else {
                 continue;
             };
+            if evicted == n && !self.config.reference {
+                // Enough: whether the parent is a leaf now is for the next eviction to find.
+                break;
+            }
             let parent_is_leaf = if self.config.reference {
                 self.is_direct_leaf(tree, parent)
             } else {
                 self.device_slot(parent).is_some()
-                    && self.candidates(tree, protected).contains(&parent)
+                    && self
+                        .candidates(tree, protected)
+                        .iter()
+                        .any(|&(_, c)| c == parent)
             };
             if parent_is_leaf {
                 self.leaves.insert(parent);
                 if Some(parent) != protected && !self.pinned_on_device(tree, parent) {
-                    let at = cands
-                        .binary_search_by(|&c| (tree.age(parent), parent).cmp(&(tree.age(c), c)))
-                        .unwrap_or_else(|i| i);
-                    cands.insert(at, parent);
+                    cands.push((tree.age(parent), parent));
                 }
             }
         }
@@ -424,11 +450,24 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
         if free >= need {
             return true;
         }
-        if !self.config.reference && free + self.evictable(tree, protected) < need {
+        let cands = self.candidates(tree, protected);
+        // Transactional (default policy): evict only what can succeed. The leaves alone
+        // often suffice; else count what a cascade of evictions could reach.
+        let leaves = cands.len() as u32;
+        if !self.config.reference
+            && free + leaves < need
+            && free + self.evictable(tree, protected) < need
+        {
             return false;
         }
-        self.evict(tree, need - free, protected);
+        self.evict_from(tree, need - free, protected, cands);
         self.device.available() >= need
+    }
+
+    /// Whether `need` device slots could be made free (nothing changes).
+    pub fn could_free<T: StateTree<Node = N>>(&mut self, tree: &T, need: u32) -> bool {
+        let free = self.device.available();
+        free >= need || free + self.evictable(tree, None) >= need
     }
 
     /// Device states a cascade of leaf evictions could reach (default policy).

@@ -110,6 +110,9 @@ pub struct Publication {
     pub prefix: u32,
     /// The request's own pages for pages `prefix..` (duplicates go back to the pool).
     pub pages: OwnedPages,
+    /// The node its published prefix ends at, which it holds locked on device (the
+    /// insert walks on from there instead of from the root); `None`: the root.
+    pub at: Option<NodeId>,
 }
 
 /// One cache operation.
@@ -662,11 +665,12 @@ impl RadixCore {
         if p.pages.is_empty() {
             return (old, p.prefix.min(total));
         }
-        let Ok(result) = self.insert(
+        let Ok(result) = self.insert_at(
             Tier::Device,
             &p.tokens[..total as usize * ps],
             p.prefix,
             p.pages,
+            p.at,
         ) else {
             debug_assert!(false, "publish contract violated");
             return (old, p.prefix);

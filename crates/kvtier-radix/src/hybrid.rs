@@ -58,6 +58,9 @@ impl RadixCore {
         [use_host, reuse, host_states]: [bool; 3],
     ) -> Outcome {
         let ps = self.page_size();
+        if !self.is_reference() && !self.could_admit(tokens, prefill_len, remaining, d, reuse) {
+            return Outcome::waits();
+        }
         let kv = self.committed_match(tokens, reuse);
         let (m, capped) = self.capped(kv, host_states);
         let host_pages = if use_host { m.host_pages } else { 0 };
@@ -156,6 +159,33 @@ impl RadixCore {
                 branching,
             })),
         }))
+    }
+
+    /// A read-only test that a first chunk has a chance (default policy): without it a
+    /// waiting request would commit a match (split, touch) every step only to be refused.
+    /// Whatever the states cap the match to, the chunk needs at least the pages of the
+    /// deepest KV match's chunk, and two state slots.
+    fn could_admit(
+        &mut self,
+        tokens: &[Token],
+        prefill_len: u32,
+        remaining: u32,
+        d: u32,
+        reuse: bool,
+    ) -> bool {
+        // Any chunk needs a page (before walking the prompt for a better bound).
+        if !self.can_free(Tier::Device, 1, 0) {
+            return false;
+        }
+        let probe = if reuse {
+            self.probe(tokens)
+        } else {
+            crate::Probe::default()
+        };
+        let deepest = probe.device_pages.max(probe.host_pages);
+        let least = ChunkShape::new(deepest, 0, prefill_len, remaining, d, self.page_size());
+        self.can_free(Tier::Device, least.own_pages, 0)
+            && self.with_states(|states, tree| states.could_free(tree, 2)) == Some(true)
     }
 
     /// Resumes a retracted hybrid request. Its KV prefix comes back whole (as for any

@@ -13,6 +13,7 @@ use kvtier_types::{
 use serde::Serialize;
 
 use crate::api::{Path, scheduler_on};
+use crate::engine::{measured_advance, measured_next_plan, measured_submit};
 use crate::tokens::{gen_tokens, tag};
 use crate::workloads::WorkloadError;
 
@@ -249,8 +250,10 @@ pub struct HybridReport {
     pub digest: String,
     /// The page digest: also device and host page ids.
     pub digest_pages: String,
-    /// Nanoseconds inside the timed calls.
+    /// Nanoseconds inside the timed calls (`measured_*`, the calls callgrind counts).
     pub measured_ns: u64,
+    /// What `cargo xtask bench --callgrind` divides the count by: steps.
+    pub callgrind_divisor: u64,
     /// One line per plan (with `record_plans`): its rows (the digest's fields, then the
     /// page table), write-backs (retract flag, KV and state pairs) and load-backs.
     #[serde(skip)]
@@ -532,7 +535,7 @@ impl Run {
         }
         if !batch.is_empty() {
             let t0 = std::time::Instant::now();
-            self.system.submit(batch)?;
+            measured_submit(&mut self.system, batch)?;
             self.measured_ns += t0.elapsed().as_nanos() as u64;
         }
         Ok(())
@@ -542,7 +545,7 @@ impl Run {
     /// and the requests that finished.
     fn plan_and_answer(&mut self) -> Result<(bool, Vec<RequestId>), WorkloadError> {
         let t0 = std::time::Instant::now();
-        let plan = self.system.next_plan()?;
+        let plan = measured_next_plan(&mut self.system)?;
         self.measured_ns += t0.elapsed().as_nanos() as u64;
         let line = self.digests.plan(&plan);
         if self.plans.is_some() {
@@ -560,7 +563,7 @@ impl Run {
         if has_work {
             let events = self.answer(&plan, &mut finished)?;
             let t0 = std::time::Instant::now();
-            self.system.advance(events)?;
+            measured_advance(&mut self.system, events)?;
             self.measured_ns += t0.elapsed().as_nanos() as u64;
         }
         Ok((has_work, finished))
@@ -752,6 +755,7 @@ pub fn run_hybrid(options: &HybridOptions) -> Result<HybridReport, WorkloadError
         .enumerate()
         .map(|(i, line)| format!("{{\"step\": {i}, {line}}}"))
         .collect();
+    let steps = run.counters.steps;
     Ok(HybridReport {
         workload: variant.name(),
         path: options.path.name(),
@@ -763,6 +767,7 @@ pub fn run_hybrid(options: &HybridOptions) -> Result<HybridReport, WorkloadError
         digest: format!("{:016x}", run.digests.decisions.0),
         digest_pages: format!("{:016x}", run.digests.pages.0),
         measured_ns: run.measured_ns,
+        callgrind_divisor: steps.max(1),
         plans,
     })
 }

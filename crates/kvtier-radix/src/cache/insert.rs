@@ -28,6 +28,22 @@ impl RadixCore {
         prefix_pages: u32,
         pages: OwnedPages,
     ) -> Result<InsertResult, RadixError> {
+        self.insert_at(tier, tokens, prefix_pages, pages, None)
+    }
+
+    /// [`Self::insert`] whose walk starts at `at`: a live node holding `tokens`' first
+    /// `prefix_pages` pages on device (a node the caller holds locked there; device
+    /// inserts only). The path
+    /// above it is touched as the walk from the root would, without comparing its labels
+    /// again.
+    pub(crate) fn insert_at(
+        &mut self,
+        tier: Tier,
+        tokens: &[Token],
+        prefix_pages: u32,
+        pages: OwnedPages,
+        at: Option<NodeId>,
+    ) -> Result<InsertResult, RadixError> {
         self.drain_releases();
         self.check_aligned(tokens)?;
         let t = tier.index();
@@ -50,7 +66,21 @@ impl RadixCore {
             });
         }
         // Walk (splitting and touching), then one new node for whatever remains.
-        let (m, mut last, matched) = self.walk(tokens);
+        let start = at.filter(|&n| {
+            let valid = tier == Tier::Device
+                && self.is_live(n)
+                && self.depth_pages(n) == prefix_pages
+                && self.node(n).tiers[t].present();
+            debug_assert!(
+                valid || n == self.root,
+                "insert start {n:?} is not the prefix"
+            );
+            valid
+        });
+        let (m, mut last, matched) = match start {
+            Some(node) => self.walk_from(node, tokens),
+            None => self.walk(tokens),
+        };
         // The claimed prefix must really be resident on this tier along this path.
         let resident = match tier {
             Tier::Device => m.device_pages,

@@ -47,6 +47,14 @@ impl StateTree for RadixCore {
         let n = self.node(node);
         (n.last_access, n.seq)
     }
+
+    fn index(&self, node: NodeId) -> usize {
+        node.idx as usize
+    }
+
+    fn index_bound(&self) -> usize {
+        self.gens.len()
+    }
 }
 
 impl RadixCore {

@@ -113,16 +113,53 @@ impl RadixCore {
     pub(super) fn walk(&mut self, tokens: &[Token]) -> (Match, NodeId, u32) {
         self.drain_releases();
         self.clock += 1;
-        let ps = self.page_size;
-        let mut m = Match {
-            device: self.root,
+        let root = self.root;
+        let m = Match {
+            device: root,
             device_pages: 0,
-            host: self.root,
+            host: root,
             host_pages: 0,
         };
-        let (mut dev_alive, mut host_alive) = (true, true);
-        let mut node = self.root;
-        let mut pos = 0;
+        self.walk_on(m, [true, true], root, 0, tokens)
+    }
+
+    /// [`Self::walk`] for `tokens` whose path runs through `start` (its label ends where
+    /// `tokens` has its first `depth_pages(start)` pages): touches `start` and the nodes
+    /// above it, then walks on from there. The match covers the tiers `start` holds.
+    pub(super) fn walk_from(&mut self, start: NodeId, tokens: &[Token]) -> (Match, NodeId, u32) {
+        self.drain_releases();
+        self.clock += 1;
+        let mut cur = start;
+        while cur != self.root {
+            self.touch(cur);
+            cur = self.node(cur).parent.expect("non-root");
+        }
+        let s = self.node(start);
+        let (device, host) = (s.tiers[0].present(), s.tiers[1].usable());
+        let pages = self.depth_pages(start);
+        let at = |on: bool| if on { (start, pages) } else { (self.root, 0) };
+        let ((device_node, device_pages), (host_node, host_pages)) = (at(device), at(host));
+        let m = Match {
+            device: device_node,
+            device_pages,
+            host: host_node,
+            host_pages,
+        };
+        let pos = pages as usize * self.page_size;
+        self.walk_on(m, [device, host], start, pos, tokens)
+    }
+
+    /// The committing walk from `node` (at token `pos`), extending `m` while its tiers
+    /// stay `alive`.
+    fn walk_on(
+        &mut self,
+        mut m: Match,
+        [mut dev_alive, mut host_alive]: [bool; 2],
+        mut node: NodeId,
+        mut pos: usize,
+        tokens: &[Token],
+    ) -> (Match, NodeId, u32) {
+        let ps = self.page_size;
         while pos + ps <= tokens.len() {
             let Some(mut child) = self.find_child(node, &tokens[pos..pos + ps]) else {
                 break;
