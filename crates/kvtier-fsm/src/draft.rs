@@ -178,10 +178,10 @@ pub(crate) enum Entry {
     /// No intent (a state that waits this step).
     None,
     /// A next chunk; a hybrid one commits its last chunk (`Some`).
-    NextChunk(Option<Republish>),
+    NextChunk(Option<Box<Republish>>),
     FirstChunk,
     /// A decode; a hybrid request's first one commits its last prefill chunk (`Some`).
-    Decode(Option<Republish>),
+    Decode(Option<Box<Republish>>),
     /// A retracted request: its state is out while its locks travel with the intent.
     Recovery {
         local_kv: LocalKv,
@@ -204,8 +204,10 @@ pub(crate) struct PlanInProgress {
     pub plan: ExecutionPlan,
     pub seen: Seen,
     pub rows: Rows,
-    /// Candidates in scheduling order, with their entries.
-    pub candidates: Vec<(usize, Entry)>,
+    /// The candidates' request keys, in scheduling order.
+    pub candidates: Vec<usize>,
+    /// What each candidate asked the cache for (taken when the outcomes are applied).
+    pub entries: Vec<Entry>,
     /// Targets of the ops before the step's own op.
     pub targets: Vec<Target>,
     /// The retraction in flight, if this is the second batch.

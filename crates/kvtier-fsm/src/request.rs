@@ -56,8 +56,10 @@ impl LocalKv {
             fresh.len(),
             "allocation and accounting disagree"
         );
-        let appended = self.pages.append(&mut fresh);
-        debug_assert!(appended.is_ok(), "pages of another pool");
+        if !fresh.is_empty() {
+            let appended = self.pages.append(&mut fresh);
+            debug_assert!(appended.is_ok(), "pages of another pool");
+        }
         self.tail_free = tail_free;
     }
 }

@@ -84,7 +84,7 @@ impl SchedulerCore {
             (Some(_), Policy::Default) => self.commit_computed_chunks(),
             _ => {}
         }
-        let (program, candidates) = self.admit_program(released);
+        let (program, candidates, entries) = self.admit_program(released);
         let (mut batch, targets) = self.outbox.take();
         batch.ops.push(CacheOp::Admit(program));
         self.stats.cache_batches += 1;
@@ -100,6 +100,7 @@ impl SchedulerCore {
                 ..Rows::default()
             },
             candidates,
+            entries,
             targets,
             retract: None,
             started,
@@ -119,9 +120,9 @@ impl SchedulerCore {
             (None, OpResult::Admitted(outcomes)) => {
                 if outcomes.len()
                     != draft
-                        .candidates
+                        .entries
                         .iter()
-                        .filter(|(_, e)| !matches!(e, Entry::None))
+                        .filter(|e| !matches!(e, Entry::None))
                         .count()
                 {
                     return Err(SchedError::UnexpectedReply);
@@ -315,7 +316,7 @@ impl SchedulerCore {
             let Some(Republish {
                 published_from,
                 own_pages,
-            }) = republish
+            }) = republish.map(|r| *r)
             else {
                 continue;
             };
@@ -355,7 +356,7 @@ impl SchedulerCore {
 
     /// The step's admission program: one intent per candidate that can run.
     /// `released`: requests finished since the last plan.
-    fn admit_program(&mut self, released: bool) -> (AdmitProgram, Vec<(usize, Entry)>) {
+    fn admit_program(&mut self, released: bool) -> (AdmitProgram, Vec<usize>, Vec<Entry>) {
         let c = &self.config;
         let ps = c.page_size;
         let prefetch_on = c.l3_prefetch_enabled();
@@ -365,6 +366,7 @@ impl SchedulerCore {
         let ranked = self.candidates();
         let mut intents = Vec::with_capacity(ranked.len());
         let mut candidates = Vec::with_capacity(ranked.len());
+        let mut entries = Vec::with_capacity(ranked.len());
         for (_, key) in ranked {
             let r = &self.requests[key];
             let entry = match &r.state {
@@ -408,25 +410,27 @@ impl SchedulerCore {
                 }
                 State::PrefillDone(run) | State::Decoding(run) => {
                     let (reserve, tail_free) = (run.reserve, run.local_kv.tail_free);
-                    let first = matches!(r.state, State::PrefillDone(_)) && run.states.is_some();
-                    // kvtier gives a decode row a checkpoint slot when its new length ends
-                    // a page (its state there is cached with the page); the reference gives
-                    // the first decode one, which it never fills.
-                    let crossing =
-                        kvtier_mamba::decode_checkpoint_depth(r.tokens.len() as u32, ps).is_some();
-                    let checkpoint = match (&run.states, reference) {
-                        (None, _) => CheckpointNeed::None,
-                        (Some(_), true) if first => CheckpointNeed::Required,
-                        (Some(s), false) if crossing && s.checkpoint.is_none() => {
-                            CheckpointNeed::Wanted
+                    let mut checkpoint = CheckpointNeed::None;
+                    let (mut commit, mut republish) = (None, None);
+                    if let Some(states) = &run.states {
+                        let first = matches!(r.state, State::PrefillDone(_));
+                        // kvtier gives a decode row a checkpoint slot when its new length
+                        // ends a page (its state there is cached with the page); the
+                        // reference gives the first decode one, which it never fills.
+                        let crossing =
+                            kvtier_mamba::decode_checkpoint_depth(r.tokens.len() as u32, ps)
+                                .is_some();
+                        checkpoint = match reference {
+                            true if first => CheckpointNeed::Required,
+                            false if crossing && states.checkpoint.is_none() => {
+                                CheckpointNeed::Wanted
+                            }
+                            _ => CheckpointNeed::None,
+                        };
+                        if first && reference {
+                            (commit, republish) = self.chunk_commit(key);
                         }
-                        _ => CheckpointNeed::None,
-                    };
-                    let (commit, republish) = if first && reference {
-                        self.chunk_commit(key)
-                    } else {
-                        (None, None)
-                    };
+                    }
                     intents.push(Intent::Decode {
                         reserve,
                         tail_free,
@@ -465,7 +469,8 @@ impl SchedulerCore {
                 }
                 _ => Entry::None,
             };
-            candidates.push((key, entry));
+            candidates.push(key);
+            entries.push(entry);
         }
         let program = AdmitProgram {
             budget: i64::from(self.config.max_scheduled_tokens),
@@ -478,12 +483,12 @@ impl SchedulerCore {
             released,
             intents,
         };
-        (program, candidates)
+        (program, candidates, entries)
     }
 
     /// A hybrid request's last chunk to commit with its next row: its computed full pages
     /// (those of the chunk window, not the generated token's) and its checkpoint.
-    fn chunk_commit(&mut self, key: usize) -> (Option<Box<ChunkCommit>>, Option<Republish>) {
+    fn chunk_commit(&mut self, key: usize) -> (Option<Box<ChunkCommit>>, Option<Box<Republish>>) {
         let ps = self.config.page_size;
         let mut state = std::mem::replace(&mut self.requests[key].state, State::Finished);
         let Some(run) = state.running_mut() else {
@@ -498,10 +503,10 @@ impl SchedulerCore {
         let (publication, republish) = match publication {
             Some((p, own_pages)) => (
                 Some(p),
-                Some(Republish {
+                Some(Box::new(Republish {
                     published_from,
                     own_pages,
-                }),
+                })),
             ),
             None => (None, None),
         };
@@ -517,13 +522,12 @@ impl SchedulerCore {
     /// Applies the admission outcomes in candidate order.
     fn apply_admissions(&mut self, draft: &mut PlanInProgress, outcomes: Vec<Outcome>) {
         let mut outcomes = outcomes.into_iter();
-        let mut candidates = std::mem::take(&mut draft.candidates);
-        for (key, slot) in &mut candidates {
-            let key = *key;
-            if matches!(slot, Entry::None) {
+        let candidates = std::mem::take(&mut draft.candidates);
+        let entries = std::mem::take(&mut draft.entries);
+        for (&key, entry) in candidates.iter().zip(entries) {
+            if matches!(entry, Entry::None) {
                 continue;
             }
-            let entry = std::mem::replace(slot, Entry::None);
             let outcome = outcomes.next().expect("one outcome per intent");
             match (entry, outcome) {
                 (
@@ -534,7 +538,9 @@ impl SchedulerCore {
                         committed,
                     },
                 ) => {
-                    self.apply_commit(key, committed, republish);
+                    if committed.is_some() {
+                        self.apply_commit(key, committed, republish);
+                    }
                     self.next_chunk(key, tokens, pages, &mut draft.rows);
                 }
                 (
@@ -544,15 +550,13 @@ impl SchedulerCore {
                         ..
                     },
                 ) => self.restore_commit(key, *commit),
-                (
-                    Entry::FirstChunk,
-                    Outcome::Prefetch {
+                (Entry::FirstChunk, Outcome::Prefetch(start)) => {
+                    let kvtier_radix::PrefetchStart {
                         host_lock,
                         pages,
                         start_page,
                         state,
-                    },
-                ) => {
+                    } = *start;
                     let fetch = Prefetch {
                         op: 0,
                         host_lock,
@@ -573,7 +577,9 @@ impl SchedulerCore {
                         committed,
                     },
                 ) => {
-                    self.apply_commit(key, committed, republish);
+                    if committed.is_some() {
+                        self.apply_commit(key, committed, republish);
+                    }
                     self.decode(key, tokens, pages, &mut draft.rows);
                 }
                 (Entry::Recovery { local_kv, .. }, Outcome::Admitted(admission)) => {
@@ -632,7 +638,7 @@ impl SchedulerCore {
         &mut self,
         key: usize,
         committed: Option<Box<kvtier_radix::Committed>>,
-        republish: Option<Republish>,
+        republish: Option<Box<Republish>>,
     ) {
         let Some(committed) = committed else { return };
         let kvtier_radix::Committed {
@@ -830,6 +836,7 @@ impl SchedulerCore {
 
     // ----- decode ----------------------------------------------------------------------
 
+    #[inline]
     fn decode(
         &mut self,
         key: usize,
@@ -878,7 +885,7 @@ impl SchedulerCore {
     /// request may be requeued to recompute).
     fn retract_one(&mut self, draft: &mut PlanInProgress) -> Option<CacheBatch> {
         let mut victim: Option<(usize, usize)> = None;
-        for &(key, _) in &draft.candidates {
+        for &key in &draft.candidates {
             let r = &self.requests[key];
             if matches!(r.state.kind(), StateKind::Decoding | StateKind::PrefillDone)
                 && victim.is_none_or(|(_, len)| r.tokens.len() > len)
@@ -978,7 +985,7 @@ impl SchedulerCore {
     /// frees its pages just the same.
     fn requeue_for_recompute(&mut self, draft: &mut PlanInProgress) {
         let mut victim: Option<(usize, usize)> = None;
-        for &(key, _) in &draft.candidates {
+        for &key in &draft.candidates {
             if let State::Retracted(held) = &self.requests[key].state {
                 let tail = held.local_kv.pages.len();
                 if tail > 0 && victim.is_none_or(|(_, most)| tail > most) {

@@ -418,17 +418,9 @@ pub enum Outcome {
         /// A hybrid intent's commit.
         committed: Option<Box<Committed>>,
     },
-    /// An L3 prefetch starts instead of the first chunk.
-    Prefetch {
-        /// Lock on the host prefix the prefetched pages extend.
-        host_lock: NodeLock,
-        /// Host pages to fill.
-        pages: OwnedPages,
-        /// Host pages already resident (the prefetch starts there).
-        start_page: u32,
-        /// Hybrid models: the host state slot for the state after the last page.
-        state: Option<Slot>,
-    },
+    /// An L3 prefetch starts instead of the first chunk (boxed: outcomes are moved
+    /// once per row, and this rare one is the largest).
+    Prefetch(Box<PrefetchStart>),
     /// A retracted request can never fit the device pool again.
     TooBig,
     /// A retracted hybrid request whose state cannot be restored exactly: recompute its
@@ -447,6 +439,19 @@ impl Outcome {
             commit: None,
         }
     }
+}
+
+/// An L3 prefetch that starts instead of a first chunk.
+#[derive(Debug)]
+pub struct PrefetchStart {
+    /// Lock on the host prefix the prefetched pages extend.
+    pub host_lock: NodeLock,
+    /// Host pages to fill.
+    pub pages: OwnedPages,
+    /// Host pages already resident (the prefetch starts there).
+    pub start_page: u32,
+    /// Hybrid models: the host state slot for the state after the last page.
+    pub state: Option<Slot>,
 }
 
 /// A first chunk or recovery admitted.
@@ -810,6 +815,19 @@ impl RadixCore {
                 Intent::Decode {
                     reserve,
                     tail_free,
+                    commit: None,
+                    checkpoint: CheckpointNeed::None,
+                } if reserve <= tail_free => {
+                    // The common decode step: its tokens fit the pages it holds.
+                    Outcome::Grown {
+                        tokens: reserve,
+                        pages: OwnedPages::empty(),
+                        committed: None,
+                    }
+                }
+                Intent::Decode {
+                    reserve,
+                    tail_free,
                     commit,
                     checkpoint,
                 } => {
@@ -854,7 +872,7 @@ impl RadixCore {
                     }
                 }
                 Outcome::Waits { .. }
-                | Outcome::Prefetch { .. }
+                | Outcome::Prefetch(_)
                 | Outcome::TooBig
                 | Outcome::Recompute
                 | Outcome::StateLost => {}
@@ -876,6 +894,14 @@ impl RadixCore {
         checkpoint: CheckpointNeed,
     ) -> Outcome {
         let (need, _) = grow(tail_free, n, self.page_size());
+        if need == 0 && room == 0 && commit.is_none() && checkpoint == CheckpointNeed::None {
+            // The common decode step: its tokens fit the pages it holds.
+            return Outcome::Grown {
+                tokens: n,
+                pages: OwnedPages::empty(),
+                committed: None,
+            };
+        }
         if room > 0 && !self.ensure_free(Tier::Device, room) {
             return Outcome::Waits {
                 held: Vec::new(),
@@ -949,12 +975,12 @@ impl RadixCore {
                 return None;
             }
         };
-        Some(Outcome::Prefetch {
+        Some(Outcome::Prefetch(Box::new(PrefetchStart {
             host_lock,
             pages,
             start_page: host,
             state,
-        })
+        })))
     }
 
     fn first_chunk(
