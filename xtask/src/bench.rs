@@ -42,6 +42,10 @@ const FULL: &[&[&str]] = &[
     &["w1", "--page-size", "64", "--runtime", "actors"],
     &["w2", "--requests", "256", "--runtime", "actors"],
     &["w3", "--runtime", "actors"],
+    &["h1"],
+    &["h1", "--policy", "reference"],
+    &["h1", "--runtime", "actors"],
+    &["h3"],
     &["copy"],
     &["l3"],
 ];

@@ -185,6 +185,12 @@ fn state_pressure_at_the_first_decode_fails_nothing() {
     let row = row_of(&plan, "r1");
     assert_eq!(row.kind, RowKind::Decode);
     assert!(row.mamba.working.is_some());
+    assert_eq!(
+        row.mamba.checkpoint_dst, None,
+        "no fresh checkpoint: the prefill's is cached, no slot is free"
+    );
+    assert_eq!(cached(&s, &tokens(1, 2)).len(), 1);
+    assert_eq!((s.stats().retractions, plan.write_backs.len()), (0, 0));
     check(&mut s);
     let mut e = Engine::with_max_new(4);
     drain(&mut s, &mut e, 20);
