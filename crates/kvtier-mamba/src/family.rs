@@ -29,7 +29,7 @@ pub trait StateTree {
     /// A node's parent (`None` for the root).
     fn parent(&self, node: Self::Node) -> Option<Self::Node>;
     /// A node's children, in a fixed order.
-    fn children(&self, node: Self::Node) -> Vec<Self::Node>;
+    fn children(&self, node: Self::Node) -> impl Iterator<Item = Self::Node> + '_;
     /// A node's depth in tokens (its label's end).
     fn depth(&self, node: Self::Node) -> u32;
     /// Whether the node's KV is on device.
@@ -294,10 +294,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
     fn is_direct_leaf<T: StateTree<Node = N>>(&self, tree: &T, node: N) -> bool {
         node != tree.root()
             && self.device_slot(node).is_some()
-            && tree
-                .children(node)
-                .into_iter()
-                .all(|c| self.device_slot(c).is_none())
+            && tree.children(node).all(|c| self.device_slot(c).is_none())
     }
 
     /// Reference tracking: a node that became a leaf is tracked, and its parent, no

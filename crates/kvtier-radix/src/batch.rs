@@ -548,9 +548,8 @@ impl RadixCore {
                 let write_back = if (write_back || self.is_reference()) && pages > 0 {
                     let m =
                         self.match_prefix(&tokens[..pages as usize * self.page_size() as usize]);
-                    let with_states = self.has_states();
                     (write_back && m.device_pages > m.host_pages)
-                        .then(|| self.attach_write_back(m.device, m.host, with_states))
+                        .then(|| self.attach_write_back(m.device, m.host))
                         .flatten()
                 } else {
                     None
@@ -584,9 +583,8 @@ impl RadixCore {
                 {
                     self.settle_states(m.device, states, true);
                 }
-                let with_states = self.has_states();
                 let outcome = if m.device_pages > m.host_pages {
-                    match self.attach_write_back(m.device, m.host, with_states) {
+                    match self.attach_write_back(m.device, m.host) {
                         Some(attached) => {
                             let host_lock = self.lock(m.device, Tier::Host);
                             self.unlock(device_lock);
@@ -706,15 +704,10 @@ impl RadixCore {
     }
 
     /// Attaches host pages to the nodes on `device`'s path that lack a readable host
-    /// copy, evicting host cache if needed, and pins the path on both tiers; with
-    /// `states` (hybrid models) their device states are copied too. `None` (nothing
-    /// changed) when the host pool cannot make room.
-    fn attach_write_back(
-        &mut self,
-        device: NodeId,
-        host: NodeId,
-        states: bool,
-    ) -> Option<Attached> {
+    /// copy, evicting host cache if needed, and pins the path on both tiers; a hybrid
+    /// model's device states on them are copied too. `None` (nothing changed) when the
+    /// host pool cannot make room.
+    fn attach_write_back(&mut self, device: NodeId, host: NodeId) -> Option<Attached> {
         let nodes = self.nodes_without(Tier::Host, device);
         let need = self.pages_needed(Tier::Host, &nodes);
         let guard = self.lock(host, Tier::Host);
@@ -725,9 +718,7 @@ impl RadixCore {
         };
         self.unlock(guard);
         let (ticket, mut pairs) = attached?;
-        if states {
-            pairs.extend(self.attach_state_write_back(ticket, &nodes));
-        }
+        pairs.extend(self.attach_state_write_back(ticket, &nodes));
         Some(Attached {
             ticket,
             pairs,
@@ -815,19 +806,6 @@ impl RadixCore {
                 Intent::Decode {
                     reserve,
                     tail_free,
-                    commit: None,
-                    checkpoint: CheckpointNeed::None,
-                } if reserve <= tail_free => {
-                    // The common decode step: its tokens fit the pages it holds.
-                    Outcome::Grown {
-                        tokens: reserve,
-                        pages: OwnedPages::empty(),
-                        committed: None,
-                    }
-                }
-                Intent::Decode {
-                    reserve,
-                    tail_free,
                     commit,
                     checkpoint,
                 } => {
@@ -884,7 +862,9 @@ impl RadixCore {
 
     /// Slots for `n` more tokens of a running request after making `room` pages free,
     /// or `Waits`. A hybrid intent's last chunk is committed first, and the request gets
-    /// the checkpoint slot it asks for.
+    /// the checkpoint slot it asks for. Inlined: it runs for every decode row, and most
+    /// take the fast path.
+    #[inline(always)]
     fn grow_running(
         &mut self,
         n: u32,
@@ -893,8 +873,7 @@ impl RadixCore {
         commit: Option<Box<ChunkCommit>>,
         checkpoint: CheckpointNeed,
     ) -> Outcome {
-        let (need, _) = grow(tail_free, n, self.page_size());
-        if need == 0 && room == 0 && commit.is_none() && checkpoint == CheckpointNeed::None {
+        if n <= tail_free && room == 0 && commit.is_none() && checkpoint == CheckpointNeed::None {
             // The common decode step: its tokens fit the pages it holds.
             return Outcome::Grown {
                 tokens: n,
@@ -902,6 +881,19 @@ impl RadixCore {
                 committed: None,
             };
         }
+        self.grow_into_new_pages(n, tail_free, room, commit, checkpoint)
+    }
+
+    /// [`Self::grow_running`] past its fast path.
+    fn grow_into_new_pages(
+        &mut self,
+        n: u32,
+        tail_free: u32,
+        room: u32,
+        commit: Option<Box<ChunkCommit>>,
+        checkpoint: CheckpointNeed,
+    ) -> Outcome {
+        let (need, _) = grow(tail_free, n, self.page_size());
         if room > 0 && !self.ensure_free(Tier::Device, room) {
             return Outcome::Waits {
                 held: Vec::new(),
@@ -1048,15 +1040,25 @@ impl RadixCore {
 
     /// Pins the matched prefix, makes room and allocates the chunk's pages.
     fn admit_first_chunk(&mut self, m: Match, shape: ChunkShape, use_host: bool) -> Outcome {
-        let ps = self.page_size();
-        let Some((device_lock, host_lock, load_back)) = self.pin_prefix(m, shape.need, use_host)
-        else {
+        let Some(pinned) = self.pin_prefix(m, shape.need, use_host) else {
             return Outcome::waits();
         };
+        self.admitted(pinned, &shape, None)
+    }
+
+    /// The end of every admission, its path pinned and room made: the request's own
+    /// pages and its page table (the locked path's device pages).
+    pub(crate) fn admitted(
+        &mut self,
+        (device_lock, host_lock, load_back): Pinned,
+        shape: &ChunkShape,
+        states: Option<Box<StateGrant>>,
+    ) -> Outcome {
         let Some(pages) = self.allocate(Tier::Device, shape.own_pages as usize) else {
             debug_assert!(false, "admission reserved the pages");
             return Outcome::waits();
         };
+        let ps = self.page_size();
         let mut prefix_pages =
             Vec::with_capacity((shape.begin_pages + shape.tokens.div_ceil(ps)) as usize);
         self.device_path_pages(device_lock.node(), &mut prefix_pages);
@@ -1069,7 +1071,7 @@ impl RadixCore {
             pages,
             tail_free: shape.tail_free,
             prefix_pages,
-            states: None,
+            states,
         }))
     }
 
@@ -1102,40 +1104,21 @@ impl RadixCore {
             return Outcome::Waits { held, commit: None };
         }
         let m = self.match_prefix(tokens);
-        let Some((device_lock, host_lock, load_back)) = self.pin_prefix(m, need, true) else {
+        let Some(pinned) = self.pin_prefix(m, need, true) else {
             return Outcome::Waits { held, commit: None };
         };
         for lock in held {
             self.unlock(lock);
         }
-        let Some(pages) = self.allocate(Tier::Device, reserve_pages as usize) else {
-            debug_assert!(false, "pages were made free");
-            return Outcome::waits();
-        };
-        let mut prefix_pages = Vec::new();
-        self.device_path_pages(device_lock.node(), &mut prefix_pages);
-        Outcome::Admitted(Box::new(Admission {
-            tokens: 0,
-            begin_pages: m.device_pages.max(m.host_pages),
-            device_lock,
-            host_lock,
-            load_back,
-            pages,
-            tail_free: new_tail_free,
-            prefix_pages,
-            states: None,
-        }))
+        let begin_pages = m.device_pages.max(m.host_pages);
+        let shape = ChunkShape::recovery(begin_pages, reserve_pages, new_tail_free);
+        self.admitted(pinned, &shape, None)
     }
 
     /// Locks the device match, makes `need` pages free, and locks the path the request
     /// will read: with a deeper host match, device pages are attached to the host-only
     /// nodes (the load-back) and both tiers are locked. `None` with nothing changed.
-    fn pin_prefix(
-        &mut self,
-        m: Match,
-        need: u32,
-        use_host: bool,
-    ) -> Option<(NodeLock, Option<NodeLock>, Vec<TransferPair>)> {
+    fn pin_prefix(&mut self, m: Match, need: u32, use_host: bool) -> Option<Pinned> {
         let guard = self.make_room(m.device, need)?;
         self.pin_path(m, guard, use_host)
     }
@@ -1160,12 +1143,7 @@ impl RadixCore {
     /// Locks the path the request will read, the room for it made (`guard` goes): with
     /// a deeper host match, device pages are attached to the host-only nodes (the
     /// load-back) and both tiers are locked. `None` with nothing changed.
-    pub(crate) fn pin_path(
-        &mut self,
-        m: Match,
-        guard: NodeLock,
-        use_host: bool,
-    ) -> Option<(NodeLock, Option<NodeLock>, Vec<TransferPair>)> {
+    pub(crate) fn pin_path(&mut self, m: Match, guard: NodeLock, use_host: bool) -> Option<Pinned> {
         let pinned = if use_host && m.host_pages > m.device_pages {
             let host_lock = self.lock(m.host, Tier::Host);
             let nodes = self.nodes_without(Tier::Device, m.host);
@@ -1184,8 +1162,13 @@ impl RadixCore {
     }
 }
 
+/// A pinned path: the device lock, the host lock on a load-back source, and the
+/// load-back's copies.
+pub(crate) type Pinned = (NodeLock, Option<NodeLock>, Vec<TransferPair>);
+
 /// The page arithmetic of a first chunk over a prefix matched `device` pages deep on
-/// device and `host` pages deep on host.
+/// device and `host` pages deep on host (or of a recovery: no tokens, the decode
+/// reserve's pages).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ChunkShape {
     /// Prefix pages reused.
@@ -1220,6 +1203,18 @@ impl ChunkShape {
             own_pages: chunk_pages + reserve_pages,
             tail_free,
             need: load_back + chunk_pages + reserve_pages,
+        }
+    }
+
+    /// A recovery's: its history `begin_pages` deep, `reserve_pages` new pages for its
+    /// next decode leaving `tail_free` slots.
+    pub(crate) fn recovery(begin_pages: u32, reserve_pages: u32, tail_free: u32) -> Self {
+        Self {
+            begin_pages,
+            tokens: 0,
+            own_pages: reserve_pages,
+            tail_free,
+            need: reserve_pages,
         }
     }
 }

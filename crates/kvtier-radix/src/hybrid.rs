@@ -11,9 +11,7 @@
 use kvtier_mamba::{CappedMatch, RequestStates};
 use kvtier_types::{PageId, Tier, Token};
 
-use crate::batch::{
-    Admission, ChunkCommit, ChunkShape, FinalStates, Outcome, Publication, StateGrant, grow,
-};
+use crate::batch::{ChunkCommit, ChunkShape, FinalStates, Outcome, Publication, StateGrant, grow};
 use crate::{Match, NodeId, NodeLock, RadixCore};
 
 impl RadixCore {
@@ -122,43 +120,31 @@ impl RadixCore {
             })
             .flatten()
         });
-        let Some((device_lock, host_lock, mut load_back)) = self.pin_path(m, guard, use_host)
-        else {
+        let Some(mut pinned) = self.pin_path(m, guard, use_host) else {
             debug_assert!(false, "room was made for the load-back");
             return Outcome::waits();
         };
-        load_back.extend(state_load);
-        let Some(pages) = self.allocate(Tier::Device, shape.own_pages as usize) else {
-            debug_assert!(false, "admission reserved the pages");
+        pinned.2.extend(state_load);
+        let Some(states) = self.request_pair() else {
             return Outcome::waits();
         };
+        let grant = StateGrant {
+            states,
+            cow_src,
+            branching,
+        };
+        self.admitted(pinned, &shape, Some(Box::new(grant)))
+    }
+
+    /// A fresh working and checkpoint pair (admission made room for it).
+    fn request_pair(&mut self) -> Option<RequestStates> {
         let pair = self
             .with_states(|states, _| {
                 Some(RequestStates::new(states.allocate()?, states.allocate()?))
             })
             .flatten();
-        let Some(states) = pair else {
-            debug_assert!(false, "room was made for the pair");
-            return Outcome::waits();
-        };
-        let mut prefix_pages =
-            Vec::with_capacity((shape.begin_pages + shape.tokens.div_ceil(ps)) as usize);
-        self.device_path_pages(device_lock.node(), &mut prefix_pages);
-        Outcome::Admitted(Box::new(Admission {
-            tokens: shape.tokens,
-            begin_pages: shape.begin_pages,
-            device_lock,
-            host_lock,
-            load_back,
-            pages,
-            tail_free: shape.tail_free,
-            prefix_pages,
-            states: Some(Box::new(StateGrant {
-                states,
-                cow_src,
-                branching,
-            })),
-        }))
+        debug_assert!(pair.is_some(), "room was made for the pair");
+        pair
     }
 
     /// A read-only test that a first chunk has a chance (default policy): without it a
@@ -262,44 +248,24 @@ impl RadixCore {
         } else {
             None
         };
-        let Some((device_lock, host_lock, mut load_back)) = self.pin_path(kv, guard, true) else {
+        let Some(mut pinned) = self.pin_path(kv, guard, true) else {
             debug_assert!(false, "room was made for the load-back");
             return Outcome::Waits { held, commit: None };
         };
-        load_back.extend(state_load);
+        pinned.2.extend(state_load);
         for lock in held {
             self.unlock(lock);
         }
-        let Some(pages) = self.allocate(Tier::Device, reserve_pages as usize) else {
-            debug_assert!(false, "pages were made free");
+        let Some(states) = self.request_pair() else {
             return Outcome::waits();
         };
-        let pair = self
-            .with_states(|states, _| {
-                Some(RequestStates::new(states.allocate()?, states.allocate()?))
-            })
-            .flatten();
-        let Some(states) = pair else {
-            debug_assert!(false, "room was made for the pair");
-            return Outcome::waits();
+        let grant = StateGrant {
+            states,
+            cow_src,
+            branching: None,
         };
-        let mut prefix_pages = Vec::new();
-        self.device_path_pages(device_lock.node(), &mut prefix_pages);
-        Outcome::Admitted(Box::new(Admission {
-            tokens: 0,
-            begin_pages: depth,
-            device_lock,
-            host_lock,
-            load_back,
-            pages,
-            tail_free: new_tail_free,
-            prefix_pages,
-            states: Some(Box::new(StateGrant {
-                states,
-                cow_src,
-                branching: None,
-            })),
-        }))
+        let shape = ChunkShape::recovery(depth, reserve_pages, new_tail_free);
+        self.admitted(pinned, &shape, Some(Box::new(grant)))
     }
 
     /// Commits a hybrid request's last chunk: its new full pages go into the tree and

@@ -21,8 +21,8 @@ impl StateTree for RadixCore {
         self.node(node).parent
     }
 
-    fn children(&self, node: NodeId) -> Vec<NodeId> {
-        self.node(node).children.iter().map(|&(_, c)| c).collect()
+    fn children(&self, node: NodeId) -> impl Iterator<Item = NodeId> + '_ {
+        self.node(node).children.iter().map(|&(_, c)| c)
     }
 
     fn depth(&self, node: NodeId) -> u32 {
