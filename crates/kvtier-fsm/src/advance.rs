@@ -330,7 +330,6 @@ impl SchedulerCore {
             self.requests[key].state = state;
             return;
         };
-        let published_from = run.prefix_pages.len() as u32;
         let retire = run.decode_state.take();
         let publication = self.requests[key].publication(run, now, ps);
         let checkpoint = publication
@@ -338,28 +337,13 @@ impl SchedulerCore {
             .then(|| run.states.as_mut().and_then(|s| s.take_checkpoint()))
             .flatten();
         self.requests[key].state = state;
-        let Some((publication, own_pages)) = publication else {
+        let Some(publication) = publication else {
             return;
         };
         let reference = self.config.policy == kvtier_types::Policy::Reference;
         let checkpoint = checkpoint.map(|(slot, at)| (slot, if reference { None } else { at }));
-        let id = self.requests[key].id.clone();
-        self.outbox.push(
-            CacheOp::PublishDecode {
-                publication,
-                checkpoint,
-                // A decode row that ends the next page gets a slot then.
-                renew: false,
-                retire: if reference { None } else { retire },
-            },
-            Target::PublishDecode {
-                key,
-                id,
-                published_from,
-                own_pages,
-                decode: true,
-            },
-        );
+        let retire = if reference { None } else { retire };
+        self.queue_publication(key, publication, checkpoint, retire, true);
     }
 
     // ----- prefetch -------------------------------------------------------------------
@@ -496,7 +480,6 @@ impl SchedulerCore {
             host_lock,
             local_kv,
         } = self.requests[key].settle(run, self.config.page_size);
-        let states = states.map(|states| self.requests[key].final_states(states));
         let write_back = self.config.l2_enabled()
             && !self.config.disable_prefix_cache
             && !publication.tokens.is_empty();

@@ -9,7 +9,7 @@ use std::time::Instant;
 use kvtier_types::{ExecutionPlan, ForwardRow, MambaRow, OpId, RowKind, Token, TransferPair};
 
 use crate::outbox::Target;
-use crate::request::{LocalKv, Request, Running};
+use crate::request::{LocalKv, Republish, Request, Running};
 
 /// Rows and flat buffers of the forward batch under construction.
 #[derive(Debug, Default)]
@@ -187,15 +187,6 @@ pub(crate) enum Entry {
         local_kv: LocalKv,
         published_pages: u32,
     },
-}
-
-/// What a hybrid request's chunk commit publishes: the page-table index of the first
-/// published page, and the request's own copies of the published pages (to spot those
-/// the tree replaced with another request's).
-#[derive(Debug)]
-pub(crate) struct Republish {
-    pub published_from: u32,
-    pub own_pages: Vec<kvtier_types::PageId>,
 }
 
 /// A plan between its batches.

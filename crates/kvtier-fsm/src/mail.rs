@@ -84,29 +84,20 @@ impl SchedulerCore {
                     self.outbox.roll_back(attached.ticket);
                 }
             }
-            (
-                Target::Publish {
-                    key,
-                    id,
-                    published_from,
-                    own_pages,
-                },
-                OpResult::Published { lock, path_pages },
-            ) => {
+            (Target::Publish { key, id, republish }, OpResult::Published { lock, path_pages }) => {
                 if !self.requests.holds(key, &id) {
                     return;
                 }
                 let Some(run) = self.requests[key].state.running_mut() else {
                     return;
                 };
-                run.adopt_published(lock, path_pages, published_from, &own_pages);
+                run.adopt_published(lock, path_pages, &republish);
             }
             (
                 Target::PublishDecode {
                     key,
                     id,
-                    published_from,
-                    own_pages,
+                    republish,
                     decode,
                 },
                 OpResult::PublishedDecode {
@@ -120,16 +111,10 @@ impl SchedulerCore {
                 let Some(run) = self.requests[key].state.running_mut() else {
                     return;
                 };
-                if let Some((lock, path_pages)) = published {
-                    if decode {
-                        run.decode_state = Some(lock.node());
-                    }
-                    run.adopt_published(lock, path_pages, published_from, &own_pages);
+                if decode && let Some((lock, _)) = &published {
+                    run.decode_state = Some(lock.node());
                 }
-                if let Some(states) = run.states.as_mut() {
-                    states.checkpoint = checkpoint;
-                    states.checkpoint_at = None;
-                }
+                run.take_commit(published, Some(&republish), checkpoint);
             }
             (_, OpResult::Inserted) | (Target::Ignore, _) => {}
             (target, result) => {

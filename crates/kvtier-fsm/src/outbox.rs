@@ -3,7 +3,9 @@
 //! replies are applied by the core (`mail.rs`).
 
 use kvtier_radix::{CacheBatch, CacheOp, CacheReply};
-use kvtier_types::{ActorName, ExecutionPlan, PageId, RequestId};
+use kvtier_types::{ActorName, ExecutionPlan, RequestId};
+
+use crate::request::Republish;
 
 /// Where the result of one op goes.
 #[derive(Debug)]
@@ -21,10 +23,8 @@ pub(crate) enum Target {
     PublishDecode {
         key: usize,
         id: RequestId,
-        /// Page-table index of the first published page.
-        published_from: u32,
-        /// The request's own copies of the published pages.
-        own_pages: Vec<PageId>,
+        /// Where the published pages sit in the request's page table.
+        republish: Republish,
         /// Published by a decode (its state retires at the next one), not a prefill
         /// chunk (whose state may be a shared prompt's).
         decode: bool,
@@ -33,11 +33,8 @@ pub(crate) enum Target {
     Publish {
         key: usize,
         id: RequestId,
-        /// Page-table index of the first published page (the prefix length before).
-        published_from: u32,
-        /// The request's own copies of the published pages, to spot those the tree
-        /// replaced with another request's.
-        own_pages: Vec<PageId>,
+        /// Where the published pages sit in the request's page table.
+        republish: Republish,
     },
 }
 

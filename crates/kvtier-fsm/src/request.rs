@@ -64,6 +64,15 @@ impl LocalKv {
     }
 }
 
+/// Where a publication's pages sit in the request's page table: the index of the first
+/// published page, and the request's own copies of the published pages (to spot those
+/// the tree replaced with another request's).
+#[derive(Debug)]
+pub(crate) struct Republish {
+    pub published_from: u32,
+    pub own_pages: Vec<PageId>,
+}
+
 /// What a prefilling or decoding request holds.
 #[derive(Debug)]
 pub(crate) struct Running {
@@ -102,15 +111,18 @@ impl Running {
     /// Takes a publication's result: the lock on the published node (it replaces the old
     /// one, released after it, so the path is never unpinned) and the path's device
     /// pages. Pages another request published first replace the request's own copies
-    /// (`own_pages`, from page-table index `published_from`): its next row reports the
-    /// table as new from the first one.
+    /// (`republish`): its next row reports the table as new from the first one.
     pub fn adopt_published(
         &mut self,
         lock: NodeLock,
         path_pages: Vec<PageId>,
-        published_from: u32,
-        own_pages: &[PageId],
+        republish: &Republish,
     ) {
+        let Republish {
+            published_from,
+            own_pages,
+        } = republish;
+        let published_from = *published_from;
         self.device_lock = lock;
         self.prefix_pages = path_pages;
         let first_changed = self.prefix_pages
@@ -121,6 +133,24 @@ impl Running {
             .map(|i| published_from + i as u32);
         if let Some(i) = first_changed {
             self.table_changed_from = Some(self.table_changed_from.map_or(i, |c| c.min(i)));
+        }
+    }
+
+    /// Takes a chunk commit's (or a decode publication's) result: the published prefix,
+    /// adopted as [`Self::adopt_published`] does, and the fresh checkpoint slot, which
+    /// holds nothing yet.
+    pub fn take_commit(
+        &mut self,
+        published: Option<(NodeLock, Vec<PageId>)>,
+        republish: Option<&Republish>,
+        checkpoint: Option<kvtier_mamba::Slot>,
+    ) {
+        if let (Some((lock, path_pages)), Some(r)) = (published, republish) {
+            self.adopt_published(lock, path_pages, r);
+        }
+        if let Some(states) = self.states.as_mut() {
+            states.checkpoint = checkpoint;
+            states.checkpoint_at = None;
         }
     }
 
@@ -225,8 +255,8 @@ impl State {
 /// What a request that stops running hands on (see [`Request::settle`]).
 #[derive(Debug)]
 pub(crate) struct Settled {
-    /// Hybrid models: its state slots.
-    pub states: Option<RequestStates>,
+    /// Hybrid models: its state slots, and the depth its working slot holds.
+    pub states: Option<kvtier_radix::FinalStates>,
     /// Its full pages not yet in the tree.
     pub publication: Publication,
     /// Its device lock on its prefix.
@@ -278,7 +308,7 @@ impl Request {
             ..
         } = run;
         Settled {
-            states,
+            states: states.map(|states| self.final_states(states)),
             publication,
             device_lock,
             host_lock,
@@ -290,7 +320,7 @@ impl Request {
     /// holds the state after every token its rows computed: the whole prompt before its
     /// first generated token arrives, else every token but the newest (which no row has
     /// read yet).
-    pub fn final_states(&self, states: RequestStates) -> kvtier_radix::FinalStates {
+    fn final_states(&self, states: RequestStates) -> kvtier_radix::FinalStates {
         let len = self.tokens.len() as u32;
         let computed = if len == self.prefill_len {
             len
@@ -304,14 +334,14 @@ impl Request {
     }
 
     /// Takes the request's computed full pages (up to `pages`, clamped to what it holds)
-    /// out of its own pages for publication. Also returns their ids, to spot which ones
-    /// the tree replaces with its own copies. `None` when there is nothing new.
+    /// out of its own pages for publication, with where they sit in its page table.
+    /// `None` when there is nothing new.
     pub fn publication(
         &self,
         run: &mut Running,
         pages: u32,
         page_size: u32,
-    ) -> Option<(Publication, Vec<PageId>)> {
+    ) -> Option<(Publication, Republish)> {
         let prefix = run.prefix_pages.len() as u32;
         // Overlap scheduling can grow tokens past allocated slots: never take more pages
         // than the request holds.
@@ -324,7 +354,10 @@ impl Request {
             .pages
             .take_first((pages - prefix) as usize)
             .ok()?;
-        let own = taken.ids().to_vec();
+        let republish = Republish {
+            published_from: prefix,
+            own_pages: taken.ids().to_vec(),
+        };
         let tokens = TokenRef::new(&self.tokens, (pages * page_size) as usize);
         Some((
             Publication {
@@ -333,7 +366,7 @@ impl Request {
                 pages: taken,
                 at: Some(run.device_lock.node()),
             },
-            own,
+            republish,
         ))
     }
 }
