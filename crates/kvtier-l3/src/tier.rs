@@ -196,6 +196,8 @@ impl L3Core {
             self.stats.lookups += 1;
             let mut prior: Option<PageHash> = None;
             let mut hits = 0usize;
+            // Hybrid models: the hit pages' hashes, to look for their states.
+            let mut hit_hashes = Vec::new();
             for chunk in spec.tokens[..full * self.page_size].chunks(LOOKUP_CHUNK * self.page_size)
             {
                 let hashes =
@@ -209,6 +211,9 @@ impl L3Core {
                 match found {
                     Ok(n) => {
                         hits += n.min(keys.len());
+                        if self.states.is_some() {
+                            hit_hashes.extend_from_slice(&hashes[..n.min(keys.len())]);
+                        }
                         if n < keys.len() {
                             break;
                         }
@@ -220,18 +225,17 @@ impl L3Core {
                 }
             }
             if self.states.is_some() && hits > 0 {
-                hits = self.deepest_state(&spec.tokens[..hits * self.page_size]);
+                hits = self.deepest_state(&hit_hashes);
             }
             spec.storage_hit_pages = hits as u32;
             self.stats.lookup_hit_pages += hits as u64;
         }
     }
 
-    /// Hybrid models: the deepest page count, at most the pages of `tokens`, after which
-    /// the store holds a recurrent state (0: none), looking back at most
-    /// [`LOOKUP_CHUNK`] pages from the end.
-    fn deepest_state(&mut self, tokens: &[i32]) -> usize {
-        let hashes = kvtier_types::hash::rolling_page_hashes(None, tokens, self.page_size);
+    /// Hybrid models: the deepest page count, at most that of `hashes` (the rolling hashes
+    /// of a prompt's first pages), after which the store holds a recurrent state (0:
+    /// none), looking back at most [`LOOKUP_CHUNK`] pages from the end.
+    fn deepest_state(&mut self, hashes: &[PageHash]) -> usize {
         for pages in (1..=hashes.len()).rev().take(LOOKUP_CHUNK) {
             let key = self.namespace.state_key(&hashes[pages - 1]);
             let keys = std::slice::from_ref(&key);
@@ -381,15 +385,13 @@ impl L3Core {
             let pages = self.arena.read(&op.src_pages).map_err(arena_refused)?;
             let mut buffers = pages.slices();
             // A hybrid prefix's states go with its pages, all or nothing.
-            let state_arena = match (op.states.is_empty(), &self.states) {
-                (true, _) => None,
-                (false, Some(arena)) => Some(arena),
-                (false, None) => return Err(L3Error::Config("no host state arena".into())),
-            };
-            let slots: Vec<u32> = op.states.iter().map(|s| s.slot + 1).collect();
-            let states = match state_arena {
-                Some(arena) => Some(arena.read(&slots).map_err(arena_refused)?),
-                None => None,
+            let states = if op.states.is_empty() {
+                None
+            } else {
+                let arena = self.states.as_ref();
+                let arena = arena.ok_or_else(|| L3Error::Config("no host state arena".into()))?;
+                let slots: Vec<u32> = op.states.iter().map(|s| s.slot + 1).collect();
+                Some(arena.read(&slots).map_err(arena_refused)?)
             };
             if let Some(states) = &states {
                 keys.extend(

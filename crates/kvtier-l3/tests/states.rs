@@ -103,6 +103,20 @@ fn stored(f: &mut Fixture, ops: &[BackupOp]) {
     }
 }
 
+/// Runs one prefetch; its (success, completed pages).
+fn prefetched(f: &mut Fixture, op: PrefetchOp) -> (bool, u32) {
+    match f.l3.transfer(&[op], &[]).as_slice() {
+        [
+            EngineEvent::PrefetchDone {
+                success,
+                completed_pages,
+                ..
+            },
+        ] => (*success, *completed_pages),
+        events => panic!("one PrefetchDone expected: {events:?}"),
+    }
+}
+
 #[test]
 fn a_lookup_stops_at_the_deepest_stored_state() {
     let mut f = fixture();
@@ -129,17 +143,9 @@ fn a_lookup_stops_at_the_deepest_stored_state() {
 fn a_prefetch_brings_its_pages_and_state_whole() {
     let mut f = fixture();
     stored(&mut f, &[backup(1, 4, vec![state(0, 2), state(1, 4)])]);
-    let events = f.l3.transfer(&[prefetch(2, 4, Some(state(3, 4)))], &[]);
-    assert!(
-        matches!(
-            events.as_slice(),
-            [EngineEvent::PrefetchDone {
-                success: true,
-                completed_pages: 4,
-                ..
-            }]
-        ),
-        "{events:?}"
+    assert_eq!(
+        prefetched(&mut f, prefetch(2, 4, Some(state(3, 4)))),
+        (true, 4)
     );
     let pages = f.pages.read(&[5, 6, 7, 8]).expect("pages");
     for (i, page) in pages.slices().into_iter().enumerate() {
@@ -162,17 +168,9 @@ fn a_prefetch_whose_state_is_gone_serves_a_shorter_prefix() {
     stored(&mut f, &[backup(1, 4, vec![state(0, 2), state(1, 4)])]);
     let key = ns().state_key(&hashes()[3]);
     f.l3.backend_mut().remove(&[key]).expect("remove");
-    let events = f.l3.transfer(&[prefetch(2, 4, Some(state(3, 4)))], &[]);
-    assert!(
-        matches!(
-            events.as_slice(),
-            [EngineEvent::PrefetchDone {
-                success: true,
-                completed_pages: 2,
-                ..
-            }]
-        ),
-        "{events:?}"
+    assert_eq!(
+        prefetched(&mut f, prefetch(2, 4, Some(state(3, 4)))),
+        (true, 2)
     );
     let slot = f.states.read(&[4]).expect("state slot 3");
     assert!(
@@ -192,16 +190,9 @@ fn a_prefetch_whose_state_is_gone_serves_a_shorter_prefix() {
     // A page lost past the earlier state: the same shorter prefix.
     let key = ns().key(&hashes()[2]);
     f.l3.backend_mut().remove(&[key]).expect("remove");
-    let events = f.l3.transfer(&[prefetch(3, 4, Some(state(3, 4)))], &[]);
-    assert!(
-        matches!(
-            events.as_slice(),
-            [EngineEvent::PrefetchDone {
-                completed_pages: 2,
-                ..
-            }]
-        ),
-        "{events:?}"
+    assert_eq!(
+        prefetched(&mut f, prefetch(3, 4, Some(state(3, 4)))),
+        (true, 2)
     );
 }
 
@@ -213,16 +204,9 @@ fn a_prefetch_with_no_state_left_completes_nothing() {
     stored(&mut f, &[backup(1, 4, vec![state(1, 4)])]);
     let key = ns().state_key(&hashes()[3]);
     f.l3.backend_mut().remove(&[key]).expect("remove");
-    let events = f.l3.transfer(&[prefetch(2, 4, Some(state(3, 4)))], &[]);
-    assert!(
-        matches!(
-            events.as_slice(),
-            [EngineEvent::PrefetchDone {
-                completed_pages: 0,
-                ..
-            }]
-        ),
-        "{events:?}"
+    assert_eq!(
+        prefetched(&mut f, prefetch(2, 4, Some(state(3, 4)))),
+        (true, 0)
     );
     assert!(
         f.states.read(&[4]).expect("slot").slices()[0]
