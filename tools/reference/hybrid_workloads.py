@@ -78,18 +78,19 @@ def config(variant, no_mamba=False):
     c.decode_input_tokens = 1
     c.enable_l3_storage = False
     c.enable_kv_cache_events = False
+    # Shared by H1 and H3: 64-token pages, host tier and Mamba host copies on.
+    c.page_size = 64
+    c.disable_l2_cache = False
+    c.enable_mamba = True
+    c.mamba_cache_chunk_size = 64
+    c.enable_mamba_l2 = True
+    c.mamba_l2_host_slots = 256
     if variant.startswith("h1"):
-        c.page_size = 64
         c.num_device_pages = 385
         c.num_host_pages = 257
         c.max_scheduled_tokens = 2048
         c.max_batch_size = 16
-        c.disable_l2_cache = False
-        c.enable_mamba = True
-        c.mamba_cache_chunk_size = 64
         c.mamba_pool_total_chunks = 64
-        c.enable_mamba_l2 = True
-        c.mamba_l2_host_slots = 256
         if variant == "h1-noL2":
             c.num_device_pages = 513
             c.disable_l2_cache = True
@@ -109,17 +110,11 @@ def config(variant, no_mamba=False):
             c.enable_mamba_l2 = False
             c.mamba_l2_host_slots = 0
     elif variant.startswith("h3"):
-        c.page_size = 64
         c.num_device_pages = 257
         c.num_host_pages = 257
         c.max_scheduled_tokens = 8192
         c.max_batch_size = 8
-        c.disable_l2_cache = False
-        c.enable_mamba = True
-        c.mamba_cache_chunk_size = 64
         c.mamba_pool_total_chunks = 16
-        c.enable_mamba_l2 = True
-        c.mamba_l2_host_slots = 256
     return c
 
 

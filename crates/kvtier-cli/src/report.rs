@@ -186,12 +186,9 @@ pub fn scenario(r: &ScenarioReport) {
         .filter(|(name, _)| traced || *name != "  unbounded cache")
         .chain(l3_rows.into_iter().filter(|_| l3_on))
         .chain(tail_rows);
-    for (name, value) in rows {
-        println!("  {name:<20} {value}");
-    }
+    print_rows(rows, 20);
 }
 
-/// The counters and timings of a benchmark workload.
 /// Prints a hybrid workload's counters and digests.
 pub fn hybrid(r: &kvtier_sim::hybrid::HybridReport) {
     let c = &r.counters;
@@ -246,11 +243,10 @@ pub fn hybrid(r: &kvtier_sim::hybrid::HybridReport) {
             ),
         ),
     ];
-    for (name, value) in rows {
-        println!("  {name:<22} {value}");
-    }
+    print_rows(rows, 22);
 }
 
+/// The counters and timings of a benchmark workload.
 pub fn workload(r: &Report) {
     let c = &r.counters;
     let ratio = |n: u64| {
@@ -321,9 +317,7 @@ pub fn workload(r: &Report) {
             format!("{:.3} ms", r.measured_ns as f64 / 1e6),
         ),
     ];
-    for (name, value) in rows {
-        println!("  {name:<22} {value}");
-    }
+    print_rows(rows, 22);
     if let Some(ns) = r.ns_per_request {
         println!("  {:<22} {:.2} µs", "per request", ns / 1e3);
     }
@@ -495,4 +489,11 @@ pub fn campaign_json(r: &CampaignReport, jobs: usize, wall_s: f64) -> Result<Str
         object.insert("wall_s".into(), wall_s.into());
     }
     Ok(serde_json::to_string(&value)?)
+}
+
+/// Prints `name value` rows, the names padded to `width`.
+fn print_rows<'a>(rows: impl IntoIterator<Item = (&'a str, String)>, width: usize) {
+    for (name, value) in rows {
+        println!("  {name:<width$} {value}");
+    }
 }

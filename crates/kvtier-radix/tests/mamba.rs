@@ -15,10 +15,10 @@ use kvtier_types::{Policy, Tier, Token, TransferKind, TransferPair};
 
 const P: u32 = 2;
 
-/// The reference's `MambaCacheTest` cache (`host`: its `MambaL2CacheTest`, with 32 host
-/// pages and 8 host state slots).
-fn cache(host: bool, policy: Policy) -> RadixCore {
-    RadixCore::new(&CacheConfig {
+/// The reference's `MambaCacheTest` cache settings (`host`: its `MambaL2CacheTest`,
+/// with 32 host pages and 8 host state slots).
+fn settings(host: bool, policy: Policy) -> CacheConfig {
+    CacheConfig {
         page_size: P,
         device_pages: 32,
         host_pages: if host { 32 } else { 0 },
@@ -32,7 +32,11 @@ fn cache(host: bool, policy: Policy) -> RadixCore {
             chunk: 4,
             reference: policy == Policy::Reference,
         }),
-    })
+    }
+}
+
+fn cache(host: bool, policy: Policy) -> RadixCore {
+    RadixCore::new(&settings(host, policy))
 }
 
 fn hybrid() -> RadixCore {
@@ -418,9 +422,10 @@ fn kv_eviction_takes_the_state_with_it() {
 /// the device state (here none), where the reference reused it stateless.
 #[test]
 fn a_host_only_kv_hit_without_its_state_is_not_reused() {
+    // A host tier without host states.
     let mut c = RadixCore::new(&CacheConfig {
         host_pages: 32,
-        ..config_of(&hybrid())
+        ..settings(false, Policy::Default)
     });
     kv(&mut c, Tier::Host, &tokens(3, 1));
     let (device, host, m) = capped(&mut c, &tokens(3, 1));
@@ -430,25 +435,6 @@ fn a_host_only_kv_hit_without_its_state_is_not_reused() {
     let slot = publish(&mut c, one);
     let (device, host, m) = capped(&mut c, &tokens(3, 1));
     assert_eq!((device, host, m.cow_src), (1, 1, Some(slot)));
-}
-
-/// The settings `hybrid()` is built with (the cache does not expose its config).
-fn config_of(_: &RadixCore) -> CacheConfig {
-    CacheConfig {
-        page_size: P,
-        device_pages: 32,
-        host_pages: 0,
-        kv_events: false,
-        page_hashes: false,
-        policy: Policy::Default,
-        mamba: Some(MambaConfig {
-            page_size: P,
-            device_slots: 8,
-            host_slots: 0,
-            chunk: 4,
-            reference: false,
-        }),
-    }
 }
 
 // ----- test_mamba_cache.cpp, L2: host copies ---------------------------------------------

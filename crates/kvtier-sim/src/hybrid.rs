@@ -13,6 +13,7 @@ use kvtier_types::{
 use serde::Serialize;
 
 use crate::api::{Path, scheduler_on};
+use crate::digest::Fnv;
 use crate::engine::{measured_advance, measured_next_plan, measured_submit};
 use crate::tokens::{gen_tokens, tag};
 use crate::workloads::WorkloadError;
@@ -258,39 +259,6 @@ pub struct HybridReport {
     /// page table), write-backs (retract flag, KV and state pairs) and load-backs.
     #[serde(skip)]
     pub plans: Vec<String>,
-}
-
-/// FNV-1a 64 over little-endian i64 values (§2).
-#[derive(Debug, Clone, Copy)]
-struct Fnv(u64);
-
-impl Fnv {
-    fn new() -> Self {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-
-    fn bytes(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= u64::from(b);
-            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-
-    fn i(&mut self, v: i64) {
-        self.bytes(&v.to_le_bytes());
-    }
-
-    fn s(&mut self, s: &str) {
-        self.i(s.len() as i64);
-        self.bytes(s.as_bytes());
-    }
-
-    fn v(&mut self, xs: &[i64]) {
-        self.i(xs.len() as i64);
-        for &x in xs {
-            self.i(x);
-        }
-    }
 }
 
 /// The decision and page digests, fed plan by plan.

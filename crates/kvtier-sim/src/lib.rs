@@ -9,6 +9,7 @@
 
 pub mod api;
 pub mod campaign;
+mod digest;
 pub mod engine;
 pub mod hybrid;
 pub mod l3_bench;

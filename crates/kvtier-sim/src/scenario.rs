@@ -1174,22 +1174,15 @@ pub fn run_scenario_with(
 /// FNV-1a 64 over each request's id (length, bytes) and its tokens (count, each as a
 /// little-endian i64), in id order.
 pub fn output_digest(outputs: &BTreeMap<RequestId, Vec<Token>>) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut feed = |bytes: &[u8]| {
-        for &b in bytes {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    };
+    let mut h = crate::digest::Fnv::new();
     for (id, tokens) in outputs {
-        feed(&(id.as_str().len() as i64).to_le_bytes());
-        feed(id.as_str().as_bytes());
-        feed(&(tokens.len() as i64).to_le_bytes());
+        h.s(id.as_str());
+        h.i(tokens.len() as i64);
         for &t in tokens {
-            feed(&i64::from(t).to_le_bytes());
+            h.i(i64::from(t));
         }
     }
-    format!("{h:016x}")
+    format!("{:016x}", h.0)
 }
 
 /// The `p`-th percentile of sorted values (nearest rank).
