@@ -15,6 +15,10 @@
 //! * [`Adjunct`]: which groups a prefix needs, the alignment `A` and the completeness
 //!   flags; [`cap_match`]: the windowed match cap over a chain of snapshots;
 //!   [`admit_chunk`]: admission credit without the reference's over-credit (#249);
+//! * [`PagedFamily`]: snapshots on the nodes of a prefix tree read through
+//!   [`SnapshotTree`]: commits at multiples of `A` that never split a snapshot node,
+//!   terminal continuation, the detach of superseded state windows (#460), admission
+//!   with pruning and cascade, snapshots dropped with their node's KV;
 //! * [`MidflightGate`]: whether and how far a prefix is published while its request
 //!   still runs.
 
@@ -22,6 +26,7 @@ mod adjunct;
 mod admission;
 mod budget;
 mod error;
+mod family;
 mod gate;
 mod group;
 mod matching;
@@ -32,6 +37,7 @@ pub use adjunct::{Adjunct, Completeness, Snapshot};
 pub use admission::{AdmitView, GroupNeed, admit_chunk, group_need};
 pub use budget::PoolBudget;
 pub use error::PagedError;
+pub use family::{PagedFamily, PagedStats, RequestTables, SnapshotTree, Starved};
 pub use gate::{CacheShape, MidflightGate};
 pub use group::{GroupKind, GroupSpec, Retention, Role};
 pub use matching::{GroupHit, PagedHit, cap_match};

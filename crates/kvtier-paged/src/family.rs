@@ -1,0 +1,839 @@
+//! The paged-cache family on a prefix tree: snapshots on nodes, the commits that make
+//! them, the capped match, admission with pruning, and what happens to snapshots when
+//! their node's KV goes (spec/hybrid-l3.md §2.4–§2.7).
+//!
+//! The tree is the host's (the radix cache): the family reads it and asks it to split
+//! through [`SnapshotTree`], and is told when a node's device KV is evicted or a node
+//! is removed. A request's tables ([`RequestTables`]) are the request's, held in its
+//! state in the scheduler; the family lends them pages and takes snapshot pages out of
+//! them.
+//!
+//! Everything is ordered: snapshot nodes by their ids, prune victims by `(time, deeper
+//! first, id)`, groups by id; nothing depends on an address.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+
+use crate::{
+    Adjunct, AdmitView, GroupNeed, GroupPool, PageTable, PagedError, PagedHit, Role, Snapshot,
+    cap_match, group_need,
+};
+
+/// Prune order: oldest first, deeper first on a tie, then creation order.
+type PruneOrder = (u64, std::cmp::Reverse<u32>, u64);
+
+/// What the family reads of the tree that hosts it, and the one change it asks of it.
+pub trait SnapshotTree {
+    /// A node's identity (stable while the node lives; a split keeps it on the suffix).
+    type Node: Copy + Ord + Debug;
+
+    /// The root (depth 0; never holds a snapshot).
+    fn root(&self) -> Self::Node;
+    /// A node's parent (`None` for the root).
+    fn parent(&self, node: Self::Node) -> Option<Self::Node>;
+    /// A node's depth in tokens.
+    fn depth(&self, node: Self::Node) -> u32;
+    /// Device locks on the node (0 when its KV is not on device).
+    fn device_refs(&self, node: Self::Node) -> u32;
+    /// The node's LRU order: last access time, then creation order.
+    fn age(&self, node: Self::Node) -> (u64, u64);
+    /// The node ending at `depth` on the path from the root to `below`, splitting the
+    /// node that spans it if needed (the split prefix takes the suffix's access time).
+    /// The family never asks to split a snapshot node.
+    fn split_at(&mut self, below: Self::Node, depth: u32) -> Option<Self::Node>;
+}
+
+/// A request's tables, one per group of the family (in group order). Owned by the
+/// request's state: dropping them returns the request's own pages.
+#[derive(Debug)]
+pub struct RequestTables {
+    tables: Vec<PageTable>,
+}
+
+impl RequestTables {
+    /// Fresh, empty tables for `groups` groups.
+    pub fn new(groups: usize) -> Self {
+        Self {
+            tables: (0..groups).map(|_| PageTable::new()).collect(),
+        }
+    }
+
+    /// The table of group `i`.
+    pub fn get(&self, i: usize) -> &PageTable {
+        &self.tables[i]
+    }
+
+    /// Every table, in group order.
+    pub fn iter(&self) -> impl Iterator<Item = &PageTable> {
+        self.tables.iter()
+    }
+
+    /// Whether nothing was acquired yet.
+    pub fn is_fresh(&self) -> bool {
+        self.tables
+            .iter()
+            .all(|t| t.is_empty() && t.cursor() == 0 && t.base() == 0)
+    }
+}
+
+/// Why a group failed admission: what a prune must free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Starved {
+    /// Only state groups failed: strip state from one snapshot.
+    State,
+    /// A required history group failed: drop a whole snapshot and its descendants.
+    History,
+}
+
+/// Counters of the family (the reference's probe counters where it has them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PagedStats {
+    /// Snapshots built by commits.
+    pub snapshots_created: u64,
+    /// Commits that adopted a snapshot another request built first.
+    pub snapshots_adopted: u64,
+    /// Terminal snapshots completed with their continuation groups.
+    pub terminal_continuations: u64,
+    /// Commits stopped by a table that could not back them.
+    pub commit_preflight_fail: u64,
+    /// Superseded state windows detached from ancestors after a terminal commit (#460).
+    pub stale_state_detached: u64,
+    /// Admission prunes that stripped state only.
+    pub prune_state_only: u64,
+    /// Admission prunes that dropped a whole snapshot.
+    pub prune_full: u64,
+    /// Descendant snapshots dropped with a pruned one.
+    pub prune_cascade: u64,
+    /// Snapshots dropped because their node's device KV was evicted.
+    pub dropped_kv_evict: u64,
+    /// Snapshots dropped with their removed node.
+    pub dropped_node_destroy: u64,
+    /// Admissions refused (attempts: a waiting request retries every step).
+    pub admission_denied: u64,
+    /// Owned pages freed by sliding releases.
+    pub release_skipped_owned: u64,
+    /// Borrowed ids dropped by sliding releases.
+    pub release_skipped_borrowed: u64,
+    /// Stale owned pages freed by state checkpoints.
+    pub checkpoint_stale_owned: u64,
+    /// Pages freed by rewinds of rejected draft tokens.
+    pub rewind_owned: u64,
+}
+
+/// The paged-cache family.
+#[derive(Debug)]
+pub struct PagedFamily<N> {
+    adjunct: Adjunct,
+    pools: Vec<GroupPool>,
+    snapshots: BTreeMap<N, Snapshot>,
+    /// Detach superseded state windows of ancestors after a terminal commit (#460;
+    /// the reference at 350cf505 does not).
+    detach_stale_state: bool,
+    stats: PagedStats,
+}
+
+impl<N: Copy + Ord + Debug> PagedFamily<N> {
+    /// The family over the adjunct's groups, each with a fresh pool.
+    pub fn new(adjunct: Adjunct, detach_stale_state: bool) -> Self {
+        let pools = adjunct.groups().iter().map(GroupPool::new).collect();
+        Self {
+            adjunct,
+            pools,
+            snapshots: BTreeMap::new(),
+            detach_stale_state,
+            stats: PagedStats::default(),
+        }
+    }
+
+    /// The groups and the adjunct's choices.
+    pub fn adjunct(&self) -> &Adjunct {
+        &self.adjunct
+    }
+
+    /// Fresh tables for a new request.
+    pub fn new_tables(&self) -> RequestTables {
+        RequestTables::new(self.adjunct.groups().len())
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> PagedStats {
+        self.stats
+    }
+
+    /// Group `i`'s pool.
+    pub fn pool(&mut self, i: usize) -> &mut GroupPool {
+        &mut self.pools[i]
+    }
+
+    /// Free pages per group now (the starting point of a step's simulated counts).
+    pub fn available(&mut self) -> Vec<u32> {
+        self.pools.iter_mut().map(GroupPool::available).collect()
+    }
+
+    /// The snapshot on `node`, if any.
+    pub fn snapshot(&self, node: N) -> Option<&Snapshot> {
+        self.snapshots.get(&node)
+    }
+
+    /// Attaches a snapshot built elsewhere (an L3 prefetch, a test fixture) to `node`,
+    /// replacing and freeing any snapshot there. Its pages must be this family's and
+    /// held by nothing else.
+    pub fn attach(&mut self, node: N, snapshot: Snapshot) {
+        self.detach(node);
+        self.snapshots.insert(node, snapshot);
+    }
+
+    /// Takes the snapshot off `node` without freeing its pages (the caller now owns
+    /// them: a test fixture's downgrade, or a transfer).
+    pub fn take_snapshot(&mut self, node: N) -> Option<Snapshot> {
+        self.snapshots.remove(&node)
+    }
+
+    /// Whether `node` holds a snapshot (such a node is never split).
+    pub fn has_snapshot(&self, node: N) -> bool {
+        self.snapshots.contains_key(&node)
+    }
+
+    /// Nodes holding snapshots, in id order.
+    pub fn snapshot_nodes(&self) -> impl Iterator<Item = N> + '_ {
+        self.snapshots.keys().copied()
+    }
+
+    fn path<T: SnapshotTree<Node = N>>(tree: &T, node: N) -> Vec<N> {
+        let mut path = Vec::new();
+        let mut cur = Some(node);
+        while let Some(n) = cur {
+            if n == tree.root() {
+                break;
+            }
+            path.push(n);
+            cur = tree.parent(n);
+        }
+        path.reverse();
+        path
+    }
+
+    /// The capped hit on the path to `deepest` (the deepest *token-matched* node of
+    /// one tier), with the node the hit ends at (the root for none).
+    pub fn cap_match<T: SnapshotTree<Node = N>>(&self, tree: &T, deepest: N) -> (PagedHit, N) {
+        let path = Self::path(tree, deepest);
+        let nodes: Vec<N> = path
+            .iter()
+            .copied()
+            .filter(|n| self.snapshots.contains_key(n))
+            .collect();
+        let chain: Vec<&Snapshot> = nodes.iter().map(|n| &self.snapshots[n]).collect();
+        let hit = cap_match(&self.adjunct, &chain);
+        let node = match hit.snapshots {
+            0 => tree.root(),
+            k => nodes[k - 1],
+        };
+        (hit, node)
+    }
+
+    /// What each group needs for an op over `[first_pos, target)` of a request with
+    /// `tables` (a fresh request: the hit's view).
+    fn needs(
+        &self,
+        tables: &RequestTables,
+        first_pos: u32,
+        target: u32,
+        hit: Option<&PagedHit>,
+    ) -> Vec<GroupNeed> {
+        let fresh = tables.is_fresh();
+        let a = self.adjunct.alignment();
+        self.adjunct
+            .groups()
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let view = match (fresh, hit) {
+                    (false, _) => AdmitView::of(&tables.tables[i]),
+                    (true, Some(hit)) => hit
+                        .groups
+                        .iter()
+                        .find(|h| h.group == i)
+                        .map_or(AdmitView::default(), |h| {
+                            AdmitView::from_hit(h.base, h.ids.len() as u32, hit.prefix_len)
+                        }),
+                    (true, None) => AdmitView::default(),
+                };
+                let due = (g.role == Role::State && self.adjunct.is_required(i)).then_some(a);
+                group_need(g, view, first_pos, target, due)
+            })
+            .collect()
+    }
+
+    /// Admits an op over `[first_pos, target)` against the step's simulated free
+    /// counts (`simulated_free`, one per group), pruning snapshots no running request
+    /// pins when a group is short, for at most as many rounds as there are snapshots.
+    /// The path to `hit_node` (where the candidate's own hit ends) is never pruned:
+    /// the hit's pages must outlive its admission. All groups or none: on success
+    /// every count is debited; on refusal the counts are the live ones after any
+    /// prunes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn admit<T: SnapshotTree<Node = N>>(
+        &mut self,
+        tree: &T,
+        tables: &RequestTables,
+        first_pos: u32,
+        target: u32,
+        hit: Option<(&PagedHit, N)>,
+        simulated_free: &mut [u32],
+    ) -> bool {
+        let (hit, hit_node) = match hit {
+            Some((hit, node)) => (Some(hit), Some(node)),
+            None => (None, None),
+        };
+        let rounds = self.snapshots.len();
+        let mut round = 0;
+        loop {
+            let needs = self.needs(tables, first_pos, target, hit);
+            let failed: Vec<usize> = (0..needs.len())
+                .filter(|&i| !needs[i].fits(simulated_free[i], 0))
+                .collect();
+            if failed.is_empty() {
+                for (free, need) in simulated_free.iter_mut().zip(&needs) {
+                    *free = need.apply(*free, 0);
+                }
+                return true;
+            }
+            let kind = self.starved(&failed);
+            let pruned =
+                round < rounds && kind.is_some_and(|kind| self.prune_sparing(tree, kind, hit_node));
+            if !pruned {
+                self.stats.admission_denied += 1;
+                return false;
+            }
+            round += 1;
+            for (free, live) in simulated_free.iter_mut().zip(self.available()) {
+                *free = live;
+            }
+        }
+    }
+
+    /// What the failed groups need a prune to free (`None`: a transport-only group
+    /// that no prune can help).
+    fn starved(&self, failed: &[usize]) -> Option<Starved> {
+        let history = failed.iter().any(|&i| {
+            self.adjunct.is_required(i) && self.adjunct.groups()[i].role == Role::History
+        });
+        let state = failed
+            .iter()
+            .any(|&i| self.adjunct.groups()[i].role == Role::State);
+        match (history, state) {
+            (true, _) => Some(Starved::History),
+            (false, true) => Some(Starved::State),
+            (false, false) => None,
+        }
+    }
+
+    /// Gives a request the pages of an op over `[first_pos, target)`: a fresh request
+    /// first imports the hit, sliding groups release what the op's first token no
+    /// longer attends, then each table is topped up. Checked first for every group:
+    /// on a refusal nothing changed.
+    pub fn acquire(
+        &mut self,
+        tables: &mut RequestTables,
+        first_pos: u32,
+        target: u32,
+        hit: Option<&PagedHit>,
+    ) -> Result<(), PagedError> {
+        let needs = self.needs(tables, first_pos, target, hit);
+        for (i, need) in needs.iter().enumerate() {
+            let free = self.pools[i].available();
+            // The sliding release frees owned pages before the acquisition.
+            if free + self.sliding_credit(tables, i, first_pos) < need.new {
+                return Err(PagedError::OutOfPages {
+                    group: self.adjunct.groups()[i].id.clone(),
+                    needed: need.new,
+                    free,
+                });
+            }
+        }
+        if tables.is_fresh()
+            && let Some(hit) = hit.filter(|h| h.prefix_len > 0)
+        {
+            for h in &hit.groups {
+                if !h.ids.is_empty() {
+                    let g = &self.adjunct.groups()[h.group];
+                    tables.tables[h.group].import_borrowed(g, &h.ids, h.base, hit.prefix_len)?;
+                }
+            }
+        }
+        for (i, g) in self.adjunct.groups().iter().enumerate() {
+            let released = tables.tables[i].release_skipped(g, &mut self.pools[i], first_pos);
+            self.stats.release_skipped_owned += u64::from(released.owned);
+            self.stats.release_skipped_borrowed += u64::from(released.borrowed);
+            tables.tables[i].acquire(g, &mut self.pools[i], target)?;
+        }
+        Ok(())
+    }
+
+    /// Owned pages group `i`'s sliding release would free before an op at `first_pos`.
+    fn sliding_credit(&self, tables: &RequestTables, i: usize, first_pos: u32) -> u32 {
+        let g = &self.adjunct.groups()[i];
+        let t = &tables.tables[i];
+        match g.window() {
+            None => 0,
+            Some(w) => {
+                let first_page = (first_pos + 1).saturating_sub(w) / g.tokens_per_page();
+                let drop = first_page.saturating_sub(t.base()).min(t.len());
+                drop.saturating_sub(t.borrowed().len() as u32)
+            }
+        }
+    }
+
+    /// Frees the owned tail pages beyond `accepted` tokens (rejected draft tokens).
+    pub fn rewind(&mut self, tables: &mut RequestTables, accepted: u32) {
+        for (i, g) in self.adjunct.groups().iter().enumerate() {
+            let freed = tables.tables[i].rewind_tail(g, &mut self.pools[i], accepted);
+            self.stats.rewind_owned += u64::from(freed);
+        }
+    }
+
+    /// Releases every table of a finished or aborted request (snapshot pages stay with
+    /// their snapshots).
+    pub fn release(&mut self, tables: &mut RequestTables) {
+        for (t, pool) in tables.tables.iter_mut().zip(&mut self.pools) {
+            t.release_all(pool);
+        }
+    }
+
+    /// Commits the request's computed prefix up to `terminal` (its device node) into
+    /// snapshots at every multiple of `A` past what it committed: each step splits the
+    /// tree there, checks that every required table can back it, then adopts the
+    /// snapshot another request built at that node or builds one. A terminal snapshot
+    /// at exactly the terminal's depth is completed with the continuation groups.
+    /// Stops at the first step that cannot run, keeping earlier ones; never splits a
+    /// snapshot node.
+    pub fn commit_chunk<T: SnapshotTree<Node = N>>(
+        &mut self,
+        tree: &mut T,
+        tables: &mut RequestTables,
+        terminal: N,
+    ) {
+        let a = self.adjunct.alignment();
+        let Some(&canonical) = self.adjunct.required().first() else {
+            return;
+        };
+        let depth = tree.depth(terminal);
+        let mut committed = tables.tables[canonical].committed();
+        while committed + a <= depth {
+            let target = committed + a;
+            if self.spanned_by_snapshot(tree, terminal, target) {
+                break;
+            }
+            let Some(node) = tree.split_at(terminal, target) else {
+                break;
+            };
+            if !self.preflight(tables, target) {
+                self.stats.commit_preflight_fail += 1;
+                break;
+            }
+            let done = if self.snapshots.contains_key(&node) {
+                self.adopt(tables, node, target)
+            } else {
+                self.build(tables, node, target)
+            };
+            if done.is_err() {
+                break;
+            }
+            committed = target;
+        }
+        if self.terminal_continuation(tables, terminal, depth) && self.detach_stale_state {
+            self.detach_superseded_state(tree, terminal, depth);
+        }
+    }
+
+    /// Whether the node that spans `target` on the path to `terminal` holds a snapshot
+    /// and ends elsewhere (splitting it would cut the snapshot).
+    fn spanned_by_snapshot<T: SnapshotTree<Node = N>>(
+        &self,
+        tree: &T,
+        terminal: N,
+        target: u32,
+    ) -> bool {
+        let mut cur = terminal;
+        while let Some(parent) = tree.parent(cur) {
+            if tree.depth(parent) < target {
+                return tree.depth(cur) != target && self.snapshots.contains_key(&cur);
+            }
+            cur = parent;
+        }
+        false
+    }
+
+    fn preflight(&self, tables: &RequestTables, target: u32) -> bool {
+        self.adjunct.required().iter().all(|&i| {
+            tables.tables[i]
+                .can_commit(&self.adjunct.groups()[i], target)
+                .is_ok()
+        })
+    }
+
+    fn adopt(
+        &mut self,
+        tables: &mut RequestTables,
+        node: N,
+        target: u32,
+    ) -> Result<(), PagedError> {
+        let snapshot = &self.snapshots[&node];
+        let segments: Vec<_> = self
+            .adjunct
+            .required()
+            .iter()
+            .map(|&i| snapshot.segments[i].clone().map(|s| (i, s)))
+            .collect::<Option<_>>()
+            .ok_or_else(|| PagedError::Invariant("a snapshot lacks a required group".into()))?;
+        for (i, seg) in segments {
+            let g = &self.adjunct.groups()[i];
+            let t = &mut tables.tables[i];
+            match g.role {
+                Role::History => t.adopt_history(g, &mut self.pools[i], &seg.pages, target)?,
+                Role::State => {
+                    t.adopt_state(g, &mut self.pools[i], &seg.pages, seg.base, target)?
+                }
+            }
+        }
+        self.stats.snapshots_adopted += 1;
+        Ok(())
+    }
+
+    fn build(
+        &mut self,
+        tables: &mut RequestTables,
+        node: N,
+        target: u32,
+    ) -> Result<(), PagedError> {
+        let mut snapshot = Snapshot::new(target, self.adjunct.groups().len());
+        for &i in self.adjunct.required() {
+            let g = &self.adjunct.groups()[i];
+            let t = &mut tables.tables[i];
+            let segment = match g.role {
+                Role::History => t.commit_history(g, &mut self.pools[i], target)?,
+                Role::State => {
+                    t.checkpoint_state(g, &mut self.pools[i], target)?
+                        .map(|(s, stale)| {
+                            self.stats.checkpoint_stale_owned += u64::from(stale);
+                            s
+                        })
+                }
+            };
+            snapshot.segments[i] = segment;
+        }
+        debug_assert!(
+            self.adjunct.completeness(&snapshot).history,
+            "a built snapshot holds every required group"
+        );
+        self.snapshots.insert(node, snapshot);
+        self.stats.snapshots_created += 1;
+        Ok(())
+    }
+
+    /// Checkpoints the continuation groups a History-complete snapshot at exactly the
+    /// terminal's depth lacks; true when the snapshot is then continuation-complete.
+    fn terminal_continuation(
+        &mut self,
+        tables: &mut RequestTables,
+        terminal: N,
+        depth: u32,
+    ) -> bool {
+        let continuation = self.adjunct.continuation().to_vec();
+        if continuation.is_empty() || depth == 0 {
+            return false;
+        }
+        let Some(snapshot) = self.snapshots.get(&terminal) else {
+            return false;
+        };
+        if snapshot.prefix_len != depth || !self.adjunct.completeness(snapshot).history {
+            return false;
+        }
+        let missing: Vec<usize> = continuation
+            .into_iter()
+            .filter(|&i| snapshot.segments[i].is_none())
+            .collect();
+        if missing.is_empty() {
+            return true;
+        }
+        let covers = |i: usize| {
+            let g = &self.adjunct.groups()[i];
+            let t = &tables.tables[i];
+            let tpp = g.tokens_per_page();
+            let Some(w) = g.window() else { return false };
+            depth.is_multiple_of(tpp)
+                && depth <= t.cursor()
+                && w.is_multiple_of(tpp)
+                && t.base() <= depth.saturating_sub(w) / tpp
+                && t.pages_have() >= depth / tpp
+        };
+        if !missing.iter().all(|&i| covers(i)) {
+            return false;
+        }
+        let mut all = true;
+        for i in missing {
+            let g = &self.adjunct.groups()[i];
+            match tables.tables[i].checkpoint_state(g, &mut self.pools[i], depth) {
+                Ok(Some((segment, stale))) if !segment.pages.is_empty() => {
+                    self.stats.checkpoint_stale_owned += u64::from(stale);
+                    if let Some(s) = self.snapshots.get_mut(&terminal) {
+                        s.segments[i] = Some(segment);
+                    }
+                }
+                Ok(Some((segment, _))) => {
+                    // An empty checkpoint: nothing to keep, the window is incomplete.
+                    self.pools[i].free_ids(&segment.pages);
+                    all = false;
+                    break;
+                }
+                _ => {
+                    all = false;
+                    break;
+                }
+            }
+        }
+        let complete = self
+            .snapshots
+            .get(&terminal)
+            .is_some_and(|s| self.adjunct.completeness(s).continuation);
+        if all && complete {
+            self.stats.terminal_continuations += 1;
+        }
+        all && complete
+    }
+
+    /// #460: after a terminal commit, ancestors whose state windows lie wholly below
+    /// the new terminal's window, and that only this request pins, drop their state
+    /// groups (otherwise each turn leaks one window from the small state pools).
+    fn detach_superseded_state<T: SnapshotTree<Node = N>>(
+        &mut self,
+        tree: &T,
+        terminal: N,
+        depth: u32,
+    ) {
+        let max_window = self
+            .adjunct
+            .continuation()
+            .iter()
+            .filter_map(|&i| self.adjunct.groups()[i].window())
+            .max()
+            .unwrap_or(0);
+        let mut cur = tree.parent(terminal);
+        while let Some(node) = cur {
+            if node == tree.root() {
+                break;
+            }
+            if self.snapshots.contains_key(&node)
+                && tree.depth(node) + max_window <= depth
+                && tree.device_refs(node) == 1
+                && self.detach_state(node)
+            {
+                self.stats.stale_state_detached += 1;
+            }
+            cur = tree.parent(node);
+        }
+    }
+
+    /// Strips every state group from the snapshot on `node` (a snapshot left with
+    /// nothing goes); whether it held any.
+    fn detach_state(&mut self, node: N) -> bool {
+        let Some(snapshot) = self.snapshots.get_mut(&node) else {
+            return false;
+        };
+        let mut stripped = false;
+        for &i in self.adjunct.continuation() {
+            if let Some(seg) = snapshot.segments[i].take() {
+                self.pools[i].free_ids(&seg.pages);
+                stripped = true;
+            }
+        }
+        if snapshot.segments.iter().all(Option::is_none) {
+            self.snapshots.remove(&node);
+        }
+        stripped
+    }
+
+    /// Drops the whole snapshot on `node`, freeing its pages; whether there was one.
+    fn detach(&mut self, node: N) -> bool {
+        let Some(snapshot) = self.snapshots.remove(&node) else {
+            return false;
+        };
+        for (i, seg) in snapshot.segments.into_iter().enumerate() {
+            if let Some(seg) = seg {
+                self.pools[i].free_ids(&seg.pages);
+            }
+        }
+        true
+    }
+
+    /// The node's device KV was evicted: its snapshot goes with it.
+    pub fn on_kv_evicted(&mut self, node: N) {
+        if self.detach(node) {
+            self.stats.dropped_kv_evict += 1;
+        }
+    }
+
+    /// The node was removed from the tree.
+    pub fn on_node_removed(&mut self, node: N) {
+        if self.detach(node) {
+            self.stats.dropped_node_destroy += 1;
+        }
+    }
+
+    fn pinned<T: SnapshotTree<Node = N>>(tree: &T, node: N) -> bool {
+        let mut cur = Some(node);
+        while let Some(n) = cur {
+            if n == tree.root() {
+                return false;
+            }
+            if tree.device_refs(n) > 0 {
+                return true;
+            }
+            cur = tree.parent(n);
+        }
+        false
+    }
+
+    /// Frees snapshot pages for an admission: oldest snapshot first (deeper first on a
+    /// tie), never one a running request pins. State-starved: strip the state groups
+    /// of one snapshot that has any. History-starved: drop one snapshot whole, with
+    /// every unpinned snapshot below it.
+    pub fn prune<T: SnapshotTree<Node = N>>(&mut self, tree: &T, kind: Starved) -> bool {
+        self.prune_sparing(tree, kind, None)
+    }
+
+    /// [`Self::prune`], never touching the path to `spare`.
+    fn prune_sparing<T: SnapshotTree<Node = N>>(
+        &mut self,
+        tree: &T,
+        kind: Starved,
+        spare: Option<N>,
+    ) -> bool {
+        let spared = |n: N| spare.is_some_and(|s| s == n || Self::descends_from(tree, s, n));
+        let mut candidates: Vec<(PruneOrder, N)> = self
+            .snapshots
+            .keys()
+            .map(|&n| {
+                let (time, seq) = tree.age(n);
+                ((time, std::cmp::Reverse(tree.depth(n)), seq), n)
+            })
+            .collect();
+        candidates.sort();
+        let unpinned = candidates
+            .iter()
+            .map(|&(_, n)| n)
+            .filter(|&n| !Self::pinned(tree, n) && !spared(n));
+        match kind {
+            Starved::State => {
+                let victim = unpinned.into_iter().find(|n| {
+                    let c = self.adjunct.completeness(&self.snapshots[n]);
+                    c.state || c.continuation
+                });
+                let Some(victim) = victim else {
+                    return false;
+                };
+                self.detach_state(victim);
+                self.stats.prune_state_only += 1;
+                true
+            }
+            Starved::History => {
+                let Some(victim) = unpinned.into_iter().next() else {
+                    return false;
+                };
+                self.detach(victim);
+                self.stats.prune_full += 1;
+                let below: Vec<N> = self
+                    .snapshots
+                    .keys()
+                    .copied()
+                    .filter(|&n| {
+                        Self::descends_from(tree, n, victim) && !Self::pinned(tree, n) && !spared(n)
+                    })
+                    .collect();
+                for n in below {
+                    self.detach(n);
+                    self.stats.prune_cascade += 1;
+                }
+                true
+            }
+        }
+    }
+
+    fn descends_from<T: SnapshotTree<Node = N>>(tree: &T, node: N, ancestor: N) -> bool {
+        let mut cur = tree.parent(node);
+        while let Some(n) = cur {
+            if n == ancestor {
+                return true;
+            }
+            cur = tree.parent(n);
+        }
+        false
+    }
+
+    /// Checks that every page of every group is in exactly one place: free in its
+    /// pool, owned by one of `tables`, or held by one snapshot (borrowed ids must name
+    /// snapshot pages).
+    pub fn check_invariants<'a>(
+        &mut self,
+        tables: impl IntoIterator<Item = &'a RequestTables>,
+    ) -> Result<(), PagedError> {
+        let tables: Vec<&RequestTables> = tables.into_iter().collect();
+        for i in 0..self.pools.len() {
+            let g = &self.adjunct.groups()[i];
+            let total = g.total_pages as usize;
+            let mut place = vec![0u8; total];
+            let mut held_by_snapshot = vec![false; total];
+            let mut mark = |page: u32, what: &str| -> Result<(), PagedError> {
+                let p = page as usize;
+                if p == 0 || p >= total {
+                    return Err(PagedError::Invariant(format!(
+                        "group `{}`: page {page} out of range ({what})",
+                        g.id
+                    )));
+                }
+                place[p] += 1;
+                if place[p] > 1 {
+                    return Err(PagedError::Invariant(format!(
+                        "group `{}`: page {page} is in two places ({what})",
+                        g.id
+                    )));
+                }
+                Ok(())
+            };
+            for &p in self.pools[i].free_list() {
+                mark(p, "free")?;
+            }
+            for s in self.snapshots.values() {
+                if let Some(seg) = &s.segments[i] {
+                    for &p in &seg.pages {
+                        mark(p, "snapshot")?;
+                        held_by_snapshot[p as usize] = true;
+                    }
+                }
+            }
+            for t in &tables {
+                let table = &t.tables[i];
+                for &p in table.owned() {
+                    mark(p, "owned")?;
+                }
+                if let Some(&p) = table
+                    .borrowed()
+                    .iter()
+                    .find(|&&p| !held_by_snapshot.get(p as usize).copied().unwrap_or(false))
+                {
+                    return Err(PagedError::Invariant(format!(
+                        "group `{}`: a table borrows page {p}, which no snapshot holds",
+                        g.id
+                    )));
+                }
+            }
+            if let Some(p) = (1..total).find(|&p| place[p] == 0) {
+                return Err(PagedError::Invariant(format!(
+                    "group `{}`: page {p} leaked",
+                    g.id
+                )));
+            }
+        }
+        Ok(())
+    }
+}
