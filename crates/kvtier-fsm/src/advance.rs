@@ -195,7 +195,13 @@ impl SchedulerCore {
                     | StateKind::Retracted) => {
                         let before = self.requests[key].tokens.len();
                         Arc::make_mut(&mut self.requests[key].tokens).extend_from_slice(&tokens);
-                        if kind == StateKind::Decoding && self.config.mamba.is_some() {
+                        // Hybrid models publish at every decode page crossing; so do
+                        // plain window models, up to their cap (PR #381).
+                        let window_capped = self.config.publish_prefix_mid_flight
+                            && self.config.midflight_publish_max_pages.is_some();
+                        if kind == StateKind::Decoding
+                            && (self.config.mamba.is_some() || window_capped)
+                        {
                             self.publish_decoded(key, before);
                         }
                         Ok(())
@@ -313,14 +319,18 @@ impl SchedulerCore {
 
     // ----- hybrid decode publication ----------------------------------------------------
 
-    /// A decoding hybrid request whose tokens crossed a page boundary (it had `before`
-    /// tokens) publishes its new full pages with its checkpoint, which holds the state at
+    /// A decoding hybrid request (or a plain window model's, up to its cap) whose tokens
+    /// crossed a page boundary (it had `before` tokens) publishes its new full pages with its checkpoint, which holds the state at
     /// their end when the decode row that reached it copied it there. kvtier then gives
     /// it a fresh checkpoint for the next boundary; the reference frees the checkpoint
     /// and caches no state past the prompt (HYBRID-WORKLOADS.md §4.2).
     fn publish_decoded(&mut self, key: usize, before: usize) {
         let ps = self.config.page_size;
-        let publishable = |n: usize| (n.saturating_sub(1) / ps as usize) as u32;
+        let cap = match self.config.mamba {
+            None => self.config.midflight_publish_max_pages.unwrap_or(u32::MAX),
+            Some(_) => u32::MAX,
+        };
+        let publishable = |n: usize| ((n.saturating_sub(1) / ps as usize) as u32).min(cap);
         let now = publishable(self.requests[key].tokens.len());
         if now <= publishable(before) {
             return;

@@ -275,6 +275,10 @@ impl SchedulerCore {
                 continue;
             };
             let computed = run.window_end() / ps;
+            let computed = self
+                .config
+                .midflight_publish_max_pages
+                .map_or(computed, |cap| computed.min(cap));
             let publication = self.requests[key].publication(run, computed, ps);
             self.requests[key].state = state;
             if let Some((publication, republish)) = publication {

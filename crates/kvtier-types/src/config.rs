@@ -99,6 +99,14 @@ pub struct SchedulerConfig {
     /// concurrent requests with the same prefix reuse them (reference PR #381). On by
     /// default for full-attention models.
     pub publish_prefix_mid_flight: bool,
+    /// Plain sliding-window models (every attention layer slides over `W` tokens in
+    /// the ordinary KV cache; reference PR #381): publish at most this many pages of a
+    /// request's prefix mid-flight (`floor(W / P)`: a sibling reusing a longer prefix
+    /// would attend KV its window never covered), at prefill and at decode page
+    /// crossings alike. `None`: no window, no cap. kvtier-paged's `MidflightGate`
+    /// derives this and `publish_prefix_mid_flight` from a model's cache shape (a model
+    /// flagged unsafe, W = 0, publishes nothing mid-flight).
+    pub midflight_publish_max_pages: Option<u32>,
     /// Scheduling steps slower than this are recorded as a `slow_step` tracing event
     /// (tail-based: fast steps cost nothing). `None` records none.
     pub slow_step_threshold: Option<std::time::Duration>,
@@ -127,6 +135,7 @@ impl Default for SchedulerConfig {
             role: Role::Fused,
             disable_prefix_cache: false,
             publish_prefix_mid_flight: true,
+            midflight_publish_max_pages: None,
             slow_step_threshold: Some(std::time::Duration::from_millis(1)),
             policy: Policy::Default,
             mamba: None,
