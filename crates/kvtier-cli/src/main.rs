@@ -61,11 +61,17 @@ struct ReplayArgs {
     /// Turn the prefix cache and host tier off (every request computes its whole prompt).
     #[arg(long)]
     no_cache: bool,
-    /// The model served: `dense` (full attention, the default) or `mamba-hybrid`
+    /// The model served: `dense` (full attention, the default), `mamba-hybrid`
     /// (attention and Mamba layers: a recurrent state per request, checked by the
-    /// oracle too).
-    #[arg(long, value_enum)]
-    model: Option<kvtier_sim::scenario::Model>,
+    /// oracle too), or a built-in preset (`llama-3.1-8b`, `qwen3-8b`,
+    /// `qwen3-next-80b-a3b`, `nemotron-nano-9b-v2`, ...; docs/models.md), whose
+    /// families, KV bytes per token and mid-flight gate the replay takes.
+    #[arg(long, conflicts_with = "model_config")]
+    model: Option<String>,
+    /// The model served, from a Hugging Face `config.json` (as `--model` with a
+    /// preset).
+    #[arg(long)]
+    model_config: Option<std::path::PathBuf>,
     /// How much KV the integrity oracle checks.
     #[arg(long, value_enum)]
     verify: Option<Verify>,

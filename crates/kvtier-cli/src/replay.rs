@@ -7,9 +7,11 @@ use std::sync::LazyLock;
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use clap::builder::PossibleValue;
+use kvtier_model::ModelSpec;
 use kvtier_sim::reference::Verify;
 use kvtier_sim::scenario::{
-    CostModel, L3Store, Model, Scenario, ScenarioOptions, TraceWorkload, run_scenario_with_progress,
+    CostModel, L3Store, Model, SCENARIO_PAGE_SIZE, Scenario, ScenarioOptions, TraceWorkload,
+    run_scenario_with_progress,
 };
 use kvtier_sim::trace::{TraceSlice, parse_trace, read_trace};
 use kvtier_sim::{Path, WorkloadKind, WorkloadOptions, run_workload};
@@ -54,8 +56,8 @@ impl ValueEnum for ReplayWorkload {
 struct ReplayFile {
     #[serde(default, deserialize_with = "by_name")]
     workload: Option<ReplayWorkload>,
-    #[serde(default, deserialize_with = "by_name")]
-    model: Option<Model>,
+    model: Option<String>,
+    model_config: Option<std::path::PathBuf>,
     cache: Option<bool>,
     publish: Option<bool>,
     #[serde(default, deserialize_with = "by_name")]
@@ -242,13 +244,14 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         ReplayWorkload::Bench(kind) => {
             let scenario_only = args.no_cache
                 || args.model.is_some()
+                || args.model_config.is_some()
                 || args.l3.is_some()
                 || args.l3_dir.is_some()
                 || args.device_pages.is_some()
                 || args.host_pages.is_some();
             if scenario_only {
                 bail!(
-                    "--no-cache, --model, --l3, --l3-dir, --device-pages and --host-pages \
+                    "--no-cache, --model, --model-config, --l3, --l3-dir, --device-pages and --host-pages \
                      apply to scenarios and traces"
                 );
             }
@@ -275,7 +278,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         ScenarioOptions::new(scenario)
     };
     let options = ScenarioOptions {
-        model: args.model.or(file.model).unwrap_or_default(),
+        model: Model::default(),
         cache: !args.no_cache && file.cache.unwrap_or(true),
         publish: file.publish.unwrap_or(true),
         verify: args.verify.or(file.verify).unwrap_or(base.verify),
@@ -287,6 +290,13 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         host_pages: args.host_pages,
         ..base
     };
+    let options = served_model(
+        args.model.as_deref().or(file.model.as_deref()),
+        args.model_config
+            .as_deref()
+            .or(file.model_config.as_deref()),
+        options,
+    )?;
     let l3 = args.l3.or(file.l3).unwrap_or(options.l3);
     let l3_dir = args.l3_dir.clone().or(file.l3_dir);
     if l3_dir.is_some() && l3 != L3Store::Local {
@@ -324,6 +334,52 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The model a replay serves: a kind (`dense`, `mamba-hybrid`), a built-in preset, or
+/// a `config.json`. A preset or config sets the family (dense or Mamba hybrid, with
+/// its scan chunk), the KV bytes per token of the virtual clock and the mid-flight
+/// gate; the reference engine keeps its small checked geometry.
+fn served_model(
+    name: Option<&str>,
+    config: Option<&std::path::Path>,
+    options: ScenarioOptions,
+) -> Result<ScenarioOptions> {
+    let spec = match (name, config) {
+        (Some(_), Some(_)) => bail!("--model and --model-config name the model twice: give one"),
+        (None, None) => return Ok(options),
+        (None, Some(path)) => ModelSpec::from_config_file(path)?,
+        (Some(name), None) => match Model::from_str(name, false) {
+            Ok(model) => return Ok(ScenarioOptions { model, ..options }),
+            Err(_) => ModelSpec::preset(name)?,
+        },
+    };
+    if spec.needs_paged_family() {
+        bail!(
+            "model `{}` has sliding-window layers or paged-cache groups: it needs the \
+             paged-cache family (kvtier-paged), which replay does not serve yet",
+            spec.name
+        );
+    }
+    let gate = spec.gate(SCENARIO_PAGE_SIZE);
+    let mut cost = options.cost;
+    let kv_bytes = spec.kv.map_or(0, |kv| kv.bytes_per_token());
+    if kv_bytes > 0 {
+        cost.kv_bytes_per_token = kv_bytes as f64;
+    }
+    Ok(ScenarioOptions {
+        model: if spec.is_mamba_hybrid() {
+            Model::MambaHybrid
+        } else {
+            Model::Dense
+        },
+        state_chunk: spec.state.map(|s| s.checkpoint_chunk),
+        publish: options.publish && gate.enabled,
+        publish_cap: gate.max_pages,
+        model_label: Some(spec.name.clone()),
+        cost,
+        ..options
+    })
 }
 
 #[cfg(test)]
@@ -375,6 +431,49 @@ mod tests {
         };
         let err = run(chat_with_limit).unwrap_err();
         assert!(err.to_string().contains("apply to trace replays"), "{err}");
+    }
+
+    /// `--model` takes a kind or a preset, `--model-config` a file: a preset sets the
+    /// family, the label, the virtual clock's KV bytes and the gate; window models are
+    /// refused with a message that names what they need.
+    #[test]
+    fn models_from_presets_and_configs() {
+        let base = || ScenarioOptions::new(Scenario::Chat);
+        let kind = served_model(Some("mamba-hybrid"), None, base()).expect("a kind");
+        assert_eq!((kind.model, kind.model_label), (Model::MambaHybrid, None));
+        let next = served_model(Some("qwen3-next-80b-a3b"), None, base()).expect("a preset");
+        assert_eq!(next.model, Model::MambaHybrid);
+        assert_eq!(next.model_label.as_deref(), Some("qwen3-next-80b-a3b"));
+        assert_eq!(next.state_chunk, Some(64));
+        assert_eq!(next.cost.kv_bytes_per_token, 24_576.0);
+        let llama = served_model(Some("llama-3.1-8b"), None, base()).expect("a preset");
+        assert_eq!(
+            (llama.model, llama.publish, llama.publish_cap),
+            (Model::Dense, true, None)
+        );
+        let err = served_model(Some("gpt-oss-20b"), None, base()).unwrap_err();
+        assert!(err.to_string().contains("paged-cache family"), "{err}");
+        let err = served_model(Some("gpt-7"), None, base()).unwrap_err();
+        assert!(
+            err.to_string().contains("unknown model preset `gpt-7`"),
+            "{err}"
+        );
+
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join("config.json");
+        std::fs::write(
+            &path,
+            r#"{"model_type": "mistral", "num_hidden_layers": 2, "num_attention_heads": 4,
+                "head_dim": 8, "max_position_embeddings": 4096, "sliding_window": 100}"#,
+        )
+        .expect("written");
+        let mistral = served_model(None, Some(&path), base()).expect("a config");
+        assert_eq!(mistral.model_label.as_deref(), Some("mistral"));
+        // floor(100 / 16) pages at the scenarios' page size.
+        assert_eq!((mistral.publish, mistral.publish_cap), (true, Some(6)));
+        std::fs::write(&path, r#"{"model_type": "t5"}"#).expect("written");
+        let err = served_model(None, Some(&path), base()).unwrap_err();
+        assert!(err.to_string().contains("`t5`"), "{err}");
     }
 
     #[test]

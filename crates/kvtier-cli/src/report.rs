@@ -106,7 +106,7 @@ pub fn scenario(r: &ScenarioReport) {
     ];
     // A hybrid model's recurrent states travel beside its pages.
     let states = |n: u64| {
-        if r.model == "dense" {
+        if !r.hybrid {
             String::new()
         } else {
             format!(", {n} states")

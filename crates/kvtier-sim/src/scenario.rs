@@ -59,6 +59,9 @@ pub const SCENARIO_STATE: StateGeometry = StateGeometry {
     bytes_per_layer: 32,
 };
 
+/// Tokens per KV page in every scenario.
+pub const SCENARIO_PAGE_SIZE: u32 = 16;
+
 /// The scan kernel's chunk of the scenarios' hybrid model.
 pub const SCENARIO_STATE_CHUNK: u32 = 64;
 
@@ -307,6 +310,13 @@ pub struct ScenarioOptions {
     pub device_pages: Option<u32>,
     /// Host pages (page 0 included) instead of the scenario's own.
     pub host_pages: Option<u32>,
+    /// A plain window model's mid-flight cap in pages (`SchedulerConfig::
+    /// midflight_publish_max_pages`, from a model preset's gate).
+    pub publish_cap: Option<u32>,
+    /// What the report calls the model (a preset's name); default: the model kind's.
+    pub model_label: Option<String>,
+    /// The hybrid model's scan-kernel chunk (default: the scenarios' 64).
+    pub state_chunk: Option<u32>,
 }
 
 /// A trace to replay: its requests, and how much faster than real time they arrive.
@@ -347,6 +357,9 @@ impl ScenarioOptions {
             trace: None,
             device_pages: None,
             host_pages: None,
+            publish_cap: None,
+            model_label: None,
+            state_chunk: None,
         }
     }
 
@@ -450,8 +463,10 @@ pub struct ScenarioReport {
     pub l3_corrupt_objects: u64,
     /// Integrity errors found by the oracle.
     pub integrity_errors: u64,
-    /// The model served (`dense`, `mamba-hybrid`).
+    /// The model served (`dense`, `mamba-hybrid`, or a preset's name).
     pub model: String,
+    /// Whether the model keeps recurrent states (a Mamba hybrid).
+    pub hybrid: bool,
     /// FNV-1a over every finished request's id and generated tokens, in id order: two
     /// runs answered alike exactly when these are equal.
     pub output_digest: String,
@@ -705,7 +720,7 @@ pub fn run_scenario_with(
     mut progress: impl FnMut(u64, u64),
     mut between_steps: impl FnMut(u64),
 ) -> Result<ScenarioReport, ScenarioError> {
-    const PAGE: u32 = 16;
+    const PAGE: u32 = SCENARIO_PAGE_SIZE;
     let trace = match (o.scenario, &o.trace) {
         (Scenario::Trace, Some(trace)) => Some(Arc::clone(trace)),
         (Scenario::Trace, None) => return Err(ScenarioError::NoTrace),
@@ -730,7 +745,7 @@ pub fn run_scenario_with(
     let states = (o.model == Model::MambaHybrid).then(|| MambaSettings {
         device_slots: 4 * batch,
         host_slots: if o.cache { 16 * batch } else { 0 },
-        chunk: SCENARIO_STATE_CHUNK,
+        chunk: o.state_chunk.unwrap_or(SCENARIO_STATE_CHUNK),
     });
     let config = SchedulerConfig {
         mamba: states,
@@ -742,6 +757,7 @@ pub fn run_scenario_with(
         disable_prefix_cache: !o.cache,
         disable_l2_cache: !o.cache,
         publish_prefix_mid_flight: o.publish,
+        midflight_publish_max_pages: o.publish_cap,
         enable_l3_storage: o.l3_on(),
         ..SchedulerConfig::default()
     };
@@ -811,7 +827,11 @@ pub fn run_scenario_with(
         l3_prefetched_states: 0,
         l3_corrupt_objects: 0,
         integrity_errors: 0,
-        model: o.model.name().into(),
+        hybrid: o.model == Model::MambaHybrid,
+        model: o
+            .model_label
+            .clone()
+            .unwrap_or_else(|| o.model.name().into()),
         output_digest: String::new(),
         scheduler_ns: 0,
         virtual_s: 0.0,
