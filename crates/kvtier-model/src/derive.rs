@@ -114,16 +114,8 @@ fn gpt_oss(f: &Fields<'_>, spec: &mut ModelSpec) -> Result<(), ModelError> {
     let layers = f.positive("num_hidden_layers")?;
     let types = f
         .strings("layer_types")?
-        .ok_or_else(|| ModelError::MissingField {
-            model_type: f.model_type.clone(),
-            field: "layer_types".into(),
-        })?;
-    if types.len() != layers as usize {
-        return Err(f.invalid(
-            "layer_types",
-            format!("has {} entries for {layers} layers", types.len()),
-        ));
-    }
+        .ok_or_else(|| f.missing("layer_types"))?;
+    f.per_layer("layer_types", types.len(), layers, "entries")?;
     let mut sliding = 0;
     for t in &types {
         match *t {
@@ -165,10 +157,7 @@ fn deepseek_v4(f: &Fields<'_>, spec: &mut ModelSpec) -> Result<(), ModelError> {
     f.positive("qk_rope_head_dim")?;
     let window = f
         .sliding_window()?
-        .ok_or_else(|| ModelError::MissingField {
-            model_type: f.model_type.clone(),
-            field: "sliding_window (or text_config.sliding_window)".into(),
-        })?;
+        .ok_or_else(|| f.missing("sliding_window (or text_config.sliding_window)"))?;
     if window == 0 {
         return Err(f.invalid("sliding_window", "must be positive"));
     }
@@ -281,12 +270,7 @@ fn qwen3_next(f: &Fields<'_>, spec: &mut ModelSpec) -> Result<(), ModelError> {
     let layers = f.positive("num_hidden_layers")?;
     let full = match f.strings("layer_types")? {
         Some(types) => {
-            if types.len() != layers as usize {
-                return Err(f.invalid(
-                    "layer_types",
-                    format!("has {} entries for {layers} layers", types.len()),
-                ));
-            }
+            f.per_layer("layer_types", types.len(), layers, "entries")?;
             types.iter().filter(|t| **t == "full_attention").count() as u32
         }
         None => layers / f.positive("full_attention_interval")?,
@@ -316,16 +300,8 @@ fn nemotron_h(f: &Fields<'_>, spec: &mut ModelSpec) -> Result<(), ModelError> {
     let layers = f.positive("num_hidden_layers")?;
     let pattern = f
         .str("hybrid_override_pattern")
-        .ok_or_else(|| ModelError::MissingField {
-            model_type: f.model_type.clone(),
-            field: "hybrid_override_pattern".into(),
-        })?;
-    if pattern.len() != layers as usize {
-        return Err(f.invalid(
-            "hybrid_override_pattern",
-            format!("has {} letters for {layers} layers", pattern.len()),
-        ));
-    }
+        .ok_or_else(|| f.missing("hybrid_override_pattern"))?;
+    f.per_layer("hybrid_override_pattern", pattern.len(), layers, "letters")?;
     let (mut mamba, mut attention) = (0u32, 0u32);
     for c in pattern.chars() {
         match c {

@@ -36,11 +36,25 @@ impl<'a> Fields<'a> {
         })
     }
 
-    fn missing(&self, field: &str) -> ModelError {
+    pub fn missing(&self, field: &str) -> ModelError {
         ModelError::MissingField {
             model_type: self.model_type.clone(),
             field: field.to_owned(),
         }
+    }
+
+    /// Checks that a per-layer field (`what`: entries, letters) covers every layer.
+    pub fn per_layer(
+        &self,
+        field: &str,
+        len: usize,
+        layers: u32,
+        what: &str,
+    ) -> Result<(), ModelError> {
+        if len == layers as usize {
+            return Ok(());
+        }
+        Err(self.invalid(field, format!("has {len} {what} for {layers} layers")))
     }
 
     pub fn invalid(&self, field: &str, problem: impl Into<String>) -> ModelError {
