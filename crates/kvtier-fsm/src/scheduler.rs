@@ -78,6 +78,7 @@ pub fn cache_config(config: &SchedulerConfig) -> CacheConfig {
             chunk: m.chunk,
             reference: config.policy == kvtier_types::Policy::Reference,
         }),
+        paged: None,
     }
 }
 

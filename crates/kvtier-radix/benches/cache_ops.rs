@@ -135,6 +135,7 @@ impl Workload {
             page_hashes: false,
             policy: Default::default(),
             mamba: None,
+            paged: None,
         });
         for seq in &self.seqs {
             admit_and_insert(&mut cache, seq);

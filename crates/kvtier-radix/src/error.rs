@@ -177,6 +177,9 @@ pub enum Violation {
     /// models): a slot neither free, held, attached nor reserved, or a state off a page
     /// boundary or on a removed node.
     States(String),
+    /// A page-group snapshot sits on a removed node, a node without device KV, or off
+    /// a multiple of the alignment (window and compressed-state models).
+    Snapshot(String),
 }
 
 /// Where the invariant check found a page.
@@ -255,6 +258,7 @@ impl fmt::Display for Violation {
                 "{tier:?} LRU set has {entries} entries for {leaves} leaves"
             ),
             Violation::States(what) => write!(f, "recurrent states: {what}"),
+            Violation::Snapshot(what) => write!(f, "page-group snapshot {what}"),
         }
     }
 }

@@ -32,6 +32,7 @@ fn settings(host: bool, policy: Policy) -> CacheConfig {
             chunk: 4,
             reference: policy == Policy::Reference,
         }),
+        paged: None,
     }
 }
 

@@ -1,6 +1,6 @@
 //! The structural invariant check used by tests and debug builds: page conservation, label
-//! shape, tier closure, lock counts, LRU membership and counters, and the recurrent-state
-//! family's slots (hybrid models).
+//! shape, tier closure, lock counts, LRU membership and counters, the recurrent-state
+//! family's slots (hybrid models) and where page-group snapshots sit.
 
 use kvtier_types::{PageId, Tier};
 
@@ -168,9 +168,35 @@ impl RadixCore {
         }
         let states = self
             .with_states(|family, tree| family.check_invariants(tree, |node| tree.is_live(node)));
-        match states {
-            Some(Err(e)) => Err(Violation::States(e.to_string())),
-            _ => Ok(()),
+        if let Some(Err(e)) = states {
+            return Err(Violation::States(e.to_string()));
         }
+        self.check_snapshots()
+    }
+
+    /// Every snapshot sits on a live node with device KV, at its node's depth, a
+    /// multiple of the alignment (the pages themselves are checked by the family against
+    /// the requests' tables, which only the scheduler holds).
+    fn check_snapshots(&self) -> Result<(), Violation> {
+        let Some(family) = self.snapshots() else {
+            return Ok(());
+        };
+        let a = family.adjunct().alignment();
+        for node in family.snapshot_nodes() {
+            let problem = if !self.is_live(node) {
+                Some("on a removed node".to_owned())
+            } else if !self.node(node).tiers[0].present() {
+                Some("on a node without device KV".to_owned())
+            } else {
+                let depth = self.depth_pages(node) * self.page_size as u32;
+                let at = family.snapshot(node).map_or(0, |s| s.prefix_len);
+                (at != depth || !depth.is_multiple_of(a))
+                    .then(|| format!("at {at} tokens on a node {depth} deep (alignment {a})"))
+            };
+            if let Some(problem) = problem {
+                return Err(Violation::Snapshot(format!("{node:?}: {problem}")));
+            }
+        }
+        Ok(())
     }
 }

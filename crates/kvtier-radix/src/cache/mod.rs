@@ -11,6 +11,7 @@ mod locks;
 mod lru;
 mod paths;
 mod residency;
+mod snapshots;
 mod states;
 mod walk;
 mod write_back;
@@ -19,6 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kvtier_host::{OwnedPages, PagePool, ReleaseQueue};
 use kvtier_mamba::{MambaConfig, MambaFamily, MambaStats};
+use kvtier_paged::{Adjunct, PagedFamily};
 use kvtier_types::{Policy, Tier, Token};
 use slab::Slab;
 
@@ -49,6 +51,10 @@ pub struct CacheConfig {
     pub policy: Policy,
     /// The recurrent-state (Mamba) family of a hybrid model, hosted on the tree.
     pub mamba: Option<MambaConfig>,
+    /// The paged-cache family of a window or compressed-state model (its groups and
+    /// required groups), hosted on the tree: snapshots on nodes. Its alignment must be
+    /// a multiple of the page size (a snapshot sits at a page boundary).
+    pub paged: Option<Adjunct>,
 }
 
 /// Counters of the tree for stats and tests.
@@ -98,6 +104,8 @@ pub struct RadixCore {
     host_lease: Option<OwnedPages>,
     /// The recurrent states attached to nodes (hybrid models).
     mamba: Option<MambaFamily<NodeId>>,
+    /// The page-group snapshots attached to nodes (window and compressed-state models).
+    paged: Option<PagedFamily<NodeId>>,
 }
 
 impl RadixCore {
@@ -145,6 +153,14 @@ impl RadixCore {
                 let family = MambaFamily::new(m);
                 debug_assert!(family.is_ok(), "an invalid Mamba config: {family:?}");
                 family.ok()
+            }),
+            paged: config.paged.clone().and_then(|adjunct| {
+                let aligned = adjunct.alignment().is_multiple_of(config.page_size.max(1));
+                debug_assert!(aligned, "snapshots off page boundaries: {adjunct:?}");
+                // kvtier detaches superseded state windows (#460); the reference at
+                // 350cf505 does not.
+                let detach_stale = config.policy == Policy::Default;
+                aligned.then(|| PagedFamily::new(adjunct, detach_stale))
             }),
         }
     }

@@ -23,8 +23,12 @@ impl RadixCore {
         self.update_leaves(id, tier);
     }
 
-    /// Takes a node's pages on `tier` back into the pool.
+    /// Takes a node's pages on `tier` back into the pool (a snapshot of its prefix goes
+    /// with its device KV).
     pub(super) fn detach(&mut self, id: NodeId, tier: Tier) {
+        if tier == Tier::Device {
+            self.snapshot_kv_gone(id);
+        }
         let t = tier.index();
         self.lru_remove(id, tier);
         let n = self.node_mut(id);
@@ -60,8 +64,9 @@ impl RadixCore {
                 break;
             }
             let parent = n.parent.expect("non-root node has a parent");
-            // Its states go before it does, so the family never names a removed node.
+            // Its states go before it does, so the families never name a removed node.
             self.with_states(|states, tree| states.on_node_removed(tree, id));
+            self.snapshot_node_removed(id);
             self.remove_child(parent, id);
             self.nodes.remove(id.idx as usize);
             self.gens[id.idx as usize] = self.gens[id.idx as usize].wrapping_add(1);

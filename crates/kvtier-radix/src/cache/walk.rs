@@ -196,7 +196,7 @@ impl RadixCore {
     /// Splits `id` after its first `k` pages; returns the new prefix node, which takes
     /// the first `k` pages of every tier and the same lock counts (every lock covering
     /// the suffix also covers the prefix). The suffix keeps its identity.
-    fn split(&mut self, id: NodeId, k: usize) -> NodeId {
+    pub(super) fn split(&mut self, id: NodeId, k: usize) -> NodeId {
         let ps = self.page_size;
         let (parent, start, prefix_tokens, last_access) = {
             let n = self.node_mut(id);

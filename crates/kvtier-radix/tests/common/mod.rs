@@ -34,6 +34,7 @@ pub fn new_cache(page_size: u32, device_pages: u32, host_pages: u32) -> RadixCor
         page_hashes: false,
         policy: Default::default(),
         mamba: None,
+        paged: None,
     })
 }
 
@@ -47,6 +48,7 @@ pub fn new_cache_with_events(page_size: u32, device_pages: u32, host_pages: u32)
         page_hashes: false,
         policy: Default::default(),
         mamba: None,
+        paged: None,
     })
 }
 

@@ -1,0 +1,101 @@
+//! The paged-cache family hosted on the tree (window and compressed-state models): the
+//! radix cache owns the family's group pools and the snapshots on its nodes, tells it
+//! when a node's device KV goes or a node is removed (a snapshot is reusable only with
+//! the KV of its prefix), and splits nodes where its commits ask.
+//!
+//! A split keeps the node, and so its snapshot, on the suffix: a snapshot never moves
+//! off its depth, and the family's commits never cut a snapshot node.
+
+use kvtier_paged::{PagedFamily, SnapshotTree};
+
+use super::RadixCore;
+use crate::NodeId;
+
+impl SnapshotTree for RadixCore {
+    type Node = NodeId;
+
+    fn root(&self) -> NodeId {
+        self.root
+    }
+
+    fn parent(&self, node: NodeId) -> Option<NodeId> {
+        self.node(node).parent
+    }
+
+    fn depth(&self, node: NodeId) -> u32 {
+        self.depth_pages(node) * self.page_size as u32
+    }
+
+    fn device_refs(&self, node: NodeId) -> u32 {
+        let d = &self.node(node).tiers[0];
+        if d.present() { d.refs } else { 0 }
+    }
+
+    fn age(&self, node: NodeId) -> (u64, u64) {
+        let n = self.node(node);
+        (n.last_access, n.seq)
+    }
+
+    fn split_at(&mut self, below: NodeId, depth: u32) -> Option<NodeId> {
+        let ps = self.page_size as u32;
+        if depth == 0 || !depth.is_multiple_of(ps) || !self.is_live(below) {
+            return None;
+        }
+        let page = depth / ps;
+        if page > self.depth_pages(below) {
+            return None;
+        }
+        // The node whose label spans `page` on the path to `below`.
+        let mut node = below;
+        while let Some(parent) = self.node(node).parent {
+            if self.depth_pages(parent) < page {
+                break;
+            }
+            node = parent;
+        }
+        if self.depth_pages(node) == page {
+            return Some(node);
+        }
+        let k = page - self.node(node).start_page;
+        Some(self.split(node, k as usize))
+    }
+}
+
+impl RadixCore {
+    /// Whether the tree hosts a paged-cache family.
+    pub fn has_snapshots(&self) -> bool {
+        self.paged.is_some()
+    }
+
+    /// The paged-cache family, read-only.
+    pub fn snapshots(&self) -> Option<&PagedFamily<NodeId>> {
+        self.paged.as_ref()
+    }
+
+    /// Runs `f` on the paged-cache family with the tree to read and split; `None`
+    /// without a family.
+    pub fn with_snapshots<R>(
+        &mut self,
+        f: impl FnOnce(&mut PagedFamily<NodeId>, &mut RadixCore) -> R,
+    ) -> Option<R> {
+        let mut family = self.paged.take()?;
+        let result = f(&mut family, self);
+        self.paged = Some(family);
+        Some(result)
+    }
+
+    /// The node's device KV left it: its snapshot goes too.
+    pub(super) fn snapshot_kv_gone(&mut self, id: NodeId) {
+        if let Some(family) = self.paged.as_mut() {
+            family.on_kv_evicted(id);
+        }
+    }
+
+    /// The node is about to be removed: its snapshot goes first, so the family never
+    /// names a removed node.
+    pub(super) fn snapshot_node_removed(&mut self, id: NodeId) {
+        if let Some(family) = self.paged.as_mut() {
+            family.on_node_removed(id);
+        }
+    }
+}
