@@ -183,3 +183,16 @@ fn state_checkpoint_moves_only_the_owned_delta() {
     assert_eq!(pool.available(), before + 16);
     assert_eq!(other.committed(), 64);
 }
+
+/// A request's tables are RAII: dropping them anywhere (an abort, a lost request)
+/// returns its own pages, never the snapshots' borrowed ones.
+#[test]
+fn dropped_tables_return_their_own_pages() {
+    let g = GroupSpec::sliding("swa", 2, 1, 16, 4, Role::History);
+    let mut pool = GroupPool::new(&g);
+    let mut t = PageTable::new();
+    t.acquire(&g, &mut pool, 10).unwrap();
+    assert_eq!(pool.available(), 10);
+    drop(t);
+    assert_eq!(pool.available(), 15);
+}
