@@ -1,6 +1,6 @@
 //! One derivation per architecture.
 
-use kvtier_paged::{CacheShape, GroupSpec, Role};
+use kvtier_paged::{CacheShape, GroupRole, GroupSpec};
 use serde_json::Value;
 
 use crate::json::{Fields, dtype_size};
@@ -186,7 +186,7 @@ fn deepseek_v4(f: &Fields<'_>, spec: &mut ModelSpec) -> Result<(), ModelError> {
         1,
         0,
         window,
-        Role::State,
+        GroupRole::State,
     )];
     if ratios.contains(&4) {
         groups.push(GroupSpec::sliding(
@@ -195,7 +195,7 @@ fn deepseek_v4(f: &Fields<'_>, spec: &mut ModelSpec) -> Result<(), ModelError> {
             1,
             0,
             C4_WINDOW,
-            Role::State,
+            GroupRole::State,
         ));
         groups.push(GroupSpec::full_history(
             "v4.c4a.compressed_kv",
@@ -209,7 +209,7 @@ fn deepseek_v4(f: &Fields<'_>, spec: &mut ModelSpec) -> Result<(), ModelError> {
             1,
             0,
             C4_WINDOW,
-            Role::State,
+            GroupRole::State,
         ));
     }
     if ratios.contains(&128) {
@@ -219,7 +219,7 @@ fn deepseek_v4(f: &Fields<'_>, spec: &mut ModelSpec) -> Result<(), ModelError> {
             1,
             0,
             128,
-            Role::State,
+            GroupRole::State,
         ));
         groups.push(GroupSpec::full_history(
             "v4.c128a.compressed_kv",
@@ -238,7 +238,7 @@ fn deepseek_v4(f: &Fields<'_>, spec: &mut ModelSpec) -> Result<(), ModelError> {
     required.extend(
         groups
             .iter()
-            .filter(|g| g.role == Role::State)
+            .filter(|g| g.role == GroupRole::State)
             .map(|g| g.id.clone()),
     );
     spec.page_size = Some(V4_PAGE);

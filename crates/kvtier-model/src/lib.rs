@@ -166,7 +166,7 @@ impl ModelSpec {
                 1,
                 0,
                 w.window,
-                kvtier_paged::Role::History,
+                kvtier_paged::GroupRole::History,
             ));
         }
         for g in &mut groups {

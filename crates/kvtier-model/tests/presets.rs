@@ -2,7 +2,7 @@
 //! right families, and bad configs get errors that name the field.
 
 use kvtier_model::{ModelError, ModelSpec, PRESETS, WINDOW_GROUP};
-use kvtier_paged::{CacheShape, MidflightGate, PoolBudget, Role};
+use kvtier_paged::{CacheShape, GroupRole, MidflightGate, PoolBudget};
 
 fn spec(json: &str) -> Result<ModelSpec, ModelError> {
     ModelSpec::from_config_json("test", json)
@@ -129,7 +129,7 @@ fn deepseek_v4_builds_the_reference_groups() {
             "v4.swa_kv",
         ]
     );
-    let geometry: Vec<(u32, u32, Option<u32>, Role)> = s
+    let geometry: Vec<(u32, u32, Option<u32>, GroupRole)> = s
         .group_templates
         .iter()
         .map(|g| (g.rows_per_page, g.entry_stride_tokens, g.window(), g.role))
@@ -137,12 +137,12 @@ fn deepseek_v4_builds_the_reference_groups() {
     assert_eq!(
         geometry,
         [
-            (2, 128, None, Role::History),
-            (8, 1, Some(128), Role::State),
-            (64, 4, None, Role::History),
-            (4, 1, Some(8), Role::State),
-            (4, 1, Some(8), Role::State),
-            (64, 1, Some(128), Role::State),
+            (2, 128, None, GroupRole::History),
+            (8, 1, Some(128), GroupRole::State),
+            (64, 4, None, GroupRole::History),
+            (4, 1, Some(8), GroupRole::State),
+            (4, 1, Some(8), GroupRole::State),
+            (64, 1, Some(128), GroupRole::State),
         ]
     );
     assert_eq!(

@@ -1,7 +1,7 @@
 //! The prefix-cache adjunct: which groups a reusable prefix needs, where snapshots sit
 //! (multiples of the alignment `A`), and what a snapshot holds (spec §2.3, §2.4).
 
-use crate::{GroupSpec, PagedError, Role, Segment};
+use crate::{GroupRole, GroupSpec, PagedError, Segment};
 
 /// The family's groups with the adjunct's choices.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,7 +58,8 @@ impl Adjunct {
     /// per page).
     pub fn new(mut groups: Vec<GroupSpec>, required: &[&str]) -> Result<Self, PagedError> {
         for g in &groups {
-            g.validate()?;
+            g.validate()
+                .map_err(|e| PagedError::Config(e.to_string()))?;
         }
         groups.sort_by(|a, b| a.id.cmp(&b.id));
         if let Some(w) = groups.windows(2).find(|w| w[0].id == w[1].id) {
@@ -83,7 +84,7 @@ impl Adjunct {
         let history: Vec<usize> = required_idx
             .iter()
             .copied()
-            .filter(|&i| groups[i].role == Role::History)
+            .filter(|&i| groups[i].role == GroupRole::History)
             .collect();
         if history.is_empty() {
             return Err(PagedError::Config(
@@ -108,7 +109,7 @@ impl Adjunct {
             }
         }
         let continuation = (0..groups.len())
-            .filter(|&i| groups[i].role == Role::State)
+            .filter(|&i| groups[i].role == GroupRole::State)
             .collect();
         Ok(Self {
             groups,
@@ -161,7 +162,7 @@ impl Adjunct {
         self.required
             .iter()
             .copied()
-            .filter(|&i| self.groups[i].role == Role::State)
+            .filter(|&i| self.groups[i].role == GroupRole::State)
     }
 
     /// Required history groups.
@@ -169,7 +170,7 @@ impl Adjunct {
         self.required
             .iter()
             .copied()
-            .filter(|&i| self.groups[i].role == Role::History)
+            .filter(|&i| self.groups[i].role == GroupRole::History)
     }
 
     /// The widest window of a required state group (0 without any).
@@ -215,10 +216,17 @@ mod tests {
     fn v4(required: &[&str]) -> Result<Adjunct, PagedError> {
         Adjunct::new(
             vec![
-                GroupSpec::sliding("v4.swa_kv", 64, 1, 113, 128, Role::State),
-                GroupSpec::sliding("v4.c4a.compressor_state", 4, 1, 1073, 8, Role::State),
+                GroupSpec::sliding("v4.swa_kv", 64, 1, 113, 128, GroupRole::State),
+                GroupSpec::sliding("v4.c4a.compressor_state", 4, 1, 1073, 8, GroupRole::State),
                 GroupSpec::full_history("v4.c4a.compressed_kv", 64, 4, 177),
-                GroupSpec::sliding("v4.c128a.compressor_state", 8, 1, 785, 128, Role::State),
+                GroupSpec::sliding(
+                    "v4.c128a.compressor_state",
+                    8,
+                    1,
+                    785,
+                    128,
+                    GroupRole::State,
+                ),
                 GroupSpec::full_history("v4.c128a.compressed_kv", 2, 128, 177),
                 GroupSpec::sliding(
                     "v4.c4a.indexer_compressor_state",
@@ -226,7 +234,7 @@ mod tests {
                     1,
                     1073,
                     8,
-                    Role::State,
+                    GroupRole::State,
                 ),
             ],
             required,
@@ -263,7 +271,7 @@ mod tests {
         let misaligned = Adjunct::new(
             vec![
                 GroupSpec::full_history("h", 4, 1, 8),
-                GroupSpec::sliding("s", 3, 1, 8, 6, Role::State),
+                GroupSpec::sliding("s", 3, 1, 8, 6, GroupRole::State),
             ],
             &["h", "s"],
         )

@@ -1,7 +1,7 @@
 //! Admission credit (spec §2.6): whether a group can take an op's pages, counting the
 //! pages the op itself will free, without touching any table or pool.
 
-use crate::{GroupSpec, PageTable, Role};
+use crate::{GroupRole, GroupSpec, PageTable};
 
 /// What admission reads of a request's table in one group: the table it has, or the
 /// view a prefix hit would give a fresh one.
@@ -103,7 +103,7 @@ pub fn group_need(
         }
         let releasable = first_needed.saturating_sub(view.base).min(view.size());
         releasable_owned = releasable.saturating_sub(view.borrowed).min(view.owned);
-        if let (Some(alignment), Role::State) = (due_alignment, group.role)
+        if let (Some(alignment), GroupRole::State) = (due_alignment, group.role)
             && view.committed + alignment <= view.cursor
         {
             let live_from = (view.committed + alignment).saturating_sub(window) / tpp;

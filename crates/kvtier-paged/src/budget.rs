@@ -47,7 +47,7 @@ impl PoolBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Role;
+    use crate::GroupRole;
 
     /// The pool sizes of HYBRID-WORKLOADS.md H2 (`h2-main` and `h2-roomy`).
     #[test]
@@ -65,12 +65,12 @@ mod tests {
         };
         let cases = [
             (
-                GroupSpec::sliding("v4.swa_kv", 64, 1, 0, 128, Role::State),
+                GroupSpec::sliding("v4.swa_kv", 64, 1, 0, 128, GroupRole::State),
                 113,
                 1137,
             ),
             (
-                GroupSpec::sliding("v4.c4a.compressor_state", 4, 1, 0, 8, Role::State),
+                GroupSpec::sliding("v4.c4a.compressor_state", 4, 1, 0, 8, GroupRole::State),
                 1073,
                 2097,
             ),
@@ -80,7 +80,7 @@ mod tests {
                 177,
             ),
             (
-                GroupSpec::sliding("v4.c128a.compressor_state", 8, 1, 0, 128, Role::State),
+                GroupSpec::sliding("v4.c128a.compressor_state", 8, 1, 0, 128, GroupRole::State),
                 785,
                 1809,
             ),

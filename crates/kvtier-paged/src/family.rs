@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 
 use crate::{
-    Adjunct, AdmitView, GroupNeed, GroupPool, PageTable, PagedError, PagedHit, Role, Snapshot,
+    Adjunct, AdmitView, GroupNeed, GroupPool, GroupRole, PageTable, PagedError, PagedHit, Snapshot,
     cap_match, group_need,
 };
 
@@ -258,7 +258,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
                         }),
                     (true, None) => AdmitView::default(),
                 };
-                let due = (g.role == Role::State && self.adjunct.is_required(i)).then_some(a);
+                let due = (g.role == GroupRole::State && self.adjunct.is_required(i)).then_some(a);
                 group_need(g, view, first_pos, target, due)
             })
             .collect()
@@ -316,11 +316,11 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
     /// that no prune can help).
     fn starved(&self, failed: &[usize]) -> Option<Starved> {
         let history = failed.iter().any(|&i| {
-            self.adjunct.is_required(i) && self.adjunct.groups()[i].role == Role::History
+            self.adjunct.is_required(i) && self.adjunct.groups()[i].role == GroupRole::History
         });
         let state = failed
             .iter()
-            .any(|&i| self.adjunct.groups()[i].role == Role::State);
+            .any(|&i| self.adjunct.groups()[i].role == GroupRole::State);
         match (history, state) {
             (true, _) => Some(Starved::History),
             (false, true) => Some(Starved::State),
@@ -490,8 +490,8 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
             let g = &self.adjunct.groups()[i];
             let t = &mut tables.tables[i];
             match g.role {
-                Role::History => t.adopt_history(g, &mut self.pools[i], &seg.pages, target)?,
-                Role::State => {
+                GroupRole::History => t.adopt_history(g, &mut self.pools[i], &seg.pages, target)?,
+                GroupRole::State => {
                     t.adopt_state(g, &mut self.pools[i], &seg.pages, seg.base, target)?
                 }
             }
@@ -511,8 +511,8 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
             let g = &self.adjunct.groups()[i];
             let t = &mut tables.tables[i];
             let segment = match g.role {
-                Role::History => t.commit_history(g, &mut self.pools[i], target)?,
-                Role::State => {
+                GroupRole::History => t.commit_history(g, &mut self.pools[i], target)?,
+                GroupRole::State => {
                     t.checkpoint_state(g, &mut self.pools[i], target)?
                         .map(|(s, stale)| {
                             self.stats.checkpoint_stale_owned += u64::from(stale);

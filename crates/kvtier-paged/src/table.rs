@@ -10,7 +10,7 @@
 use kvtier_host::OwnedPages;
 use kvtier_types::PageId;
 
-use crate::{GroupPool, GroupSpec, PagedError, Role};
+use crate::{GroupPool, GroupRole, GroupSpec, PagedError};
 
 /// The pages a snapshot owns in one group: logical pages `base ..` of a prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -257,7 +257,7 @@ impl PageTable {
                 ),
             ));
         }
-        if group.role == Role::History {
+        if group.role == GroupRole::History {
             let from = self.committed / tpp;
             let need = (target - self.committed) / tpp;
             if self.owned_base() != from || (self.owned.len() as u32) < need {

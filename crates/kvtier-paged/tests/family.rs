@@ -4,7 +4,7 @@
 
 mod support;
 
-use kvtier_paged::{Adjunct, GroupSpec, PagedError, PagedFamily, Role, SnapshotTree, Starved};
+use kvtier_paged::{Adjunct, GroupRole, GroupSpec, PagedError, PagedFamily, SnapshotTree, Starved};
 use support::{LARGE, SMALL, TestTree, WIDE, complete_snapshot, downgrade_to_history_only};
 
 // ---- test_paged_cache_prefix_match.cpp ----
@@ -187,8 +187,8 @@ fn terminal_family() -> PagedFamily<usize> {
     let adjunct = Adjunct::new(
         vec![
             GroupSpec::full_history("history", 64, 1, 64),
-            GroupSpec::sliding("required_state", 4, 1, 128, 8, Role::State),
-            GroupSpec::sliding("window_state", 64, 1, 6, 128, Role::State),
+            GroupSpec::sliding("required_state", 4, 1, 128, 8, GroupRole::State),
+            GroupSpec::sliding("window_state", 64, 1, 6, 128, GroupRole::State),
         ],
         &["history", "required_state"],
     )
@@ -322,7 +322,7 @@ fn existing_transport_state_group_uses_sliding_window_credit() {
     let adjunct = Adjunct::new(
         vec![
             GroupSpec::full_history("fh", 8, 4, 32),
-            GroupSpec::sliding("swa", 4, 1, 10, 16, Role::State),
+            GroupSpec::sliding("swa", 4, 1, 10, 16, GroupRole::State),
         ],
         &["fh"],
     )
@@ -382,7 +382,7 @@ fn terminal_commit_detaches_superseded_state_windows() {
         let adjunct = Adjunct::new(
             vec![
                 GroupSpec::full_history("history", 64, 1, 64),
-                GroupSpec::sliding("window_state", 64, 1, 16, 128, Role::State),
+                GroupSpec::sliding("window_state", 64, 1, 16, 128, GroupRole::State),
             ],
             &["history"],
         )

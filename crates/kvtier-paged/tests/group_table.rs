@@ -1,14 +1,14 @@
 //! The reference's `python/tests/test_paged_cache_group.py`, ported, with the page ids
 //! its pools hand out (LIFO, the largest id first on a fresh pool).
 
-use kvtier_paged::{GroupPool, GroupSpec, PageTable, PagedError, Role};
+use kvtier_paged::{GroupPool, GroupRole, GroupSpec, PageTable, PagedError};
 
 fn full(total: u32) -> GroupSpec {
     GroupSpec::full_history("full", 64, 4, total)
 }
 
 fn sliding(id: &str, total: u32) -> GroupSpec {
-    GroupSpec::sliding(id, 2, 1, total, 4, Role::History)
+    GroupSpec::sliding(id, 2, 1, total, 4, GroupRole::History)
 }
 
 #[test]
@@ -77,7 +77,7 @@ fn stride_group_allocates_partial_entry_and_boundary_page() {
 /// bound releases pages the chunk's first tokens still attend.
 #[test]
 fn chunked_prefill_release_lower_bound_uses_first_pos_not_target() {
-    let g = GroupSpec::sliding("swa", 2, 1, 16, 4, Role::History);
+    let g = GroupSpec::sliding("swa", 2, 1, 16, 4, GroupRole::History);
     let mut pool = GroupPool::new(&g);
     let mut t = PageTable::new();
     t.acquire(&g, &mut pool, 10).unwrap();
@@ -158,7 +158,7 @@ fn commits_refuse_what_the_table_cannot_back() {
 /// its own pages; a second request adopts the canonical segment.
 #[test]
 fn state_checkpoint_moves_only_the_owned_delta() {
-    let g = GroupSpec::sliding("st", 4, 1, 128, 8, Role::State);
+    let g = GroupSpec::sliding("st", 4, 1, 128, 8, GroupRole::State);
     let mut pool = GroupPool::new(&g);
     let mut t = PageTable::new();
     t.acquire(&g, &mut pool, 64).unwrap();
@@ -188,7 +188,7 @@ fn state_checkpoint_moves_only_the_owned_delta() {
 /// returns its own pages, never the snapshots' borrowed ones.
 #[test]
 fn dropped_tables_return_their_own_pages() {
-    let g = GroupSpec::sliding("swa", 2, 1, 16, 4, Role::History);
+    let g = GroupSpec::sliding("swa", 2, 1, 16, 4, GroupRole::History);
     let mut pool = GroupPool::new(&g);
     let mut t = PageTable::new();
     t.acquire(&g, &mut pool, 10).unwrap();

@@ -2,7 +2,7 @@
 //! releases what its first token no longer attends before it acquires, so a table never
 //! holds more than the window's pages plus one, and nothing fails or leaks.
 
-use kvtier_paged::{Adjunct, GroupSpec, PagedFamily, Role};
+use kvtier_paged::{Adjunct, GroupRole, GroupSpec, PagedFamily};
 
 /// Pages a sliding table holds at most in decode: `ceil(x / tpp) − floor((x − W) / tpp)`
 /// over token counts `x`, which peaks at `ceil(W / tpp) + 1` when `tpp` does not divide
@@ -56,7 +56,7 @@ fn a_window_layer_group_stays_flat_over_a_long_decode() {
     decode(
         vec![
             GroupSpec::full_history("kv", 16, 1, 400),
-            GroupSpec::sliding("swa.kv", 16, 1, 40, 128, Role::History),
+            GroupSpec::sliding("swa.kv", 16, 1, 40, 128, GroupRole::History),
         ],
         &["kv"],
         1000,
@@ -70,12 +70,19 @@ fn a_window_layer_group_stays_flat_over_a_long_decode() {
 fn deepseek_v4_state_groups_stay_flat_over_a_long_decode() {
     decode(
         vec![
-            GroupSpec::sliding("v4.swa_kv", 64, 1, 16, 128, Role::State),
-            GroupSpec::sliding("v4.c4a.compressor_state", 4, 1, 80, 8, Role::State),
+            GroupSpec::sliding("v4.swa_kv", 64, 1, 16, 128, GroupRole::State),
+            GroupSpec::sliding("v4.c4a.compressor_state", 4, 1, 80, 8, GroupRole::State),
             GroupSpec::full_history("v4.c4a.compressed_kv", 64, 4, 32),
-            GroupSpec::sliding("v4.c128a.compressor_state", 8, 1, 64, 128, Role::State),
+            GroupSpec::sliding("v4.c128a.compressor_state", 8, 1, 64, 128, GroupRole::State),
             GroupSpec::full_history("v4.c128a.compressed_kv", 2, 128, 32),
-            GroupSpec::sliding("v4.c4a.indexer_compressor_state", 4, 1, 80, 8, Role::State),
+            GroupSpec::sliding(
+                "v4.c4a.indexer_compressor_state",
+                4,
+                1,
+                80,
+                8,
+                GroupRole::State,
+            ),
         ],
         &["v4.c4a.compressed_kv", "v4.c128a.compressed_kv"],
         1000,

@@ -5,7 +5,9 @@
 
 mod support;
 
-use kvtier_paged::{Adjunct, GroupSpec, PagedFamily, RequestTables, Role, SnapshotTree, Starved};
+use kvtier_paged::{
+    Adjunct, GroupRole, GroupSpec, PagedFamily, RequestTables, SnapshotTree, Starved,
+};
 use proptest::prelude::*;
 use support::TestTree;
 
@@ -41,14 +43,14 @@ fn family_strategy() -> impl Strategy<Value = (Vec<GroupSpec>, Vec<String>)> {
                     1,
                     pages * 2,
                     rows * windows,
-                    Role::State,
+                    GroupRole::State,
                 ));
                 if req {
                     required.push(id);
                 }
             }
             if sliding_history {
-                groups.push(GroupSpec::sliding("w", 2, 1, pages, 6, Role::History));
+                groups.push(GroupSpec::sliding("w", 2, 1, pages, 6, GroupRole::History));
             }
             (groups, required)
         })

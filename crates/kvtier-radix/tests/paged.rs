@@ -4,7 +4,7 @@
 mod common;
 
 use common::{insert_fresh, make_aligned_tokens};
-use kvtier_paged::{Adjunct, GroupSpec, PagedFamily, Role, SnapshotTree};
+use kvtier_paged::{Adjunct, GroupRole, GroupSpec, PagedFamily, SnapshotTree};
 use kvtier_radix::{CacheConfig, NodeId, RadixCore};
 use kvtier_types::{Policy, Tier, Token};
 
@@ -34,7 +34,7 @@ fn small() -> RadixCore {
     let adjunct = Adjunct::new(
         vec![
             GroupSpec::full_history("fh", 4, 1, 16),
-            GroupSpec::sliding("swa", 2, 1, 16, 8, Role::State),
+            GroupSpec::sliding("swa", 2, 1, 16, 8, GroupRole::State),
         ],
         &["fh", "swa"],
     )
@@ -83,8 +83,8 @@ fn exact_terminal_hit_on_the_radix_tree() {
     let adjunct = Adjunct::new(
         vec![
             GroupSpec::full_history("history", 64, 1, 64),
-            GroupSpec::sliding("required_state", 4, 1, 128, 8, Role::State),
-            GroupSpec::sliding("window_state", 64, 1, 6, 128, Role::State),
+            GroupSpec::sliding("required_state", 4, 1, 128, 8, GroupRole::State),
+            GroupSpec::sliding("window_state", 64, 1, 6, 128, GroupRole::State),
         ],
         &["history", "required_state"],
     )

@@ -102,7 +102,7 @@ impl HybridVariant {
             max_scheduled_tokens: 2048,
             max_batch_size: 16,
             mamba: states(64, 256),
-            ..base
+            ..base.clone()
         };
         match self {
             HybridVariant::H1Main => h1,

@@ -64,6 +64,18 @@ impl Default for MambaSettings {
     }
 }
 
+/// The paged-cache side of a window or compressed-state model (spec/hybrid-l3.md §2):
+/// its page groups and the groups a reusable prefix needs.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct PagedSettings {
+    /// The groups (any order; the family keeps them in id byte order).
+    pub groups: Vec<crate::GroupSpec>,
+    /// The groups a prefix needs to be reused (the prefix-cache adjunct), the first one
+    /// leading commits; empty: the groups are transport-only (tables but no snapshots,
+    /// so no prefix reuse at all).
+    pub required: Vec<String>,
+}
+
 /// Everything the scheduler core needs to know about its pools and policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SchedulerConfig {
@@ -116,6 +128,9 @@ pub struct SchedulerConfig {
     /// published when each chunk is committed (its next row is admitted) and at each
     /// decode page crossing, whatever `publish_prefix_mid_flight` says.
     pub mamba: Option<MambaSettings>,
+    /// Window and compressed-state models: the paged-cache family's groups
+    /// ([`PagedSettings`]).
+    pub paged: Option<PagedSettings>,
 }
 
 impl Default for SchedulerConfig {
@@ -139,6 +154,7 @@ impl Default for SchedulerConfig {
             slow_step_threshold: Some(std::time::Duration::from_millis(1)),
             policy: Policy::Default,
             mamba: None,
+            paged: None,
         }
     }
 }
@@ -230,6 +246,34 @@ impl SchedulerConfig {
                 return Err(invalid(
                     "mamba.host_slots",
                     "host state copies need the L2 cache (disable_l2_cache is set)",
+                ));
+            }
+        }
+        if let Some(p) = &self.paged {
+            if p.groups.is_empty() {
+                return Err(invalid(
+                    "paged.groups",
+                    "are empty: name at least one group",
+                ));
+            }
+            for g in &p.groups {
+                g.validate()?;
+            }
+            let mut ids: Vec<&str> = p.groups.iter().map(|g| g.id.as_str()).collect();
+            ids.sort_unstable();
+            if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+                return Err(invalid("paged.groups", format!("name `{}` twice", w[0])));
+            }
+            if let Some(r) = p.required.iter().find(|r| !ids.contains(&r.as_str())) {
+                return Err(invalid(
+                    "paged.required",
+                    format!("names unknown group `{r}`"),
+                ));
+            }
+            if self.mamba.is_some() {
+                return Err(invalid(
+                    "paged",
+                    "a model with both a Mamba family and paged groups is not served yet",
                 ));
             }
         }

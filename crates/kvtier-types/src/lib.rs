@@ -14,14 +14,16 @@ mod error;
 mod event;
 pub mod hash;
 mod ids;
+mod paged;
 mod plan;
 mod request;
 
 pub use actor::{ActorCore, ActorName, Placement};
-pub use config::{MambaSettings, Policy, Role, SchedulerConfig};
+pub use config::{MambaSettings, PagedSettings, Policy, Role, SchedulerConfig};
 pub use error::TypesError;
 pub use event::{EngineEvent, KvEvent};
 pub use ids::{OpId, PageId, RequestId, SlotId, Tier, Token};
+pub use paged::{GroupKind, GroupRole, GroupSpec, Retention};
 pub use plan::{
     AbortNotice, AbortReason, BackupOp, ExecutionPlan, ForwardBatch, ForwardRow, LoadBackOp,
     MambaRow, PrefetchOp, RowKind, StateObject, TransferKind, TransferPair, WriteBackOp,

@@ -5,7 +5,8 @@
 #![allow(dead_code)]
 
 use kvtier_paged::{
-    Adjunct, GroupPool, GroupSpec, PageTable, PagedFamily, Role, Segment, Snapshot, SnapshotTree,
+    Adjunct, GroupPool, GroupRole, GroupSpec, PageTable, PagedFamily, Segment, Snapshot,
+    SnapshotTree,
 };
 
 #[derive(Debug, Clone)]
@@ -162,7 +163,7 @@ impl Fixture {
                 1,
                 self.group_pages,
                 self.window,
-                Role::State,
+                GroupRole::State,
             ),
         ]
     }
@@ -186,11 +187,11 @@ pub fn complete_snapshot(family: &mut PagedFamily<usize>, len: u32, swa_base: u3
         let mut t = PageTable::new();
         t.acquire(g, pool, a).expect("fixture pages");
         let segment = match g.role {
-            Role::History => t
+            GroupRole::History => t
                 .commit_history(g, pool, a)
                 .expect("commit")
                 .expect("segment"),
-            Role::State => {
+            GroupRole::State => {
                 let (seg, _) = t
                     .checkpoint_state(g, pool, a)
                     .expect("checkpoint")

@@ -1,7 +1,9 @@
-//! Page groups: what a group keeps of a request's history and how its pages map to
-//! token positions (spec/hybrid-l3.md §2.1).
+//! Page groups of window and compressed-state models: what a group keeps of a
+//! request's history and how its pages map to token positions (spec/hybrid-l3.md
+//! §2.1). The family that serves them is `kvtier-paged`; the vocabulary lives here so
+//! that the scheduler's configuration can name groups.
 
-use crate::PagedError;
+use crate::TypesError;
 
 /// What a group keeps of a request's history.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -19,7 +21,7 @@ pub enum Retention {
 /// Whether a group holds history (what a prefix is made of) or state (what resumes
 /// computation at a depth: only its trailing window there matters).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Role {
+pub enum GroupRole {
     /// KV-like history pages.
     #[default]
     History,
@@ -53,7 +55,7 @@ pub struct GroupSpec {
     /// What the group keeps.
     pub retention: Retention,
     /// History or state.
-    pub role: Role,
+    pub role: GroupRole,
 }
 
 impl GroupSpec {
@@ -65,7 +67,7 @@ impl GroupSpec {
             entry_stride_tokens: stride,
             total_pages,
             retention: Retention::FullHistory,
-            role: Role::History,
+            role: GroupRole::History,
         }
     }
 
@@ -76,7 +78,7 @@ impl GroupSpec {
         stride: u32,
         total_pages: u32,
         window: u32,
-        role: Role,
+        role: GroupRole,
     ) -> Self {
         Self {
             id: id.to_owned(),
@@ -90,15 +92,18 @@ impl GroupSpec {
 
     /// Checks the fields: positive geometry, a pool with the dummy page, a positive
     /// window for sliding groups, state groups sliding.
-    pub fn validate(&self) -> Result<(), PagedError> {
+    pub fn validate(&self) -> Result<(), TypesError> {
         let bad = |problem: &str| {
-            Err(PagedError::Config(format!(
-                "group `{}`: {problem}",
-                self.id
-            )))
+            Err(TypesError::InvalidConfig {
+                field: "paged.groups",
+                problem: format!("group `{}`: {problem}", self.id),
+            })
         };
         if self.id.is_empty() {
-            return Err(PagedError::Config("a group needs a non-empty id".into()));
+            return Err(TypesError::InvalidConfig {
+                field: "paged.groups",
+                problem: "a group needs a non-empty id".into(),
+            });
         }
         if self.rows_per_page == 0 {
             return bad("rows_per_page must be positive");
@@ -120,7 +125,7 @@ impl GroupSpec {
             (Retention::SlidingWindow { window: 0 }, _) => {
                 bad("a sliding-window group needs a positive window")
             }
-            (Retention::FullHistory, Role::State) => {
+            (Retention::FullHistory, GroupRole::State) => {
                 bad("a state group must slide (only its trailing window matters)")
             }
             _ => Ok(()),
@@ -156,8 +161,8 @@ impl GroupSpec {
     pub fn kind(&self) -> GroupKind {
         match (self.retention, self.role) {
             (Retention::FullHistory, _) => GroupKind::FullHistory,
-            (Retention::SlidingWindow { .. }, Role::History) => GroupKind::SlidingHistory,
-            (Retention::SlidingWindow { .. }, Role::State) => GroupKind::State,
+            (Retention::SlidingWindow { .. }, GroupRole::History) => GroupKind::SlidingHistory,
+            (Retention::SlidingWindow { .. }, GroupRole::State) => GroupKind::State,
         }
     }
 
@@ -196,9 +201,9 @@ mod tests {
             GroupSpec::full_history("a", 0, 1, 4),
             GroupSpec::full_history("a", 1, 0, 4),
             GroupSpec::full_history("a", 1, 1, 0),
-            GroupSpec::sliding("a", 1, 1, 4, 0, Role::History),
+            GroupSpec::sliding("a", 1, 1, 4, 0, GroupRole::History),
             GroupSpec {
-                role: Role::State,
+                role: GroupRole::State,
                 ..GroupSpec::full_history("a", 1, 1, 4)
             },
         ];
@@ -211,7 +216,7 @@ mod tests {
 
     #[test]
     fn release_bound_uses_the_first_position() {
-        let g = GroupSpec::sliding("swa", 1, 1, 16, 4, Role::History);
+        let g = GroupSpec::sliding("swa", 1, 1, 16, 4, GroupRole::History);
         // Token 7 attends 4..=7: pages 0..4 can go.
         assert_eq!(g.first_needed_page(7), 4);
         assert_eq!(g.first_needed_page(2), 0);
