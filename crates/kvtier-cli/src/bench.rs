@@ -18,7 +18,7 @@ use crate::{BenchArgs, report};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BenchWorkload {
     Scheduler(WorkloadKind),
-    /// A hybrid workload (HYBRID-WORKLOADS.md): H1 or H3.
+    /// A hybrid workload (HYBRID-WORKLOADS.md): H1, H2 or H3.
     Hybrid(HybridFamily),
     Copy,
     L3,
@@ -28,7 +28,27 @@ pub enum BenchWorkload {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HybridFamily {
     H1,
+    H2,
     H3,
+}
+
+impl HybridFamily {
+    /// Its main variant, and whether `v` is one of its variants.
+    fn main_variant(self) -> HybridVariant {
+        match self {
+            HybridFamily::H1 => HybridVariant::H1Main,
+            HybridFamily::H2 => HybridVariant::H2Main,
+            HybridFamily::H3 => HybridVariant::H3Main,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            HybridFamily::H1 => "h1",
+            HybridFamily::H2 => "h2",
+            HybridFamily::H3 => "h3",
+        }
+    }
 }
 
 impl ValueEnum for BenchWorkload {
@@ -40,6 +60,7 @@ impl ValueEnum for BenchWorkload {
             workloads
                 .chain([
                     BenchWorkload::Hybrid(HybridFamily::H1),
+                    BenchWorkload::Hybrid(HybridFamily::H2),
                     BenchWorkload::Hybrid(HybridFamily::H3),
                     BenchWorkload::Copy,
                     BenchWorkload::L3,
@@ -57,6 +78,10 @@ impl ValueEnum for BenchWorkload {
                     "Mamba hybrid, multi-turn over shared system prompts (HYBRID-WORKLOADS.md)",
                 ))
             }
+            BenchWorkload::Hybrid(HybridFamily::H2) => Some(
+                PossibleValue::new("h2")
+                    .help("DeepSeek-V4 paged-cache groups, multi-turn over shared documents"),
+            ),
             BenchWorkload::Hybrid(HybridFamily::H3) => {
                 Some(PossibleValue::new("h3").help("Mamba hybrid under state-slot exhaustion"))
             }
@@ -78,7 +103,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bail!("--l3 applies to `bench l3`");
     }
     if args.variant.is_some() && !matches!(args.workload, BenchWorkload::Hybrid(_)) {
-        bail!("--variant applies to the hybrid workloads h1 and h3");
+        bail!("--variant applies to the hybrid workloads h1, h2 and h3");
     }
     let kind = match args.workload {
         BenchWorkload::Scheduler(kind) => kind,
@@ -113,17 +138,17 @@ pub fn run(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// `kvtier bench h1|h3`.
+/// `kvtier bench h1|h2|h3`.
 fn hybrid(family: HybridFamily, args: &BenchArgs) -> Result<()> {
-    let variant = match (family, args.variant) {
-        (HybridFamily::H1, None) => HybridVariant::H1Main,
-        (HybridFamily::H3, None) => HybridVariant::H3Main,
-        (HybridFamily::H3, Some(v)) if v != HybridVariant::H3Main => {
-            bail!("h3 has one variant: h3-main")
-        }
-        (HybridFamily::H1, Some(HybridVariant::H3Main)) => bail!("h3-main is a variant of h3"),
-        (_, Some(v)) => v,
-    };
+    let variant = args.variant.unwrap_or(family.main_variant());
+    if !variant.name().starts_with(family.name()) {
+        bail!(
+            "{} is a variant of {}, not of {}",
+            variant.name(),
+            &variant.name()[..2],
+            family.name()
+        );
+    }
     let options = HybridOptions {
         variant,
         path: args.runtime,

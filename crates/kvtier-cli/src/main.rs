@@ -149,14 +149,14 @@ struct BenchArgs {
     /// environment describes).
     #[arg(long, value_enum)]
     l3: Option<L3Store>,
-    /// h1 / h3: the configuration variant (HYBRID-WORKLOADS.md §1).
+    /// h1 / h2 / h3: the configuration variant (HYBRID-WORKLOADS.md §1).
     #[arg(long, value_enum)]
     variant: Option<kvtier_sim::hybrid::HybridVariant>,
-    /// h1 / h3: kvtier's own decisions (default), or the reference scheduler's where
+    /// h1 / h2 / h3: kvtier's own decisions (default), or the reference scheduler's where
     /// they differ (reproduces its counters and digests).
     #[arg(long, value_enum, default_value_t = PolicyArg::Default)]
     policy: PolicyArg,
-    /// h1 / h3: write one JSON line per plan (the decisions the digest pins) to this
+    /// h1 / h2 / h3: write one JSON line per plan (the decisions the digest pins) to this
     /// file, to compare with the reference's plans step by step.
     #[arg(long)]
     dump_plans: Option<std::path::PathBuf>,

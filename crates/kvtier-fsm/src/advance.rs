@@ -199,9 +199,8 @@ impl SchedulerCore {
                         // plain window models, up to their cap (PR #381).
                         let window_capped = self.config.publish_prefix_mid_flight
                             && self.config.midflight_publish_max_pages.is_some();
-                        if kind == StateKind::Decoding
-                            && (self.config.mamba.is_some() || window_capped)
-                        {
+                        let families = self.config.mamba.is_some() || self.config.paged.is_some();
+                        if kind == StateKind::Decoding && (families || window_capped) {
                             self.publish_decoded(key, before);
                         }
                         Ok(())
@@ -326,9 +325,10 @@ impl SchedulerCore {
     /// and caches no state past the prompt (HYBRID-WORKLOADS.md §4.2).
     fn publish_decoded(&mut self, key: usize, before: usize) {
         let ps = self.config.page_size;
-        let cap = match self.config.mamba {
-            None => self.config.midflight_publish_max_pages.unwrap_or(u32::MAX),
-            Some(_) => u32::MAX,
+        // A family's cache makes every published prefix safe to reuse.
+        let cap = match (&self.config.mamba, &self.config.paged) {
+            (None, None) => self.config.midflight_publish_max_pages.unwrap_or(u32::MAX),
+            _ => u32::MAX,
         };
         let publishable = |n: usize| ((n.saturating_sub(1) / ps as usize) as u32).min(cap);
         let now = publishable(self.requests[key].tokens.len());
@@ -489,6 +489,7 @@ impl SchedulerCore {
             device_lock,
             host_lock,
             local_kv,
+            tables,
         } = self.requests[key].settle(run, self.config.page_size);
         let write_back = self.config.l2_enabled()
             && !self.config.disable_prefix_cache
@@ -502,6 +503,7 @@ impl SchedulerCore {
                 write_back,
                 leftover: local_kv.pages,
                 states,
+                tables,
             },
             Target::Finish { key, id },
         );

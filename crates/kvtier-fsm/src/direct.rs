@@ -28,6 +28,7 @@ impl SchedulerStats {
         self.evicted_device_pages = tree.evicted_pages[0];
         self.evicted_host_pages = tree.evicted_pages[1];
         self.states = tree.states;
+        self.groups = tree.groups;
         self
     }
 }

@@ -6,7 +6,9 @@ use std::collections::HashSet;
 use std::collections::hash_map::{self, HashMap};
 use std::time::Instant;
 
-use kvtier_types::{ExecutionPlan, ForwardRow, MambaRow, OpId, RowKind, Token, TransferPair};
+use kvtier_types::{
+    ExecutionPlan, ForwardRow, GroupTable, MambaRow, OpId, RowKind, Token, TransferPair,
+};
 
 use crate::outbox::Target;
 use crate::request::{LocalKv, Republish, Request, Running};
@@ -69,6 +71,7 @@ impl Rows {
                 -1
             },
             mamba: mamba_row(run, cow_src, None),
+            groups: Vec::new(),
         });
     }
 
@@ -108,7 +111,23 @@ impl Rows {
             decode_input_id: -1,
             hist_token_len: -1,
             mamba: mamba_row(run, cow_src, branching),
+            groups: Vec::new(),
         });
+    }
+
+    /// Gives the row just pushed (a prefill or a decode row) its group tables.
+    pub fn set_groups(&mut self, prefill: bool, groups: Vec<GroupTable>) {
+        if groups.is_empty() {
+            return;
+        }
+        let rows = if prefill {
+            &mut self.prefill
+        } else {
+            &mut self.decode
+        };
+        if let Some(row) = rows.last_mut() {
+            row.groups = groups;
+        }
     }
 }
 

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use kvtier_host::OwnedPages;
 use kvtier_mamba::RequestStates;
-use kvtier_radix::{Attached, NodeLock, Publication, TokenRef, grow};
+use kvtier_radix::{Attached, GroupTables, NodeLock, Publication, TokenRef, grow};
 use kvtier_types::{OpId, PageId, RequestId, Token};
 
 use crate::slots::Slot;
@@ -97,6 +97,8 @@ pub(crate) struct Running {
     /// Hybrid models: the node of the last decode state it cached (a deeper one
     /// retires it).
     pub decode_state: Option<kvtier_radix::NodeId>,
+    /// Paged models: its group tables (returned to the cache when dropped).
+    pub tables: Option<GroupTables>,
 }
 
 impl Running {
@@ -265,6 +267,8 @@ pub(crate) struct Settled {
     pub host_lock: Option<NodeLock>,
     /// Its own pages past the publication.
     pub local_kv: LocalKv,
+    /// Paged models: its group tables, committed by the publication, then released.
+    pub tables: Option<GroupTables>,
 }
 
 #[derive(Debug)]
@@ -299,12 +303,14 @@ impl Request {
                 prefix: run.prefix_pages.len() as u32,
                 pages: Default::default(),
                 at: None,
+                tables: run.tables.as_ref().map(GroupTables::key),
             });
         let Running {
             device_lock,
             host_lock,
             local_kv,
             states,
+            tables,
             ..
         } = run;
         Settled {
@@ -313,6 +319,7 @@ impl Request {
             device_lock,
             host_lock,
             local_kv,
+            tables,
         }
     }
 
@@ -365,6 +372,7 @@ impl Request {
                 prefix,
                 pages: taken,
                 at: Some(run.device_lock.node()),
+                tables: run.tables.as_ref().map(GroupTables::key),
             },
             republish,
         ))

@@ -58,6 +58,8 @@ pub struct SchedulerStats {
     pub cache_batches: u64,
     /// Hybrid models: the recurrent-state slots and their counters.
     pub states: Option<kvtier_mamba::MambaStats>,
+    /// Paged models: the group pools and the family's counters.
+    pub groups: Option<Box<kvtier_paged::PagedReport>>,
     /// Nothing running, queued or in flight.
     pub idle: bool,
 }
@@ -78,7 +80,12 @@ pub fn cache_config(config: &SchedulerConfig) -> CacheConfig {
             chunk: m.chunk,
             reference: config.policy == kvtier_types::Policy::Reference,
         }),
-        paged: None,
+        paged: config.paged.as_ref().and_then(|p| {
+            let required: Vec<&str> = p.required.iter().map(String::as_str).collect();
+            let adjunct = kvtier_paged::Adjunct::new(p.groups.clone(), &required);
+            debug_assert!(adjunct.is_ok(), "an invalid paged config: {adjunct:?}");
+            adjunct.ok()
+        }),
     }
 }
 

@@ -78,7 +78,9 @@ impl SchedulerCore {
         self.ops.issue_backups(&mut plan.backups);
         let released = self.requests.erase_finished(self.stats.plans) > 0;
         match (&self.config.mamba, self.config.policy) {
-            (None, _) if self.config.publish_prefix_mid_flight => self.publish_computed_prompts(),
+            (None, _) if self.config.publish_prefix_mid_flight || self.config.paged.is_some() => {
+                self.publish_computed_prompts()
+            }
             // The reference publishes a hybrid request's chunk when its next row is
             // admitted, after this plan's new requests looked for it.
             (Some(_), Policy::Default) => self.commit_computed_chunks(),
@@ -275,10 +277,12 @@ impl SchedulerCore {
                 continue;
             };
             let computed = run.window_end() / ps;
-            let computed = self
-                .config
-                .midflight_publish_max_pages
-                .map_or(computed, |cap| computed.min(cap));
+            let cap = match self.config.paged {
+                // Snapshots make a paged model's every prefix safe to reuse.
+                Some(_) => None,
+                None => self.config.midflight_publish_max_pages,
+            };
+            let computed = cap.map_or(computed, |cap| computed.min(cap));
             let publication = self.requests[key].publication(run, computed, ps);
             self.requests[key].state = state;
             if let Some((publication, republish)) = publication {
@@ -348,6 +352,7 @@ impl SchedulerCore {
                 State::Prefilling(run) => {
                     let (remaining, tail_free) =
                         (r.prefill_len - run.window_end(), run.local_kv.tail_free);
+                    let tables = run.tables.as_ref().map(|t| (t.key(), run.window_end()));
                     // The reference commits the last chunk when this one is admitted;
                     // kvtier did at the start of the plan.
                     let (commit, republish) = if hybrid && reference {
@@ -365,6 +370,7 @@ impl SchedulerCore {
                         tail_free,
                         commit,
                         checkpoint,
+                        tables,
                     });
                     Entry::NextChunk(republish)
                 }
@@ -385,6 +391,9 @@ impl SchedulerCore {
                 }
                 State::PrefillDone(run) | State::Decoding(run) => {
                     let (reserve, tail_free) = (run.reserve, run.local_kv.tail_free);
+                    // The row computes from the newest token on.
+                    let first = r.tokens.len() as u32 - 1;
+                    let tables = run.tables.as_ref().map(|t| (t.key(), first));
                     let mut checkpoint = CheckpointNeed::None;
                     let (mut commit, mut republish) = (None, None);
                     if let Some(states) = &run.states {
@@ -411,6 +420,7 @@ impl SchedulerCore {
                         tail_free,
                         commit,
                         checkpoint,
+                        tables,
                     });
                     Entry::Decode(republish)
                 }
@@ -506,12 +516,14 @@ impl SchedulerCore {
                         tokens,
                         pages,
                         committed,
+                        groups,
                     },
                 ) => {
                     if let Some(committed) = committed {
                         self.apply_commit(key, *committed, republish);
                     }
                     self.decode(key, tokens, pages, &mut draft.rows);
+                    draft.rows.set_groups(false, groups);
                 }
                 (
                     Entry::NextChunk(republish),
@@ -519,12 +531,14 @@ impl SchedulerCore {
                         tokens,
                         pages,
                         committed,
+                        groups,
                     },
                 ) => {
                     if let Some(committed) = committed {
                         self.apply_commit(key, *committed, republish);
                     }
                     self.next_chunk(key, tokens, pages, &mut draft.rows);
+                    draft.rows.set_groups(true, groups);
                 }
                 (
                     Entry::NextChunk(_) | Entry::Decode(_),
@@ -782,6 +796,7 @@ impl SchedulerCore {
             table_changed_from: None,
             states,
             decode_state: None,
+            tables: admission.tables,
         };
         self.track_checkpoint(&mut run);
         if let Some(slot) = cow_src {
@@ -790,6 +805,7 @@ impl SchedulerCore {
         draft
             .rows
             .push_prefill_row(&self.requests[key], &run, 0, cow_src, branching);
+        draft.rows.set_groups(true, admission.groups);
         let r = &self.requests[key];
         r.span.record("cached_tokens", run.window_begin);
         tracing::debug!(parent: &r.span, phase = "prefilling", cached_tokens = run.window_begin);
@@ -903,6 +919,7 @@ impl SchedulerCore {
             device_lock,
             host_lock,
             local_kv,
+            tables,
         } = self.requests[key].settle(run, self.config.page_size);
         let published_pages = (publication.tokens.len() / self.config.page_size as usize) as u32;
         draft.retract = Some(Retraction {
@@ -916,6 +933,7 @@ impl SchedulerCore {
                 device_lock,
                 host_lock,
                 states,
+                tables,
             }],
         })
     }
@@ -1042,6 +1060,7 @@ impl SchedulerCore {
             table_changed_from: None,
             states,
             decode_state: None,
+            tables: None,
         };
         if let Some(slot) = cow_src {
             self.ops.record_copy(r.id.clone(), slot);

@@ -120,6 +120,32 @@ pub struct PagedStats {
     pub rewind_owned: u64,
 }
 
+/// One group's pool gauges.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GroupStats {
+    /// The group's id.
+    pub id: String,
+    /// Its pool size, the reserved page 0 included.
+    pub total_pages: u32,
+    /// Free pages now.
+    pub free_pages: u32,
+    /// Allocations refused so far.
+    pub failed_alloc: u64,
+}
+
+/// The family's counters and its groups' gauges.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PagedReport {
+    /// The family's counters.
+    pub stats: PagedStats,
+    /// Per group, in group order.
+    pub groups: Vec<GroupStats>,
+    /// Snapshots held.
+    pub snapshots: usize,
+    /// Running requests' tables (filled in by the tree that holds them).
+    pub live_tables: usize,
+}
+
 /// The paged-cache family.
 #[derive(Debug)]
 pub struct PagedFamily<N> {
@@ -160,6 +186,16 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         self.stats
     }
 
+    /// The counters, the groups' gauges and the snapshots held.
+    pub fn report(&mut self) -> PagedReport {
+        PagedReport {
+            stats: self.stats,
+            groups: self.group_stats(),
+            snapshots: self.snapshots.len(),
+            live_tables: 0,
+        }
+    }
+
     /// Group `i`'s pool.
     pub fn pool(&mut self, i: usize) -> &mut GroupPool {
         &mut self.pools[i]
@@ -168,6 +204,19 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
     /// Free pages per group now (the starting point of a step's simulated counts).
     pub fn available(&mut self) -> Vec<u32> {
         self.pools.iter_mut().map(GroupPool::available).collect()
+    }
+
+    /// Each group's pool gauges: id, free pages, failed allocations.
+    pub fn group_stats(&mut self) -> Vec<GroupStats> {
+        let ids = self.adjunct.groups().iter().map(|g| g.id.clone());
+        ids.zip(&mut self.pools)
+            .map(|(id, pool)| GroupStats {
+                id,
+                total_pages: pool.usable() + 1,
+                free_pages: pool.available(),
+                failed_alloc: pool.failed_alloc(),
+            })
+            .collect()
     }
 
     /// The snapshot on `node`, if any.
@@ -472,27 +521,46 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         })
     }
 
+    /// Adopts the snapshot another request built at `node`: its history and state
+    /// segments replace the request's duplicates. A required state group the snapshot
+    /// lost since (#460's detach, a state-only prune) is checkpointed from the
+    /// request's own table into it, so the snapshot is whole again and the request's
+    /// commits go on.
     fn adopt(
         &mut self,
         tables: &mut RequestTables,
         node: N,
         target: u32,
     ) -> Result<(), PagedError> {
-        let snapshot = &self.snapshots[&node];
-        let segments: Vec<_> = self
-            .adjunct
-            .required()
-            .iter()
-            .map(|&i| snapshot.segments[i].clone().map(|s| (i, s)))
-            .collect::<Option<_>>()
-            .ok_or_else(|| PagedError::Invariant("a snapshot lacks a required group".into()))?;
-        for (i, seg) in segments {
+        let required = self.adjunct.required().to_vec();
+        let mut missing = Vec::new();
+        for i in required {
             let g = &self.adjunct.groups()[i];
             let t = &mut tables.tables[i];
-            match g.role {
-                GroupRole::History => t.adopt_history(g, &mut self.pools[i], &seg.pages, target)?,
-                GroupRole::State => {
-                    t.adopt_state(g, &mut self.pools[i], &seg.pages, seg.base, target)?
+            match (&self.snapshots[&node].segments[i], g.role) {
+                (Some(seg), GroupRole::History) => {
+                    let pages = seg.pages.clone();
+                    t.adopt_history(g, &mut self.pools[i], &pages, target)?;
+                }
+                (Some(seg), GroupRole::State) => {
+                    let (pages, base) = (seg.pages.clone(), seg.base);
+                    t.adopt_state(g, &mut self.pools[i], &pages, base, target)?;
+                }
+                (None, GroupRole::State) => missing.push(i),
+                (None, GroupRole::History) => {
+                    return Err(PagedError::Invariant(
+                        "a snapshot lacks a required history group".into(),
+                    ));
+                }
+            }
+        }
+        for i in missing {
+            let g = &self.adjunct.groups()[i];
+            let checkpoint = tables.tables[i].checkpoint_state(g, &mut self.pools[i], target)?;
+            if let Some((segment, stale)) = checkpoint {
+                self.stats.checkpoint_stale_owned += u64::from(stale);
+                if let Some(snapshot) = self.snapshots.get_mut(&node) {
+                    snapshot.segments[i] = Some(segment);
                 }
             }
         }

@@ -36,7 +36,9 @@ pub use adjunct::{Adjunct, Completeness, Snapshot};
 pub use admission::{AdmitView, GroupNeed, admit_chunk, group_need};
 pub use budget::PoolBudget;
 pub use error::PagedError;
-pub use family::{PagedFamily, PagedStats, RequestTables, SnapshotTree, Starved};
+pub use family::{
+    GroupStats, PagedFamily, PagedReport, PagedStats, RequestTables, SnapshotTree, Starved,
+};
 pub use gate::{CacheShape, MidflightGate};
 pub use kvtier_types::{GroupKind, GroupRole, GroupSpec, Retention};
 pub use matching::{GroupHit, PagedHit, cap_match};

@@ -17,9 +17,9 @@ use std::sync::Arc;
 
 use kvtier_host::OwnedPages;
 use kvtier_mamba::{RequestStates, Slot, SlotId};
-use kvtier_types::{PageId, StateObject, Tier, Token, TransferPair, hash::PageHash};
+use kvtier_types::{GroupTable, PageId, StateObject, Tier, Token, TransferPair, hash::PageHash};
 
-use crate::{Match, NodeId, NodeLock, RadixCore, WriteBackTicket};
+use crate::{GroupTables, Match, NodeId, NodeLock, RadixCore, TablesKey, WriteBackTicket};
 
 /// The first `len` tokens of a request, shared without copying.
 #[derive(Debug, Clone)]
@@ -113,6 +113,9 @@ pub struct Publication {
     /// The node its published prefix ends at, which it holds locked on device (the
     /// insert walks on from there instead of from the root); `None`: the root.
     pub at: Option<NodeId>,
+    /// Paged models: the request's group tables, committed into snapshots up to the
+    /// published node.
+    pub tables: Option<TablesKey>,
 }
 
 /// One cache operation.
@@ -165,6 +168,9 @@ pub enum CacheOp {
         /// Hybrid models: the request's state slots; one holding the state at the
         /// published depth is cached there, the rest freed.
         states: Option<FinalStates>,
+        /// Paged models: the request's group tables, released once the publication
+        /// committed them.
+        tables: Option<GroupTables>,
     },
     /// A request is preempted: publish its pages, keep its prefix on host, and attach a
     /// write-back for the device-only part or demote it.
@@ -177,6 +183,9 @@ pub enum CacheOp {
         host_lock: Option<NodeLock>,
         /// Hybrid models: the request's state slots, as for `Finish`.
         states: Option<FinalStates>,
+        /// Paged models: the request's group tables, as for `Finish` (a retracted
+        /// request recomputes from its deepest snapshot).
+        tables: Option<GroupTables>,
     },
     /// Prefetched host pages land: insert them after the locked host prefix.
     InsertPrefetched {
@@ -313,6 +322,8 @@ pub enum Intent {
         commit: Option<Box<ChunkCommit>>,
         /// Hybrid models: the checkpoint slot the chunk needs.
         checkpoint: CheckpointNeed,
+        /// Paged models: its group tables and the chunk's first position.
+        tables: Option<(TablesKey, u32)>,
     },
     /// A decode row reserving `reserve` token slots.
     Decode {
@@ -324,6 +335,8 @@ pub enum Intent {
         commit: Option<Box<ChunkCommit>>,
         /// Hybrid models: the checkpoint slot the row needs.
         checkpoint: CheckpointNeed,
+        /// Paged models: its group tables and the row's first position.
+        tables: Option<(TablesKey, u32)>,
     },
     /// Resume a retracted request.
     Recovery {
@@ -417,6 +430,9 @@ pub enum Outcome {
         pages: OwnedPages,
         /// A hybrid intent's commit.
         committed: Option<Box<Committed>>,
+        /// Paged models: the request's group tables after the op's release and
+        /// acquisition (empty otherwise).
+        groups: Vec<GroupTable>,
     },
     /// An L3 prefetch starts instead of the first chunk (boxed: outcomes are moved
     /// once per row, and this rare one is the largest).
@@ -476,6 +492,10 @@ pub struct Admission {
     pub prefix_pages: Vec<PageId>,
     /// Hybrid models: its state slots.
     pub states: Option<Box<StateGrant>>,
+    /// Paged models: its group tables (`None` otherwise).
+    pub tables: Option<GroupTables>,
+    /// The view of `tables` the row reads.
+    pub groups: Vec<GroupTable>,
 }
 
 impl RadixCore {
@@ -532,6 +552,7 @@ impl RadixCore {
                 write_back,
                 leftover,
                 states,
+                tables,
             } => {
                 let tokens = publication.tokens.clone();
                 let inserted = !publication.pages.is_empty();
@@ -561,6 +582,9 @@ impl RadixCore {
                 }
                 let freed = self.free(Tier::Device, leftover);
                 debug_assert!(freed.is_ok(), "leftover pages of another pool: {freed:?}");
+                // Committed by the publication; the lease goes back now.
+                drop(tables);
+                self.drain_releases();
                 OpResult::Finished { write_back }
             }
             CacheOp::Retract {
@@ -568,6 +592,7 @@ impl RadixCore {
                 device_lock,
                 host_lock: old_host_lock,
                 states,
+                tables,
             } => {
                 let tokens = publication.tokens.clone();
                 let (lock, pages) = self.publish(publication, Some(device_lock));
@@ -613,6 +638,8 @@ impl RadixCore {
                 if let Some(lock) = old_host_lock {
                     self.unlock(lock);
                 }
+                drop(tables);
+                self.drain_releases();
                 OpResult::Retracted(outcome)
             }
             CacheOp::InsertPrefetched {
@@ -681,6 +708,9 @@ impl RadixCore {
         let lock = self.lock(result.last_node, Tier::Device);
         if let Some(old) = old {
             self.unlock(old);
+        }
+        if let Some(key) = p.tables {
+            self.commit_tables(key, result.last_node);
         }
         (Some(lock), total)
     }
@@ -775,6 +805,9 @@ impl RadixCore {
                     match prefetched {
                         Some(outcome) => outcome,
                         None if slots == 0 => Outcome::waits(),
+                        None if self.has_snapshots() => {
+                            self.first_chunk_paged(&tokens, prefill_len, remaining, d, reuse)
+                        }
                         None if self.has_states() => self.first_chunk_hybrid(
                             &tokens,
                             prefill_len,
@@ -793,6 +826,7 @@ impl RadixCore {
                     tail_free,
                     commit,
                     checkpoint,
+                    tables,
                 } => {
                     let t = remaining.min(left);
                     // The reference makes room for whole fresh pages, ignoring the tail.
@@ -801,16 +835,17 @@ impl RadixCore {
                     } else {
                         grow(tail_free, t, ps).0
                     };
-                    self.grow_running(t, tail_free, room, commit, checkpoint)
+                    self.grow_with_groups(t, tail_free, room, commit, checkpoint, tables)
                 }
                 Intent::Decode {
                     reserve,
                     tail_free,
                     commit,
                     checkpoint,
+                    tables,
                 } => {
                     let room = grow(tail_free, reserve, ps).0;
-                    self.grow_running(reserve, tail_free, room, commit, checkpoint)
+                    self.grow_with_groups(reserve, tail_free, room, commit, checkpoint, tables)
                 }
                 Intent::Recovery {
                     tokens,
@@ -821,6 +856,11 @@ impl RadixCore {
                 } => {
                     if slots == 0 {
                         Outcome::Waits { held, commit: None }
+                    } else if self.has_snapshots() {
+                        // Its group tables went at retraction: it computes its history
+                        // again from the deepest snapshot.
+                        drop(held);
+                        Outcome::Recompute
                     } else if self.has_states() {
                         self.recovery_hybrid(&tokens, tail_pages, tail_free, held, d, exact_state)
                     } else {
@@ -879,6 +919,7 @@ impl RadixCore {
                 tokens: n,
                 pages: OwnedPages::empty(),
                 committed: None,
+                groups: Vec::new(),
             };
         }
         self.grow_into_new_pages(n, tail_free, room, commit, checkpoint)
@@ -932,7 +973,37 @@ impl RadixCore {
                     checkpoint,
                 })
             }),
+            groups: Vec::new(),
         }
+    }
+
+    /// [`Self::grow_running`] for a request with group tables (`tables`: their key and
+    /// the op's first position): the groups are admitted first, and the grown row
+    /// carries their view. Inlined for the same reason.
+    #[inline(always)]
+    fn grow_with_groups(
+        &mut self,
+        n: u32,
+        tail_free: u32,
+        room: u32,
+        commit: Option<Box<ChunkCommit>>,
+        checkpoint: CheckpointNeed,
+        tables: Option<(TablesKey, u32)>,
+    ) -> Outcome {
+        let Some((key, first)) = tables else {
+            return self.grow_running(n, tail_free, room, commit, checkpoint);
+        };
+        if !self.grow_groups(key, first, first + n) {
+            return Outcome::Waits {
+                held: Vec::new(),
+                commit,
+            };
+        }
+        let mut grown = self.grow_running(n, tail_free, room, commit, checkpoint);
+        if let Outcome::Grown { groups, .. } = &mut grown {
+            *groups = self.group_view(key);
+        }
+        grown
     }
 
     /// Starts an L3 prefetch when the consecutive L3 hits run more than the threshold
@@ -1072,6 +1143,8 @@ impl RadixCore {
             tail_free: shape.tail_free,
             prefix_pages,
             states,
+            tables: None,
+            groups: Vec::new(),
         }))
     }
 
@@ -1131,7 +1204,7 @@ impl RadixCore {
             // Only the reference's admission (and hybrid admission) tries without a
             // probe first.
             debug_assert!(
-                self.is_reference() || self.has_states(),
+                self.is_reference() || self.has_states() || self.has_snapshots(),
                 "admission probe promised {need} pages"
             );
             self.unlock(guard);

@@ -28,6 +28,7 @@ mod events;
 mod hybrid;
 mod lock;
 mod node;
+mod paged;
 pub mod protocol;
 
 pub use batch::{
@@ -42,4 +43,5 @@ pub use cache::{
 pub use error::{PageOwner, RadixError, Violation};
 pub use lock::NodeLock;
 pub use node::NodeId;
+pub use paged::{GroupTables, TablesKey};
 pub use protocol::{RadixMsg, RadixReply};

@@ -1,4 +1,4 @@
-//! The hybrid benchmark workloads H1 and H3, exactly as `design/HYBRID-WORKLOADS.md`
+//! The hybrid benchmark workloads H1, H2 and H3, exactly as `design/HYBRID-WORKLOADS.md`
 //! defines them: the conversation model, the step loop with its abort rule, the engine
 //! rules, the plan-observable counters and the three FNV-1a digests (§2), so a run can be
 //! compared with the reference scheduler counter for counter and plan for plan.
@@ -7,8 +7,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kvtier::LocalSystem;
 use kvtier_types::{
-    EngineEvent, ExecutionPlan, ForwardRow, MambaSettings, Policy, RequestId, RequestSpec, RowKind,
-    SchedulerConfig, Token, TransferKind, TransferPair, WriteBackOp, engine_rule,
+    EngineEvent, ExecutionPlan, ForwardRow, GroupRole, GroupSpec, MambaSettings, PagedSettings,
+    Policy, RequestId, RequestSpec, RowKind, SchedulerConfig, Token, TransferKind, TransferPair,
+    WriteBackOp, engine_rule,
 };
 use serde::Serialize;
 
@@ -40,6 +41,96 @@ pub enum HybridVariant {
     /// H3: eight requests under state-slot exhaustion.
     #[cfg_attr(feature = "clap", value(name = "h3-main"))]
     H3Main,
+    /// H2: DeepSeek-V4's paged-cache groups at production pool sizes.
+    #[cfg_attr(feature = "clap", value(name = "h2-main"))]
+    H2Main,
+    /// H2 with larger sliding pools.
+    #[cfg_attr(feature = "clap", value(name = "h2-roomy"))]
+    H2Roomy,
+}
+
+/// id, rows per page, entry stride, window, role, pages (main), pages (roomy).
+type H2Group = (&'static str, u32, u32, Option<u32>, GroupRole, u32, u32);
+
+/// H2's groups (§1.3): what TokenSpeed builds for `sliding_window = 128` and compress
+/// ratios {4, 128}: id, rows per page, entry stride, window (`None`: full history), role,
+/// pool pages in `h2-main` and in `h2-roomy`.
+const H2_GROUPS: [H2Group; 6] = [
+    ("v4.swa_kv", 64, 1, Some(128), GroupRole::State, 113, 1137),
+    (
+        "v4.c4a.compressor_state",
+        4,
+        1,
+        Some(8),
+        GroupRole::State,
+        1073,
+        2097,
+    ),
+    (
+        "v4.c4a.compressed_kv",
+        64,
+        4,
+        None,
+        GroupRole::History,
+        177,
+        177,
+    ),
+    (
+        "v4.c128a.compressor_state",
+        8,
+        1,
+        Some(128),
+        GroupRole::State,
+        785,
+        1809,
+    ),
+    (
+        "v4.c128a.compressed_kv",
+        2,
+        128,
+        None,
+        GroupRole::History,
+        177,
+        177,
+    ),
+    (
+        "v4.c4a.indexer_compressor_state",
+        4,
+        1,
+        Some(8),
+        GroupRole::State,
+        1073,
+        2097,
+    ),
+];
+
+/// The paged-cache side of H2: the reference policy requires the history groups only
+/// (as TokenSpeed at 350cf505), kvtier's the state groups too (PR381), so a prefix is
+/// reusable at any complete snapshot rather than only at a terminal one.
+fn h2_paged(roomy: bool, policy: Policy) -> PagedSettings {
+    let groups: Vec<GroupSpec> = H2_GROUPS
+        .iter()
+        .map(|&(id, rows, stride, window, role, main, big)| {
+            let pages = if roomy { big } else { main };
+            match window {
+                Some(w) => GroupSpec::sliding(id, rows, stride, pages, w, role),
+                None => GroupSpec::full_history(id, rows, stride, pages),
+            }
+        })
+        .collect();
+    let mut required = vec![
+        "v4.c4a.compressed_kv".to_owned(),
+        "v4.c128a.compressed_kv".to_owned(),
+    ];
+    if policy == Policy::Default {
+        required.extend(
+            groups
+                .iter()
+                .filter(|g| g.role == GroupRole::State)
+                .map(|g| g.id.clone()),
+        );
+    }
+    PagedSettings { groups, required }
 }
 
 impl HybridVariant {
@@ -52,6 +143,8 @@ impl HybridVariant {
             HybridVariant::H1TightHost => "h1-tighthost",
             HybridVariant::H1Starved => "h1-starved",
             HybridVariant::H3Main => "h3-main",
+            HybridVariant::H2Main => "h2-main",
+            HybridVariant::H2Roomy => "h2-roomy",
         }
     }
 
@@ -66,6 +159,15 @@ impl HybridVariant {
                 user_len: 300,
                 gen_len: 80,
             },
+            HybridVariant::H2Main | HybridVariant::H2Roomy => Shape {
+                w: 8,
+                num_sys: 4,
+                sys_len: 6000,
+                conversations: 16,
+                turns: 4,
+                user_len: 300,
+                gen_len: 200,
+            },
             _ => Shape {
                 w: 7,
                 num_sys: 4,
@@ -78,8 +180,8 @@ impl HybridVariant {
         }
     }
 
-    /// The scheduler configuration of the variant.
-    pub fn config(self) -> SchedulerConfig {
+    /// The scheduler configuration of the variant under `policy`.
+    pub fn config(self, policy: Policy) -> SchedulerConfig {
         let base = SchedulerConfig {
             page_size: 64,
             decode_input_tokens: 1,
@@ -131,6 +233,17 @@ impl HybridVariant {
                 max_scheduled_tokens: 8192,
                 max_batch_size: 8,
                 mamba: states(16, 256),
+                ..base
+            },
+            // No host tier: V4's KV pool cannot have one.
+            HybridVariant::H2Main | HybridVariant::H2Roomy => SchedulerConfig {
+                page_size: 256,
+                device_pages: 161,
+                host_pages: 0,
+                disable_l2_cache: true,
+                max_scheduled_tokens: 4096,
+                max_batch_size: 16,
+                paged: Some(h2_paged(self == HybridVariant::H2Roomy, policy)),
                 ..base
             },
         }
@@ -235,6 +348,50 @@ pub struct HybridCounters {
     pub device_free_pages_end: u64,
 }
 
+/// One paged group's counters (§2 `groups.<id>.*`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct GroupCounters {
+    /// Pool size, page 0 included.
+    pub total_pages: u64,
+    /// Free pages at the end.
+    pub free_end: u64,
+    /// Allocations the pool refused.
+    pub failed_alloc: u64,
+    /// Usable pages still held at the end (by snapshots).
+    pub held_end: u64,
+    /// Σ live entries over all rows.
+    pub row_pages: u64,
+    /// Most live entries of one row.
+    pub max_row_pages: u64,
+    /// Largest base offset of a row.
+    pub max_base_offset: u64,
+}
+
+/// The paged-cache family's counters at the end of a run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PagedCounters {
+    /// Snapshots built by commits.
+    pub snapshots_created: u64,
+    /// Commits that adopted another request's snapshot.
+    pub snapshots_adopted: u64,
+    /// Terminal snapshots completed with their continuation groups.
+    pub terminal_continuations: u64,
+    /// Admission prunes of state only.
+    pub prune_state_only: u64,
+    /// Admission prunes of whole snapshots.
+    pub prune_full: u64,
+    /// Descendants dropped with them.
+    pub prune_cascade: u64,
+    /// Snapshots dropped with their node's device KV.
+    pub dropped_kv_evict: u64,
+    /// Refused group admissions (attempts).
+    pub admission_denied: u64,
+    /// Superseded state windows detached (#460).
+    pub stale_state_detached: u64,
+    /// Snapshots held at the end.
+    pub snapshots_end: u64,
+}
+
 /// The result of a hybrid run.
 #[derive(Debug, Clone, Serialize)]
 pub struct HybridReport {
@@ -251,6 +408,15 @@ pub struct HybridReport {
     pub digest: String,
     /// The page digest: also device and host page ids.
     pub digest_pages: String,
+    /// Paged models: also the groups' page ids (informational, §2).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub digest_all: Option<String>,
+    /// Paged models: the family's counters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paged: Option<PagedCounters>,
+    /// Paged models: per group, by id.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub groups: BTreeMap<String, GroupCounters>,
     /// Nanoseconds inside the timed calls (`measured_*`, the calls callgrind counts).
     pub measured_ns: u64,
     /// What `cargo xtask bench --callgrind` divides the count by: steps.
@@ -261,11 +427,16 @@ pub struct HybridReport {
     pub plans: Vec<String>,
 }
 
-/// The decision and page digests, fed plan by plan.
+/// The decision and page digests, fed plan by plan, and the one that also pins the
+/// paged groups' page ids (`digest_all`, informational: the reference frees group pages
+/// in hash-table order).
 #[derive(Debug)]
 struct Digests {
     decisions: Fnv,
     pages: Fnv,
+    all: Fnv,
+    /// The paged groups' ids, in byte order (the rows' group order).
+    groups: Vec<String>,
 }
 
 /// A transfer op split by kind: (KV src, KV dst, state src, state dst).
@@ -326,16 +497,26 @@ fn slot_or_none(v: Option<u32>) -> i64 {
 }
 
 impl Digests {
-    fn new() -> Self {
+    fn new(groups: Vec<String>) -> Self {
         Self {
             decisions: Fnv::new(),
             pages: Fnv::new(),
+            all: Fnv::new(),
+            groups,
         }
     }
 
+    /// Feeds every digest.
     fn both(&mut self, f: impl Fn(&mut Fnv)) {
         f(&mut self.decisions);
         f(&mut self.pages);
+        f(&mut self.all);
+    }
+
+    /// Feeds the digests that pin device and host page ids.
+    fn page_ids(&mut self, list: &[i64]) {
+        self.pages.v(list);
+        self.all.v(list);
     }
 
     /// Feeds one plan; returns its line for `record_plans`.
@@ -370,7 +551,7 @@ impl Digests {
         });
         for (_, s) in &ops {
             for list in s {
-                self.pages.v(list);
+                self.page_ids(list);
             }
         }
         // Load-backs, in plan order.
@@ -383,7 +564,7 @@ impl Digests {
                 d.i(s[2].len() as i64);
             });
             for list in &s {
-                self.pages.v(list);
+                self.page_ids(list);
             }
             load_backs.push([s[0].len(), s[2].len()]);
         }
@@ -402,9 +583,31 @@ impl Digests {
                     d.i(x);
                 }
             });
-            self.pages.v(&table);
+            self.page_ids(&table);
+            let mut group_fields = Vec::with_capacity(row.groups.len());
+            for (i, g) in row.groups.iter().enumerate() {
+                let Some(id) = self.groups.get(i).cloned() else {
+                    break;
+                };
+                self.both(|d| {
+                    d.s(&id);
+                    d.i(g.pages.len() as i64);
+                    d.i(i64::from(g.base));
+                });
+                let ids: Vec<i64> = g.pages.iter().map(|&p| i64::from(p)).collect();
+                self.all.v(&ids);
+                group_fields.push(format!(
+                    "\"{id}\": {{\"ids\": {ids:?}, \"base\": {}}}",
+                    g.base
+                ));
+            }
+            let groups_json = if group_fields.is_empty() {
+                String::new()
+            } else {
+                format!(", {{{}}}", group_fields.join(", "))
+            };
             row_lines.push(format!(
-                "[\"{}\", {}, {}, {:?}]",
+                "[\"{}\", {}, {}, {:?}{groups_json}]",
                 row.request_id.as_str(),
                 i64::from(row.kind == RowKind::Prefill),
                 fields[1..]
@@ -468,6 +671,8 @@ struct Run {
     aborts_seen_next_step: Vec<RequestId>,
     counters: HybridCounters,
     digests: Digests,
+    /// Per paged group, by id.
+    groups: BTreeMap<String, GroupCounters>,
     plans: Option<Vec<String>>,
     page_size: u64,
     measured_ns: u64,
@@ -561,6 +766,12 @@ impl Run {
             }
         }
         for row in &plan.forward.rows {
+            for ((_, g), t) in self.groups.iter_mut().zip(&row.groups) {
+                let n = t.pages.len() as u64;
+                g.row_pages += n;
+                g.max_row_pages = g.max_row_pages.max(n);
+                g.max_base_offset = g.max_base_offset.max(u64::from(t.base));
+            }
             match row.kind {
                 RowKind::Prefill => {
                     c.prefill_rows += 1;
@@ -649,9 +860,19 @@ pub fn run_hybrid(options: &HybridOptions) -> Result<HybridReport, WorkloadError
     let shape = variant.shape();
     let config = SchedulerConfig {
         policy: options.policy,
-        ..variant.config()
+        ..variant.config(options.policy)
     };
     let system = scheduler_on(options.path, config.clone())?;
+    let mut group_ids: Vec<String> = config
+        .paged
+        .iter()
+        .flat_map(|p| p.groups.iter().map(|g| g.id.clone()))
+        .collect();
+    group_ids.sort_unstable();
+    let groups = group_ids
+        .iter()
+        .map(|id| (id.clone(), GroupCounters::default()))
+        .collect();
     let systems: Vec<Vec<Token>> = (0..shape.num_sys)
         .map(|k| gen_tokens(tag(shape.w, 1, k as u64), shape.sys_len))
         .collect();
@@ -678,7 +899,8 @@ pub fn run_hybrid(options: &HybridOptions) -> Result<HybridReport, WorkloadError
             min_device_free_pages: u64::MAX,
             ..HybridCounters::default()
         },
-        digests: Digests::new(),
+        digests: Digests::new(group_ids),
+        groups,
         plans: options.record_plans.then(Vec::new),
         page_size: u64::from(config.page_size),
         measured_ns: 0,
@@ -715,6 +937,18 @@ pub fn run_hybrid(options: &HybridOptions) -> Result<HybridReport, WorkloadError
         }
     }
     run.counters.device_free_pages_end = run.device_free()?;
+    let paged = run.system.stats()?.scheduler.groups;
+    if let Some(report) = &paged {
+        for g in &report.groups {
+            if let Some(c) = run.groups.get_mut(&g.id) {
+                c.total_pages = u64::from(g.total_pages);
+                c.free_end = u64::from(g.free_pages);
+                c.failed_alloc = g.failed_alloc;
+                // Usable pages nothing live holds at the end: snapshots'.
+                c.held_end = u64::from(g.total_pages - 1 - g.free_pages);
+            }
+        }
+    }
     let plans = run
         .plans
         .take()
@@ -734,6 +968,20 @@ pub fn run_hybrid(options: &HybridOptions) -> Result<HybridReport, WorkloadError
         counters: run.counters,
         digest: format!("{:016x}", run.digests.decisions.0),
         digest_pages: format!("{:016x}", run.digests.pages.0),
+        digest_all: (!run.groups.is_empty()).then(|| format!("{:016x}", run.digests.all.0)),
+        paged: paged.map(|r| PagedCounters {
+            snapshots_created: r.stats.snapshots_created,
+            snapshots_adopted: r.stats.snapshots_adopted,
+            terminal_continuations: r.stats.terminal_continuations,
+            prune_state_only: r.stats.prune_state_only,
+            prune_full: r.stats.prune_full,
+            prune_cascade: r.stats.prune_cascade,
+            dropped_kv_evict: r.stats.dropped_kv_evict,
+            admission_denied: r.stats.admission_denied,
+            stale_state_detached: r.stats.stale_state_detached,
+            snapshots_end: r.snapshots as u64,
+        }),
+        groups: run.groups,
         measured_ns: run.measured_ns,
         callgrind_divisor: steps.max(1),
         plans,

@@ -25,7 +25,8 @@ pub use event::{EngineEvent, KvEvent};
 pub use ids::{OpId, PageId, RequestId, SlotId, Tier, Token};
 pub use paged::{GroupKind, GroupRole, GroupSpec, Retention};
 pub use plan::{
-    AbortNotice, AbortReason, BackupOp, ExecutionPlan, ForwardBatch, ForwardRow, LoadBackOp,
-    MambaRow, PrefetchOp, RowKind, StateObject, TransferKind, TransferPair, WriteBackOp,
+    AbortNotice, AbortReason, BackupOp, ExecutionPlan, ForwardBatch, ForwardRow, GroupTable,
+    LoadBackOp, MambaRow, PrefetchOp, RowKind, StateObject, TransferKind, TransferPair,
+    WriteBackOp,
 };
 pub use request::RequestSpec;

@@ -49,6 +49,20 @@ pub struct ForwardRow {
     pub hist_token_len: i32,
     /// Recurrent-state slots of the row (hybrid models; all `None` otherwise).
     pub mamba: MambaRow,
+    /// Paged-cache groups (window and compressed-state models; empty otherwise): the
+    /// row's table of each group, in group-id byte order.
+    pub groups: Vec<GroupTable>,
+}
+
+/// A row's table of one paged-cache group: its compact view. The entry of token
+/// position `p` sits on page `p / tokens_per_page`, which is `pages[that − base]`;
+/// pages below `base` left the window (sliding groups) and are not the row's to read.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct GroupTable {
+    /// The first page the table still holds (0 for full-history groups).
+    pub base: u32,
+    /// The group's page ids from `base` on.
+    pub pages: Vec<PageId>,
 }
 
 /// The recurrent-state (Mamba) part of a forward row (hybrid models).

@@ -98,7 +98,7 @@ enum Stage {
     /// The scheduler core's family mail is out; `result` is what the call answers when
     /// the core is done.
     Family(Result<(), KvError>),
-    Stats(SchedulerStats),
+    Stats(Box<SchedulerStats>),
     KvEvents,
     Execute,
     /// The answer's body is the outcome.
@@ -272,7 +272,7 @@ impl Front {
                 if self.has(ActorName::L3) {
                     mail.push(Mail::to::<L3Core>(L3Msg::L3StatsQuery, &span));
                 }
-                Ok(self.send(conv, Stage::Stats(scheduler), mail))
+                Ok(self.send(conv, Stage::Stats(Box::new(scheduler)), mail))
             }
             Call::TakeKvEvents => {
                 self.core()?;
@@ -431,7 +431,7 @@ impl Front {
                     return Err(super::runtime::nothing_to_wait_for());
                 };
                 Ok(Outcome::Stats(Box::new(SystemStats {
-                    scheduler: scheduler.with_tree(tree),
+                    scheduler: (*scheduler).with_tree(tree),
                     host,
                     device,
                     l3,

@@ -175,9 +175,14 @@ impl RadixCore {
     }
 
     /// Every snapshot sits on a live node with device KV, at its node's depth, a
-    /// multiple of the alignment (the pages themselves are checked by the family against
-    /// the requests' tables, which only the scheduler holds).
-    fn check_snapshots(&self) -> Result<(), Violation> {
+    /// multiple of the alignment, and every group page is free, owned by one running
+    /// request's table, or held by one snapshot.
+    fn check_snapshots(&mut self) -> Result<(), Violation> {
+        if let Some(mut family) = self.paged.take() {
+            let pages = family.check_invariants(self.tables.iter().flatten());
+            self.paged = Some(family);
+            pages.map_err(|e| Violation::Snapshot(e.to_string()))?;
+        }
         let Some(family) = self.snapshots() else {
             return Ok(());
         };

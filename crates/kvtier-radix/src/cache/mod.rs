@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kvtier_host::{OwnedPages, PagePool, ReleaseQueue};
 use kvtier_mamba::{MambaConfig, MambaFamily, MambaStats};
-use kvtier_paged::{Adjunct, PagedFamily};
+use kvtier_paged::{Adjunct, PagedFamily, PagedReport, RequestTables};
 use kvtier_types::{Policy, Tier, Token};
 use slab::Slab;
 
@@ -32,6 +32,7 @@ pub use write_back::{WriteBackTicket, WrittenBack};
 
 use crate::events::EventSink;
 use crate::node::{LruKey, Node, page_key};
+use crate::paged::TablesKey;
 use crate::{NodeId, RadixError};
 
 /// What the cache needs to know at construction.
@@ -58,7 +59,7 @@ pub struct CacheConfig {
 }
 
 /// Counters of the tree for stats and tests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TreeStats {
     /// Live nodes, root excluded.
     pub nodes: usize,
@@ -73,6 +74,9 @@ pub struct TreeStats {
     pub evicted_pages: [u64; 2],
     /// The recurrent-state family's counters (hybrid models).
     pub states: Option<MambaStats>,
+    /// The paged-cache family's counters and gauges (window and compressed-state
+    /// models).
+    pub groups: Option<Box<PagedReport>>,
 }
 
 /// The radix prefix cache with device and host tiers.
@@ -106,6 +110,11 @@ pub struct RadixCore {
     mamba: Option<MambaFamily<NodeId>>,
     /// The page-group snapshots attached to nodes (window and compressed-state models).
     paged: Option<PagedFamily<NodeId>>,
+    /// Running requests' group tables, by [`TablesKey`] (a free key is reused last
+    /// freed first), and the return path of their leases.
+    tables: Vec<Option<RequestTables>>,
+    free_tables: Vec<TablesKey>,
+    table_releases: ReleaseQueue<TablesKey>,
 }
 
 impl RadixCore {
@@ -162,6 +171,9 @@ impl RadixCore {
                 let detach_stale = config.policy == Policy::Default;
                 aligned.then(|| PagedFamily::new(adjunct, detach_stale))
             }),
+            tables: Vec::new(),
+            free_tables: Vec::new(),
+            table_releases: ReleaseQueue::new(),
         }
     }
 
@@ -303,6 +315,13 @@ impl RadixCore {
         for (node, tier) in released {
             self.release_lock(node, tier);
         }
+        if self.paged.is_some() {
+            let mut keys = Vec::new();
+            self.table_releases.drain(|key| keys.push(key));
+            for key in keys {
+                self.release_tables(key);
+            }
+        }
         self.pools[0].drain_returns();
         self.pools[1].drain_returns();
     }
@@ -335,6 +354,14 @@ impl RadixCore {
             free_pages: [self.pools[0].available(), self.pools[1].available()],
             evicted_pages: self.evicted_pages,
             states: self.with_states(|family, _| family.stats()),
+            groups: self
+                .paged
+                .as_mut()
+                .map(|f| Box::new(f.report()))
+                .map(|mut r| {
+                    r.live_tables = self.tables.iter().flatten().count();
+                    r
+                }),
         }
     }
 }

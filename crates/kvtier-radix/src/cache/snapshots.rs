@@ -6,10 +6,12 @@
 //! A split keeps the node, and so its snapshot, on the suffix: a snapshot never moves
 //! off its depth, and the family's commits never cut a snapshot node.
 
-use kvtier_paged::{PagedFamily, SnapshotTree};
+use kvtier_host::Releaser;
+use kvtier_paged::{PagedFamily, RequestTables, SnapshotTree};
 
 use super::RadixCore;
 use crate::NodeId;
+use crate::paged::TablesKey;
 
 impl SnapshotTree for RadixCore {
     type Node = NodeId;
@@ -97,5 +99,43 @@ impl RadixCore {
         if let Some(family) = self.paged.as_mut() {
             family.on_node_removed(id);
         }
+    }
+}
+
+/// The store of running requests' group tables.
+impl RadixCore {
+    pub(crate) fn store_tables(&mut self, tables: RequestTables) -> TablesKey {
+        match self.free_tables.pop() {
+            Some(key) => {
+                self.tables[key.0 as usize] = Some(tables);
+                key
+            }
+            None => {
+                self.tables.push(Some(tables));
+                TablesKey(self.tables.len() as u32 - 1)
+            }
+        }
+    }
+
+    pub(crate) fn tables_of(&self, key: TablesKey) -> Option<&RequestTables> {
+        self.tables.get(key.0 as usize)?.as_ref()
+    }
+
+    /// Takes the tables out to work on them with the family ([`Self::put_tables`]
+    /// puts them back under the same key).
+    pub(crate) fn take_tables(&mut self, key: TablesKey) -> Option<RequestTables> {
+        self.tables.get_mut(key.0 as usize)?.take()
+    }
+
+    pub(crate) fn put_tables(&mut self, key: TablesKey, tables: RequestTables) {
+        self.tables[key.0 as usize] = Some(tables);
+    }
+
+    pub(crate) fn free_table_key(&mut self, key: TablesKey) {
+        self.free_tables.push(key);
+    }
+
+    pub(crate) fn table_releaser(&self) -> Releaser<TablesKey> {
+        self.table_releases.releaser()
     }
 }

@@ -1,0 +1,160 @@
+//! Window and compressed-state models through the whole scheduler: each row carries its
+//! group tables, sliding groups release what the window left, commits snapshot the
+//! computed prefix at every multiple of A, and a follow-up reuses a prefix only where
+//! a snapshot makes every required group complete (spec/hybrid-l3.md §2).
+
+mod common;
+
+use common::*;
+use kvtier_fsm::Scheduler;
+use kvtier_paged::PagedReport;
+use kvtier_types::{ForwardRow, GroupRole, GroupSpec, PagedSettings, RowKind, SchedulerConfig};
+
+/// Pages of 4 tokens, no host tier, budget 16, and two required groups of 4 tokens a
+/// page (A = 4): `fh` full history, `swa` a sliding state window of 8 tokens.
+fn windowed(fh_pages: u32, swa_pages: u32) -> SchedulerConfig {
+    SchedulerConfig {
+        page_size: 4,
+        device_pages: 64,
+        host_pages: 0,
+        disable_l2_cache: true,
+        max_scheduled_tokens: 16,
+        max_batch_size: 8,
+        decode_input_tokens: 1,
+        paged: Some(PagedSettings {
+            groups: vec![
+                GroupSpec::full_history("fh", 4, 1, fh_pages),
+                GroupSpec::sliding("swa", 4, 1, swa_pages, 8, GroupRole::State),
+            ],
+            required: vec!["fh".into(), "swa".into()],
+        }),
+        ..SchedulerConfig::default()
+    }
+}
+
+fn report(s: &mut Scheduler) -> PagedReport {
+    *s.stats().groups.expect("a paged scheduler")
+}
+
+/// Group `i` of a row: (base, pages).
+fn group(row: &ForwardRow, i: usize) -> (u32, Vec<u32>) {
+    (row.groups[i].base, row.groups[i].pages.clone())
+}
+
+/// Nothing but snapshots holds group pages once no request runs, and every page is
+/// accounted for.
+fn quiescent(s: &mut Scheduler) {
+    check(s);
+    let r = report(s);
+    assert_eq!(r.live_tables, 0, "{r:?}");
+}
+
+/// Every row names both groups; the sliding group's view starts where the window of
+/// the row's first token starts (the release bound comes from the op's first position).
+#[test]
+fn rows_carry_their_group_tables() {
+    let mut s = sched(windowed(64, 64));
+    submit(&mut s, "r1", tokens(1, 18));
+    let plan = s.next_plan();
+    let row = row_of(&plan, "r1");
+    assert_eq!((row.input_length, row.groups.len()), (16, 2));
+    assert_eq!((group(row, 0).0, group(row, 0).1.len()), (0, 4));
+    assert_eq!((group(row, 1).0, group(row, 1).1.len()), (0, 4));
+    advance(&mut s, vec![]);
+    // The second chunk [16, 18): the window of token 16 starts at 9, on page 2.
+    let plan = s.next_plan();
+    let row = row_of(&plan, "r1");
+    assert_eq!(row.extend_prefix_len, 16);
+    let (fh, swa) = (group(row, 0), group(row, 1));
+    assert_eq!((fh.0, fh.1.len()), (0, 5));
+    assert_eq!((swa.0, swa.1.len()), (2, 3));
+    check(&mut s);
+}
+
+/// A follow-up with the same first 16 tokens reuses them: its first row starts at 16
+/// and reads the snapshot's pages (the history the first request computed, the window
+/// before 16), not fresh ones.
+#[test]
+fn a_follow_up_reuses_the_snapshots_of_its_prefix() {
+    let mut s = sched(windowed(64, 64));
+    let mut engine = Engine::with_max_new(3);
+    submit(&mut s, "r1", tokens(1, 18));
+    let first = step(&mut s, &mut engine);
+    let (_, fh1) = group(row_of(&first, "r1"), 0);
+    drain(&mut s, &mut engine, 20);
+    let mut prompt = tokens(1, 16);
+    prompt.extend(tokens(500, 6));
+    submit(&mut s, "r2", prompt);
+    let plan = step(&mut s, &mut engine);
+    let row = row_of(&plan, "r2");
+    assert_eq!((row.kind, row.extend_prefix_len), (RowKind::Prefill, 16));
+    let (fh, swa) = (group(row, 0), group(row, 1));
+    assert_eq!(fh.1[..4], fh1[..4], "the history pages r1 committed");
+    assert_eq!(swa.0, 2, "the window of token 16 starts on page 2");
+    drain(&mut s, &mut engine, 20);
+    quiescent(&mut s);
+    assert!(report(&mut s).stats.snapshots_adopted + report(&mut s).stats.snapshots_created > 0);
+}
+
+/// Over a long decode a sliding group's table never holds more than the window's pages
+/// (plus the page being written), and the pool's pages come back.
+#[test]
+fn window_pages_leave_a_long_decode() {
+    let mut s = sched(windowed(64, 64));
+    let mut engine = Engine::with_max_new(150);
+    submit(&mut s, "r1", tokens(1, 10));
+    let mut peak = 0;
+    let mut decodes = 0;
+    while !s.is_idle() {
+        let plan = step(&mut s, &mut engine);
+        if let Some(row) = row(&plan, "r1") {
+            peak = peak.max(row.groups[1].pages.len());
+            decodes += usize::from(row.kind == RowKind::Decode);
+        }
+        assert!(decodes < 1000, "no end");
+    }
+    assert_eq!(decodes, 149);
+    assert_eq!(peak, 3, "8 tokens of window span at most 3 pages of 4");
+    quiescent(&mut s);
+}
+
+/// An aborted request's tables go back: its own pages are free again.
+#[test]
+fn an_aborted_request_returns_its_group_pages() {
+    let mut s = sched(windowed(64, 64));
+    let before: Vec<u32> = report(&mut s).groups.iter().map(|g| g.free_pages).collect();
+    submit(&mut s, "r1", tokens(1, 30));
+    s.next_plan();
+    advance(&mut s, vec![]);
+    assert_eq!(report(&mut s).live_tables, 1);
+    advance(&mut s, vec![abort("r1")]);
+    s.next_plan();
+    quiescent(&mut s);
+    let r = report(&mut s);
+    // Whatever it committed stays with the snapshots; the rest is free.
+    for (g, free) in r.groups.iter().zip(before) {
+        assert!(g.free_pages <= free, "{g:?}");
+    }
+    assert_eq!(r.groups.iter().map(|g| g.failed_alloc).sum::<u64>(), 0);
+}
+
+/// A group pool too small for two chunks at once: the second request waits for the
+/// first to release its window instead of failing an allocation, and both finish.
+#[test]
+fn a_short_group_pool_makes_requests_wait_not_fail() {
+    // swa: 6 usable pages; each 16-token chunk takes 4; the budget fits both chunks.
+    let mut s = sched(SchedulerConfig {
+        max_scheduled_tokens: 32,
+        ..windowed(64, 7)
+    });
+    let mut engine = Engine::with_max_new(4);
+    submit(&mut s, "r1", tokens(1, 16));
+    submit(&mut s, "r2", tokens(900, 16));
+    let plan = step(&mut s, &mut engine);
+    assert_eq!(row_ids(&plan), ["r1"], "r2 waits for group pages");
+    drain(&mut s, &mut engine, 50);
+    quiescent(&mut s);
+    let r = report(&mut s);
+    assert_eq!(r.groups.iter().map(|g| g.failed_alloc).sum::<u64>(), 0);
+    assert!(r.stats.admission_denied > 0);
+}

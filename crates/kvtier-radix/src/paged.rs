@@ -1,0 +1,173 @@
+//! Admission and commits for window and compressed-state models: the KV tree and the
+//! paged-cache groups decided together (spec/hybrid-l3.md §2.4–§2.7).
+//!
+//! A request's group tables live here, beside the pools they draw from; the request
+//! holds a [`GroupTables`] lease that returns them when dropped. Every op follows the
+//! reference's order: the request's computed prefix is committed into snapshots when it
+//! is published (before this step's admissions run), then each admitted op releases what
+//! its first token no longer attends and tops its tables up to its target. A first chunk
+//! reuses KV only as deep as a snapshot makes its groups complete (§2.5).
+
+use kvtier_host::Releaser;
+use kvtier_paged::RequestTables;
+use kvtier_types::{GroupTable, Token};
+
+use crate::batch::{ChunkShape, Outcome};
+use crate::{Match, NodeId, RadixCore};
+
+/// Names a request's group tables inside the cache (plain data: it travels in intents
+/// and publications; the [`GroupTables`] lease owns them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TablesKey(pub(crate) u32);
+
+/// A running request's group tables. Move-only; dropping it sends the tables back to the
+/// cache, which returns their own pages to the group pools before its next operation.
+#[derive(Debug)]
+#[must_use = "dropping the lease releases the request's group pages"]
+pub struct GroupTables {
+    key: TablesKey,
+    home: Option<Releaser<TablesKey>>,
+}
+
+impl GroupTables {
+    /// The key that names the tables in intents and publications.
+    pub fn key(&self) -> TablesKey {
+        self.key
+    }
+}
+
+impl Drop for GroupTables {
+    fn drop(&mut self) {
+        if let Some(home) = self.home.take() {
+            home.release(self.key);
+        }
+    }
+}
+
+impl RadixCore {
+    /// A paged model's first chunk: the KV match capped at the deepest snapshot whose
+    /// groups are complete, room for the chunk's KV, then the groups' admission (pruning
+    /// unpinned snapshots if a pool is short) and their pages.
+    pub(crate) fn first_chunk_paged(
+        &mut self,
+        tokens: &[Token],
+        prefill_len: u32,
+        remaining: u32,
+        d: u32,
+        reuse: bool,
+    ) -> Outcome {
+        let ps = self.page_size();
+        let kv = self.committed_match(tokens, reuse);
+        let Some((hit, node)) =
+            self.with_snapshots(|family, tree| family.cap_match(tree, kv.device))
+        else {
+            return Outcome::waits();
+        };
+        let pages = self.depth_pages(node);
+        debug_assert_eq!(hit.prefix_len, pages * ps, "a hit ends on its snapshot");
+        let m = Match {
+            device: node,
+            device_pages: pages,
+            host: node,
+            host_pages: 0,
+        };
+        let shape = ChunkShape::new(pages, 0, prefill_len, remaining, d, ps);
+        let Some(guard) = self.make_room(m.device, shape.need) else {
+            return Outcome::waits();
+        };
+        let (first, target) = (pages * ps, pages * ps + shape.tokens);
+        let tables = self
+            .with_snapshots(|family, tree| {
+                let mut tables = family.new_tables();
+                let mut free = family.available();
+                if !family.admit(tree, &tables, first, target, Some((&hit, node)), &mut free) {
+                    return None;
+                }
+                let acquired = family.acquire(&mut tables, first, target, Some(&hit));
+                debug_assert!(acquired.is_ok(), "admitted, yet {acquired:?}");
+                acquired.is_ok().then_some(tables)
+            })
+            .flatten();
+        let Some(tables) = tables else {
+            self.unlock(guard);
+            return Outcome::waits();
+        };
+        let Some(pinned) = self.pin_path(m, guard, false) else {
+            debug_assert!(false, "room was made");
+            self.return_tables(tables);
+            return Outcome::waits();
+        };
+        let lease = self.lease_tables(tables);
+        let groups = self.group_view(lease.key());
+        let mut outcome = self.admitted(pinned, &shape, None);
+        if let Outcome::Admitted(a) = &mut outcome {
+            a.tables = Some(lease);
+            a.groups = groups;
+        }
+        outcome
+    }
+
+    /// Admits a running request's op over `[first, target)` in every group and gives
+    /// its tables the pages: `false`, nothing changed, when a pool cannot take it even
+    /// after pruning unpinned snapshots.
+    pub(crate) fn grow_groups(&mut self, key: TablesKey, first: u32, target: u32) -> bool {
+        let Some(mut tables) = self.take_tables(key) else {
+            debug_assert!(false, "no tables under {key:?}");
+            return false;
+        };
+        let granted = self
+            .with_snapshots(|family, tree| {
+                let mut free = family.available();
+                family.admit(tree, &tables, first, target, None, &mut free)
+                    && family.acquire(&mut tables, first, target, None).is_ok()
+            })
+            .unwrap_or(false);
+        self.put_tables(key, tables);
+        granted
+    }
+
+    /// The request's tables as a row reads them, in group order.
+    pub(crate) fn group_view(&self, key: TablesKey) -> Vec<GroupTable> {
+        self.tables_of(key).map_or_else(Vec::new, |tables| {
+            tables
+                .iter()
+                .map(|t| GroupTable {
+                    base: t.base(),
+                    pages: t.ids(),
+                })
+                .collect()
+        })
+    }
+
+    /// Commits what the request computed, up to `terminal` (its published node), into
+    /// snapshots (§2.4).
+    pub(crate) fn commit_tables(&mut self, key: TablesKey, terminal: NodeId) {
+        let Some(mut tables) = self.take_tables(key) else {
+            debug_assert!(false, "no tables under {key:?}");
+            return;
+        };
+        self.with_snapshots(|family, tree| family.commit_chunk(tree, &mut tables, terminal));
+        self.put_tables(key, tables);
+    }
+
+    /// Frees a lease's tables now (a released lease's come back through the drain).
+    pub(crate) fn release_tables(&mut self, key: TablesKey) {
+        if let Some(tables) = self.take_tables(key) {
+            self.return_tables(tables);
+            self.free_table_key(key);
+        }
+    }
+
+    /// Returns tables that were never leased.
+    fn return_tables(&mut self, mut tables: RequestTables) {
+        self.with_snapshots(|family, _| family.release(&mut tables));
+    }
+
+    fn lease_tables(&mut self, tables: RequestTables) -> GroupTables {
+        let key = self.store_tables(tables);
+        GroupTables {
+            key,
+            home: Some(self.table_releaser()),
+        }
+    }
+}
