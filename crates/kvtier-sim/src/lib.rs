@@ -11,6 +11,7 @@ pub mod api;
 pub mod campaign;
 mod digest;
 pub mod engine;
+pub mod groups;
 pub mod hybrid;
 pub mod l3_bench;
 pub mod reference;

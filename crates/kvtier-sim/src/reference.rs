@@ -40,6 +40,7 @@ use kvtier_types::{
     TransferPair, engine_rule,
 };
 
+use crate::groups::{GroupMemory, WrongGroupEntry};
 use crate::tokens::splitmix64;
 
 /// How much of what a row reads is checked against its tokens. The next token depends
@@ -129,6 +130,9 @@ pub enum IntegrityError {
     /// A hybrid model's row read a recurrent state other than the one after its
     /// tokens (or named no state slot).
     WrongState(WrongState),
+    /// A paged model's row read a group entry other than its tokens', or its group
+    /// table did not reach one it reads or writes.
+    WrongGroup(WrongGroupEntry),
 }
 
 /// A wrong recurrent state a row read.
@@ -152,6 +156,7 @@ impl IntegrityError {
             IntegrityError::ShortPageTable { request, .. }
             | IntegrityError::UnknownRequest { request } => request,
             IntegrityError::WrongState(wrong) => &wrong.request,
+            IntegrityError::WrongGroup(wrong) => &wrong.request,
         }
     }
 
@@ -273,6 +278,8 @@ pub struct ReferenceEngine {
     pub void_rows: u64,
     /// A hybrid model's recurrent state, if the model has one.
     states: Option<StateModel>,
+    /// A paged model's group entries, if the model has groups.
+    groups: Option<GroupMemory>,
 }
 
 /// The recurrent state of a hybrid model.
@@ -333,6 +340,7 @@ impl ReferenceEngine {
             void_states: std::collections::BTreeSet::new(),
             void_rows: 0,
             states: None,
+            groups: None,
         })
     }
 
@@ -358,6 +366,13 @@ impl ReferenceEngine {
             host_slots,
         });
         Ok(self)
+    }
+
+    /// A paged model: rows also read and write the entries of `groups` through their
+    /// group tables (see [`crate::groups`]).
+    pub fn with_groups(mut self, groups: Vec<kvtier_types::GroupSpec>) -> Self {
+        self.groups = Some(GroupMemory::new(groups));
+        self
     }
 
     /// The reference engine a device runs its rows through, if that is its runner.
@@ -453,6 +468,25 @@ impl ReferenceEngine {
         // Read after the writes, as attention does: a table that maps two positions to
         // one slot shows up as well as a stale or misplaced page.
         let mut digest = self.read(view, &row.request_id, &track, table, compute.end)?;
+        // Group entries hold a running state (a compressor's): the row reads what the
+        // rows before it left, then leaves its own.
+        if let Some(groups) = &self.groups {
+            let before = groups.check_before(row, &track.prefix, compute.start, |p| {
+                self.verified(p, compute.end)
+            });
+            let written = self
+                .groups
+                .as_mut()
+                .and_then(|groups| groups.write(row, &track.prefix, compute.clone()));
+            let after = self.groups.as_ref().and_then(|groups| {
+                groups.read_after(row, &track.prefix, compute.end, &mut digest, |p| {
+                    self.verified(p, compute.end)
+                })
+            });
+            if let Some(wrong) = before.or(written).or(after) {
+                self.errors.push(IntegrityError::WrongGroup(wrong));
+            }
+        }
         if let (Some(model), Some(states)) = (self.states, states) {
             digest ^= self.recur(states, model, row, &track, compute.clone())?;
         }

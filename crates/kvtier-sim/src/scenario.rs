@@ -23,7 +23,10 @@ use kvtier_l3::{
     L3Backend, L3Core, L3Error, L3Faults, L3Key, LocalStore, LocalStoreConfig, MooncakeConfig,
     MooncakeStore, Namespace,
 };
-use kvtier_types::{EngineEvent, MambaSettings, RequestId, RequestSpec, SchedulerConfig, Token};
+use kvtier_types::{
+    EngineEvent, GroupRole, GroupSpec, MambaSettings, PagedSettings, RequestId, RequestSpec,
+    SchedulerConfig, Token,
+};
 use serde::Serialize;
 
 use crate::api::{Path, system_on};
@@ -41,6 +44,12 @@ pub enum Model {
     /// Attention layers beside Mamba layers (Qwen3-Next, Nemotron-H style): KV and a
     /// recurrent state per request, checkpointed at page boundaries.
     MambaHybrid,
+    /// Full-attention KV beside sliding-window layers (gpt-oss style): the window
+    /// layers' KV in a sliding group of 128 tokens.
+    SlidingWindow,
+    /// DeepSeek-V4 style: a sliding window of 128 tokens, KV compressed by 4 and by 128
+    /// and their compressor states, all in paged-cache groups.
+    CompressedState,
 }
 
 impl Model {
@@ -49,7 +58,71 @@ impl Model {
         match self {
             Model::Dense => "dense",
             Model::MambaHybrid => "mamba-hybrid",
+            Model::SlidingWindow => "sliding-window",
+            Model::CompressedState => "compressed-state",
         }
+    }
+
+    /// A window or compressed-state model's group templates (pool sizes 0, sized per
+    /// run by [`scenario_groups`]) and required groups: every group, so a prefix is
+    /// reusable at any snapshot whose windows are complete.
+    pub fn group_templates(self) -> Option<PagedSettings> {
+        let groups = match self {
+            Model::Dense | Model::MambaHybrid => return None,
+            Model::SlidingWindow => vec![GroupSpec::sliding(
+                "swa.kv",
+                SCENARIO_PAGE_SIZE,
+                1,
+                0,
+                128,
+                GroupRole::History,
+            )],
+            Model::CompressedState => vec![
+                GroupSpec::sliding("v4.swa_kv", 64, 1, 0, 128, GroupRole::State),
+                GroupSpec::sliding("v4.c4a.compressor_state", 4, 1, 0, 8, GroupRole::State),
+                GroupSpec::full_history("v4.c4a.compressed_kv", 64, 4, 0),
+                GroupSpec::sliding("v4.c128a.compressor_state", 8, 1, 0, 128, GroupRole::State),
+                GroupSpec::full_history("v4.c128a.compressed_kv", 2, 128, 0),
+                GroupSpec::sliding(
+                    "v4.c4a.indexer_compressor_state",
+                    4,
+                    1,
+                    0,
+                    8,
+                    GroupRole::State,
+                ),
+            ],
+        };
+        let required = groups.iter().map(|g| g.id.clone()).collect();
+        Some(PagedSettings { groups, required })
+    }
+}
+
+/// Sizes a paged model's group pools for a run: room for as many tokens as the device
+/// KV pool holds (snapshots go with their node's device KV, so they never hold more),
+/// plus, per running request, a chunk, its window and a page of slack each.
+pub fn scenario_groups(
+    templates: &PagedSettings,
+    device_pages: u32,
+    batch: u32,
+    budget: u32,
+) -> PagedSettings {
+    let tokens = device_pages * SCENARIO_PAGE_SIZE;
+    let groups = templates
+        .groups
+        .iter()
+        .map(|g| {
+            let window = g.pages_for(g.window().unwrap_or(0));
+            let per_request = g.pages_for(budget) + window + 2;
+            GroupSpec {
+                total_pages: g.pages_for(tokens) + batch * per_request + 1,
+                ..g.clone()
+            }
+        })
+        .collect();
+    PagedSettings {
+        groups,
+        required: templates.required.clone(),
     }
 }
 
@@ -317,6 +390,9 @@ pub struct ScenarioOptions {
     pub model_label: Option<String>,
     /// The hybrid model's scan-kernel chunk (default: the scenarios' 64).
     pub state_chunk: Option<u32>,
+    /// A window or compressed-state model's groups (pool sizes ignored: a run sizes
+    /// them); default: the model kind's ([`Model::group_templates`]).
+    pub groups: Option<PagedSettings>,
 }
 
 /// A trace to replay: its requests, and how much faster than real time they arrive.
@@ -360,6 +436,7 @@ impl ScenarioOptions {
             publish_cap: None,
             model_label: None,
             state_chunk: None,
+            groups: None,
         }
     }
 
@@ -610,20 +687,25 @@ pub fn reference_device(
     host_pages: u32,
     verify: Verify,
 ) -> Result<DeviceCore, DeviceError> {
-    hybrid_reference_device(page_size, device_pages, host_pages, verify, None)
+    hybrid_reference_device(page_size, device_pages, host_pages, verify, None, None)
 }
 
-/// [`reference_device`] for a hybrid model with these state pools, when `states` says so.
+/// [`reference_device`] for a hybrid model with these state pools, when `states` says
+/// so, and for a paged model with these groups, when `groups` says so.
 pub fn hybrid_reference_device(
     page_size: u32,
     device_pages: u32,
     host_pages: u32,
     verify: Verify,
     states: Option<MambaSettings>,
+    groups: Option<&PagedSettings>,
 ) -> Result<DeviceCore, DeviceError> {
     let mut engine = ReferenceEngine::new(scenario_geometry(page_size), device_pages, verify)?;
     if let Some(m) = states {
         engine = engine.with_states(SCENARIO_STATE, m.chunk, m.device_slots, m.host_slots)?;
+    }
+    if let Some(p) = groups {
+        engine = engine.with_groups(p.groups.clone());
     }
     engine.into_device(host_pages)
 }
@@ -747,8 +829,14 @@ pub fn run_scenario_with(
         host_slots: if o.cache { 16 * batch } else { 0 },
         chunk: o.state_chunk.unwrap_or(SCENARIO_STATE_CHUNK),
     });
+    let groups = o
+        .groups
+        .clone()
+        .or_else(|| o.model.group_templates())
+        .map(|t| scenario_groups(&t, device_pages, batch, budget));
     let config = SchedulerConfig {
         mamba: states,
+        paged: groups.clone(),
         page_size: PAGE,
         device_pages,
         host_pages,
@@ -761,11 +849,17 @@ pub fn run_scenario_with(
         enable_l3_storage: o.l3_on(),
         ..SchedulerConfig::default()
     };
-    let mut device = hybrid_reference_device(PAGE, device_pages, host_pages, o.verify, states)?
-        .with_faults(Box::new(
-            FailEveryNth::new(o.fail_every_nth_write_back)
-                .with_load_backs(o.fail_every_nth_load_back),
-        ));
+    let mut device = hybrid_reference_device(
+        PAGE,
+        device_pages,
+        host_pages,
+        o.verify,
+        states,
+        groups.as_ref(),
+    )?
+    .with_faults(Box::new(
+        FailEveryNth::new(o.fail_every_nth_write_back).with_load_backs(o.fail_every_nth_load_back),
+    ));
     // Declared before the system: the store's scratch directory outlives it.
     let mut scratch = None;
     let arenas = device.arenas_mut();

@@ -1,0 +1,130 @@
+//! The scenarios on window and compressed-state models: every row's group entries are
+//! checked by the reference engine (the window its tokens attend, the compressed
+//! history, the compressor states), and reuse must never change an answer — the cache on
+//! gives the tokens of the cache off, with zero integrity errors, on every path.
+
+use kvtier_sim::Path;
+use kvtier_sim::reference::IntegrityError;
+use kvtier_sim::scenario::{Model, Scenario, ScenarioOptions, ScenarioReport, run_scenario};
+
+fn run(model: Model, scenario: Scenario, cache: bool, path: Path) -> ScenarioReport {
+    let options = ScenarioOptions {
+        model,
+        cache,
+        path,
+        ..ScenarioOptions::new(scenario)
+    };
+    run_scenario(&options).expect("the scenario runs")
+}
+
+fn clean(r: &ScenarioReport, what: &str) {
+    assert_eq!(
+        r.integrity_errors, 0,
+        "{what}: first errors {:?}",
+        r.first_errors
+    );
+    assert_eq!(r.finished, r.requests, "{what}: every request answered");
+}
+
+const MODELS: [Model; 2] = [Model::SlidingWindow, Model::CompressedState];
+
+#[test]
+fn window_chat_answers_as_without_the_cache_on_every_path() {
+    for model in MODELS {
+        let off = run(model, Scenario::Chat, false, Path::Core);
+        clean(&off, "chat, cache off");
+        for path in [Path::Core, Path::Deterministic, Path::Actors] {
+            let what = format!("chat, {}, {}", model.name(), path.name());
+            let on = run(model, Scenario::Chat, true, path);
+            clean(&on, &what);
+            assert_eq!(on.outputs, off.outputs, "{what}");
+            // Follow-up turns resume from the snapshot at the end of the last answer.
+            assert!(on.hit_tokens > 0, "{what}: no reuse");
+        }
+    }
+}
+
+#[test]
+fn window_rollout_and_longdoc_answer_as_without_the_cache() {
+    for model in MODELS {
+        for scenario in [Scenario::Rollout, Scenario::Longdoc] {
+            let what = format!("{}, {}", scenario.name(), model.name());
+            let off = run(model, scenario, false, Path::Core);
+            let on = run(model, scenario, true, Path::Core);
+            clean(&off, &what);
+            clean(&on, &what);
+            assert_eq!(on.outputs, off.outputs, "{what}");
+        }
+        // Siblings of a prompt reuse it at the deepest snapshot boundary.
+        let on = run(model, Scenario::Rollout, true, Path::Core);
+        assert!(on.hit_tokens * 10 >= on.ideal_hit_tokens * 8, "{on:?}");
+    }
+}
+
+/// The window answers are not the dense model's: the group entries a row reads feed its
+/// next token, so an engine that ignored them could not tell a wrong window.
+#[test]
+fn group_entries_reach_the_answer() {
+    let dense = run(Model::Dense, Scenario::Chat, false, Path::Core);
+    for model in MODELS {
+        let window = run(model, Scenario::Chat, false, Path::Core);
+        assert_ne!(
+            window.output_digest,
+            dense.output_digest,
+            "{}",
+            model.name()
+        );
+    }
+}
+
+/// A wrong group table is caught: with every row's window shifted by one page (its
+/// base off by one), the oracle reports the entries the rows read from the wrong page.
+#[test]
+fn a_misplaced_window_is_an_integrity_error() {
+    use kvtier_sim::groups::GroupMemory;
+    use kvtier_types::{ForwardRow, GroupRole, GroupSpec, GroupTable, RowKind};
+
+    let spec = GroupSpec::sliding("swa", 4, 1, 16, 8, GroupRole::State);
+    let mut memory = GroupMemory::new(vec![spec]);
+    let prefix: Vec<u64> = (0..32).map(|i| 1000 + i).collect();
+    let mut row = ForwardRow {
+        request_id: "r1".into(),
+        kind: RowKind::Prefill,
+        slot: 1,
+        input_length: 16,
+        prefill_length: 20,
+        pages_start: 0,
+        pages_len: 0,
+        begin: 0,
+        size: 0,
+        extend_prefix_len: 0,
+        input_ids_start: 0,
+        decode_input_id: -1,
+        hist_token_len: -1,
+        mamba: Default::default(),
+        groups: vec![GroupTable {
+            base: 0,
+            pages: vec![1, 2, 3, 4],
+        }],
+    };
+    assert_eq!(memory.write(&row, &prefix, 0..16), None);
+    let mut digest = 0;
+    assert_eq!(
+        memory.read_after(&row, &prefix, 16, &mut digest, |_| true),
+        None
+    );
+    // The next chunk [16, 20) attends [9, 16): pages 2 and 3 from base 2, then page 4
+    // for its own tokens. Its table names the pages one column off.
+    row.groups[0] = GroupTable {
+        base: 2,
+        pages: vec![2, 3, 5],
+    };
+    let wrong = memory
+        .check_before(&row, &prefix, 16, |_| true)
+        .expect("the window read from the wrong pages");
+    assert_eq!((wrong.group.as_str(), wrong.position), ("swa", 9));
+    // The right table reads right.
+    row.groups[0].pages = vec![3, 4, 5];
+    assert_eq!(memory.check_before(&row, &prefix, 16, |_| true), None);
+    let _ = IntegrityError::WrongGroup(wrong);
+}
