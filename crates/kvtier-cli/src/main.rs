@@ -63,9 +63,11 @@ struct ReplayArgs {
     no_cache: bool,
     /// The model served: `dense` (full attention, the default), `mamba-hybrid`
     /// (attention and Mamba layers: a recurrent state per request, checked by the
-    /// oracle too), or a built-in preset (`llama-3.1-8b`, `qwen3-8b`,
-    /// `qwen3-next-80b-a3b`, `nemotron-nano-9b-v2`, ...; docs/models.md), whose
-    /// families, KV bytes per token and mid-flight gate the replay takes.
+    /// oracle too), `sliding-window` (gpt-oss-like: window layers in a paged group),
+    /// `compressed-state` (DeepSeek-V4-like paged groups), or a built-in preset
+    /// (`llama-3.1-8b`, `gpt-oss-20b`, `deepseek-v4-flash`, `qwen3-next-80b-a3b`, ...;
+    /// docs/models.md), whose families, KV bytes per token and mid-flight gate the
+    /// replay takes.
     #[arg(long, conflicts_with = "model_config")]
     model: Option<String>,
     /// The model served, from a Hugging Face `config.json` (as `--model` with a

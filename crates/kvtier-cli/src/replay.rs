@@ -336,10 +336,11 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     Ok(())
 }
 
-/// The model a replay serves: a kind (`dense`, `mamba-hybrid`), a built-in preset, or
-/// a `config.json`. A preset or config sets the family (dense or Mamba hybrid, with
-/// its scan chunk), the KV bytes per token of the virtual clock and the mid-flight
-/// gate; the reference engine keeps its small checked geometry.
+/// The model a replay serves: a kind (`dense`, `mamba-hybrid`, `sliding-window`,
+/// `compressed-state`), a built-in preset, or a `config.json`. A preset or config sets
+/// the family (dense, Mamba hybrid with its scan chunk, or paged groups), the KV bytes
+/// per token of the virtual clock and the mid-flight gate; the reference engine keeps
+/// its small checked geometry.
 fn served_model(
     name: Option<&str>,
     config: Option<&std::path::Path>,
@@ -354,25 +355,30 @@ fn served_model(
             Err(_) => ModelSpec::preset(name)?,
         },
     };
-    if spec.needs_paged_family() {
-        bail!(
-            "model `{}` has sliding-window layers or paged-cache groups: it needs the \
-             paged-cache family (kvtier-paged), which replay does not serve yet",
-            spec.name
-        );
-    }
+    // A paged model's groups (pool sizes are the run's to set).
+    let any_budget = kvtier_paged::PoolBudget {
+        max_live_requests: 1,
+        max_scheduled_tokens: 1,
+        max_total_tokens: 1,
+        max_context_len: 1,
+        sliding_safety_margin: 0,
+    };
+    let groups = spec.paged_settings(SCENARIO_PAGE_SIZE, &any_budget);
     let gate = spec.gate(SCENARIO_PAGE_SIZE);
     let mut cost = options.cost;
     let kv_bytes = spec.kv.map_or(0, |kv| kv.bytes_per_token());
     if kv_bytes > 0 {
         cost.kv_bytes_per_token = kv_bytes as f64;
     }
+    let model = match &groups {
+        Some(_) if spec.group_templates.is_empty() => Model::SlidingWindow,
+        Some(_) => Model::CompressedState,
+        None if spec.is_mamba_hybrid() => Model::MambaHybrid,
+        None => Model::Dense,
+    };
     Ok(ScenarioOptions {
-        model: if spec.is_mamba_hybrid() {
-            Model::MambaHybrid
-        } else {
-            Model::Dense
-        },
+        model,
+        groups,
         state_chunk: spec.state.map(|s| s.checkpoint_chunk),
         publish: options.publish && gate.enabled,
         publish_cap: gate.max_pages,
@@ -434,8 +440,8 @@ mod tests {
     }
 
     /// `--model` takes a kind or a preset, `--model-config` a file: a preset sets the
-    /// family, the label, the virtual clock's KV bytes and the gate; window models are
-    /// refused with a message that names what they need.
+    /// family, the label, the virtual clock's KV bytes and the gate; a window or
+    /// compressed-state model gets its paged-cache groups.
     #[test]
     fn models_from_presets_and_configs() {
         let base = || ScenarioOptions::new(Scenario::Chat);
@@ -451,8 +457,14 @@ mod tests {
             (llama.model, llama.publish, llama.publish_cap),
             (Model::Dense, true, None)
         );
-        let err = served_model(Some("gpt-oss-20b"), None, base()).unwrap_err();
-        assert!(err.to_string().contains("paged-cache family"), "{err}");
+        let oss = served_model(Some("gpt-oss-20b"), None, base()).expect("a preset");
+        let groups = oss.groups.expect("paged groups");
+        assert_eq!(oss.model, Model::SlidingWindow);
+        assert_eq!(groups.required, ["swa.kv"]);
+        assert_eq!(groups.groups[0].window(), Some(128));
+        let v4 = served_model(Some("deepseek-v4-flash"), None, base()).expect("a preset");
+        assert_eq!(v4.model, Model::CompressedState);
+        assert_eq!(v4.groups.expect("paged groups").groups.len(), 6);
         let err = served_model(Some("gpt-7"), None, base()).unwrap_err();
         assert!(
             err.to_string().contains("unknown model preset `gpt-7`"),

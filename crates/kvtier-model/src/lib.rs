@@ -177,6 +177,30 @@ impl ModelSpec {
     }
 }
 
+impl ModelSpec {
+    /// The scheduler's paged-cache side ([`kvtier_types::PagedSettings`]) at a KV page
+    /// size, pools sized for `budget`; `None` for a model without groups. A window
+    /// model's sliding-layer group is required, so its prefixes are reusable where a
+    /// snapshot holds their window.
+    pub fn paged_settings(
+        &self,
+        page_size: u32,
+        budget: &PoolBudget,
+    ) -> Option<kvtier_types::PagedSettings> {
+        if !self.needs_paged_family() {
+            return None;
+        }
+        let mut required = self.required_groups.clone();
+        if self.window.is_some() && !required.iter().any(|g| g == WINDOW_GROUP) {
+            required.push(WINDOW_GROUP.to_owned());
+        }
+        Some(kvtier_types::PagedSettings {
+            groups: self.groups(page_size, budget),
+            required,
+        })
+    }
+}
+
 /// The group that holds a window model's sliding-layer KV.
 pub const WINDOW_GROUP: &str = "swa.kv";
 
