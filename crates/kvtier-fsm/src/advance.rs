@@ -90,6 +90,7 @@ impl SchedulerCore {
             prefill_len,
             state: State::Submitted,
             storage_hit_pages: spec.storage_hit_pages,
+            denied: None,
             span,
         });
     }

@@ -102,7 +102,7 @@ impl Scheduler {
                     progress = self.core.resume(reply)?;
                 }
                 match progress {
-                    Progress::Plan(plan) => return Ok(plan),
+                    Progress::Plan(plan) => return Ok(*plan),
                     Progress::Send(more) => mail = more,
                     Progress::Done => return Err(SchedError::UnexpectedReply),
                 }

@@ -21,6 +21,11 @@ pub(crate) struct Rows {
     pub page_table: Vec<u32>,
     pub input_ids: Vec<Token>,
     pub shifted_input_ids: Vec<Token>,
+    /// Paged models: the prefill rows' and the decode rows' group tables, in row order.
+    pub prefill_groups: Vec<GroupTable>,
+    pub decode_groups: Vec<GroupTable>,
+    /// Groups per row (0 until a row with groups is pushed).
+    pub groups_per_row: usize,
 }
 
 impl Rows {
@@ -71,7 +76,6 @@ impl Rows {
                 -1
             },
             mamba: mamba_row(run, cow_src, None),
-            groups: Vec::new(),
         });
     }
 
@@ -111,23 +115,23 @@ impl Rows {
             decode_input_id: -1,
             hist_token_len: -1,
             mamba: mamba_row(run, cow_src, branching),
-            groups: Vec::new(),
         });
     }
 
-    /// Gives the row just pushed (a prefill or a decode row) its group tables.
+    /// Gives the row just pushed (a prefill or a decode row) its group tables (every
+    /// row of a paged model has one per group).
     pub fn set_groups(&mut self, prefill: bool, groups: Vec<GroupTable>) {
         if groups.is_empty() {
             return;
         }
-        let rows = if prefill {
-            &mut self.prefill
+        debug_assert!(self.groups_per_row == 0 || self.groups_per_row == groups.len());
+        self.groups_per_row = groups.len();
+        let tables = if prefill {
+            &mut self.prefill_groups
         } else {
-            &mut self.decode
+            &mut self.decode_groups
         };
-        if let Some(row) = rows.last_mut() {
-            row.groups = groups;
-        }
+        tables.extend(groups);
     }
 }
 

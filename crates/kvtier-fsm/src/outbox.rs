@@ -110,5 +110,5 @@ pub enum Progress {
     /// [`crate::SchedulerCore::resume`].
     Send(Vec<FamilyMail>),
     /// The plan is ready.
-    Plan(ExecutionPlan),
+    Plan(Box<ExecutionPlan>),
 }

@@ -280,6 +280,8 @@ pub(crate) struct Request {
     pub state: State,
     /// Consecutive prompt pages the engine found in L3 (drives prefetch).
     pub storage_hit_pages: u32,
+    /// Paged models: the groups' last refusal of its first chunk.
+    pub denied: Option<kvtier_radix::Denial>,
     /// The request's lifecycle span: opened at submit, closed when it is forgotten.
     pub span: tracing::Span,
 }

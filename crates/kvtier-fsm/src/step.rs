@@ -145,7 +145,7 @@ impl SchedulerCore {
             }
             _ => return Err(SchedError::UnexpectedReply),
         }
-        Ok(Progress::Plan(self.finish_plan(draft)))
+        Ok(Progress::Plan(Box::new(self.finish_plan(draft))))
     }
 
     fn finish_plan(&mut self, draft: PlanInProgress) -> ExecutionPlan {
@@ -169,6 +169,11 @@ impl SchedulerCore {
         forward.page_table = rows.page_table;
         forward.input_ids = rows.input_ids;
         forward.shifted_input_ids = rows.shifted_input_ids;
+        if rows.groups_per_row > 0 {
+            rows.prefill_groups.append(&mut rows.decode_groups);
+            forward.group_tables = rows.prefill_groups;
+            forward.groups_per_row = rows.groups_per_row;
+        }
         if let (Some(started), Some(threshold)) = (started, self.config.slow_step_threshold) {
             let elapsed = started.elapsed();
             if elapsed >= threshold {
@@ -386,6 +391,7 @@ impl SchedulerCore {
                         tokens: TokenRef::new(&r.tokens, (full * ps) as usize),
                         prefill_len: r.prefill_len,
                         prefetch,
+                        denied: r.denied.map(Box::new),
                     });
                     Entry::FirstChunk
                 }
@@ -523,7 +529,9 @@ impl SchedulerCore {
                         self.apply_commit(key, *committed, republish);
                     }
                     self.decode(key, tokens, pages, &mut draft.rows);
-                    draft.rows.set_groups(false, groups);
+                    if let Some(groups) = groups {
+                        draft.rows.set_groups(false, *groups);
+                    }
                 }
                 (
                     Entry::NextChunk(republish),
@@ -538,7 +546,9 @@ impl SchedulerCore {
                         self.apply_commit(key, *committed, republish);
                     }
                     self.next_chunk(key, tokens, pages, &mut draft.rows);
-                    draft.rows.set_groups(true, groups);
+                    if let Some(groups) = groups {
+                        draft.rows.set_groups(true, *groups);
+                    }
                 }
                 (
                     Entry::NextChunk(_) | Entry::Decode(_),
@@ -562,6 +572,9 @@ impl SchedulerCore {
                         state,
                     };
                     self.start_prefetch(key, fetch, &mut draft.plan);
+                }
+                (Entry::FirstChunk, Outcome::Denied(denial)) => {
+                    self.requests[key].denied = Some(denial);
                 }
                 (Entry::FirstChunk, Outcome::Admitted(admission)) => {
                     self.first_chunk(key, *admission, draft);

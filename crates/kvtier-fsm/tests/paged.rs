@@ -8,7 +8,10 @@ mod common;
 use common::*;
 use kvtier_fsm::Scheduler;
 use kvtier_paged::PagedReport;
-use kvtier_types::{ForwardRow, GroupRole, GroupSpec, PagedSettings, RowKind, SchedulerConfig};
+use kvtier_types::{
+    ExecutionPlan, ForwardRow, GroupRole, GroupSpec, GroupTable, PagedSettings, RowKind,
+    SchedulerConfig,
+};
 
 /// Pages of 4 tokens, no host tier, budget 16, and two required groups of 4 tokens a
 /// page (A = 4): `fh` full history, `swa` a sliding state window of 8 tokens.
@@ -36,9 +39,20 @@ fn report(s: &mut Scheduler) -> PagedReport {
     *s.stats().groups.expect("a paged scheduler")
 }
 
+/// The row of `id` in `plan` and its group tables.
+fn row_groups<'a>(plan: &'a ExecutionPlan, id: &str) -> (&'a ForwardRow, &'a [GroupTable]) {
+    let index = plan
+        .forward
+        .rows
+        .iter()
+        .position(|r| r.request_id.as_str() == id)
+        .expect("a row for the request");
+    (&plan.forward.rows[index], plan.forward.groups_of(index))
+}
+
 /// Group `i` of a row: (base, pages).
-fn group(row: &ForwardRow, i: usize) -> (u32, Vec<u32>) {
-    (row.groups[i].base, row.groups[i].pages.clone())
+fn group(groups: &[GroupTable], i: usize) -> (u32, Vec<u32>) {
+    (groups[i].base, groups[i].pages.clone())
 }
 
 /// Nothing but snapshots holds group pages once no request runs, and every page is
@@ -56,16 +70,16 @@ fn rows_carry_their_group_tables() {
     let mut s = sched(windowed(64, 64));
     submit(&mut s, "r1", tokens(1, 18));
     let plan = s.next_plan();
-    let row = row_of(&plan, "r1");
-    assert_eq!((row.input_length, row.groups.len()), (16, 2));
-    assert_eq!((group(row, 0).0, group(row, 0).1.len()), (0, 4));
-    assert_eq!((group(row, 1).0, group(row, 1).1.len()), (0, 4));
+    let (row, groups) = row_groups(&plan, "r1");
+    assert_eq!((row.input_length, groups.len()), (16, 2));
+    assert_eq!((group(groups, 0).0, group(groups, 0).1.len()), (0, 4));
+    assert_eq!((group(groups, 1).0, group(groups, 1).1.len()), (0, 4));
     advance(&mut s, vec![]);
     // The second chunk [16, 18): the window of token 16 starts at 9, on page 2.
     let plan = s.next_plan();
-    let row = row_of(&plan, "r1");
+    let (row, groups) = row_groups(&plan, "r1");
     assert_eq!(row.extend_prefix_len, 16);
-    let (fh, swa) = (group(row, 0), group(row, 1));
+    let (fh, swa) = (group(groups, 0), group(groups, 1));
     assert_eq!((fh.0, fh.1.len()), (0, 5));
     assert_eq!((swa.0, swa.1.len()), (2, 3));
     check(&mut s);
@@ -80,15 +94,15 @@ fn a_follow_up_reuses_the_snapshots_of_its_prefix() {
     let mut engine = Engine::with_max_new(3);
     submit(&mut s, "r1", tokens(1, 18));
     let first = step(&mut s, &mut engine);
-    let (_, fh1) = group(row_of(&first, "r1"), 0);
+    let (_, fh1) = group(row_groups(&first, "r1").1, 0);
     drain(&mut s, &mut engine, 20);
     let mut prompt = tokens(1, 16);
     prompt.extend(tokens(500, 6));
     submit(&mut s, "r2", prompt);
     let plan = step(&mut s, &mut engine);
-    let row = row_of(&plan, "r2");
+    let (row, groups) = row_groups(&plan, "r2");
     assert_eq!((row.kind, row.extend_prefix_len), (RowKind::Prefill, 16));
-    let (fh, swa) = (group(row, 0), group(row, 1));
+    let (fh, swa) = (group(groups, 0), group(groups, 1));
     assert_eq!(fh.1[..4], fh1[..4], "the history pages r1 committed");
     assert_eq!(swa.0, 2, "the window of token 16 starts on page 2");
     drain(&mut s, &mut engine, 20);
@@ -108,7 +122,7 @@ fn window_pages_leave_a_long_decode() {
     while !s.is_idle() {
         let plan = step(&mut s, &mut engine);
         if let Some(row) = row(&plan, "r1") {
-            peak = peak.max(row.groups[1].pages.len());
+            peak = peak.max(row_groups(&plan, "r1").1[1].pages.len());
             decodes += usize::from(row.kind == RowKind::Decode);
         }
         assert!(decodes < 1000, "no end");
@@ -157,4 +171,41 @@ fn a_short_group_pool_makes_requests_wait_not_fail() {
     let r = report(&mut s);
     assert_eq!(r.groups.iter().map(|g| g.failed_alloc).sum::<u64>(), 0);
     assert!(r.stats.admission_denied > 0);
+}
+
+/// A first chunk the groups refused is not matched again while nothing it depends on
+/// changed: a waiting request is refused once per change, not once per step, and is
+/// admitted as soon as pages come back.
+#[test]
+fn a_refused_first_chunk_waits_without_rematching() {
+    // One full-history group of 16-token pages (A = 16), 3 usable pages: a decode
+    // takes pages but returns none, and commits nothing new before 32 tokens.
+    let mut config = windowed(4, 64);
+    if let Some(p) = config.paged.as_mut() {
+        p.groups = vec![GroupSpec::full_history("fh", 16, 1, 4)];
+        p.required = vec!["fh".into()];
+    }
+    config.max_scheduled_tokens = 64;
+    let mut s = sched(config);
+    let mut engine = Engine::with_max_new(10);
+    submit(&mut s, "r1", tokens(1, 16));
+    submit(&mut s, "r2", tokens(900, 48));
+    let first = step(&mut s, &mut engine);
+    assert_eq!(row_ids(&first), ["r1"], "r2 needs 3 pages, 2 are free");
+    // r1's prefill is committed into a snapshot: r2 looks again, once.
+    step(&mut s, &mut engine);
+    let denied = report(&mut s).stats.admission_denied;
+    assert_eq!(denied, 2);
+    for _ in 0..5 {
+        let plan = step(&mut s, &mut engine);
+        assert_eq!(row_ids(&plan), ["r1"], "r2 still waits");
+    }
+    assert_eq!(
+        report(&mut s).stats.admission_denied,
+        denied,
+        "not refused again"
+    );
+    let plans = drain(&mut s, &mut engine, 50);
+    assert!(plans.iter().any(|p| row(p, "r2").is_some()), "r2 ran");
+    quiescent(&mut s);
 }

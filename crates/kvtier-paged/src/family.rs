@@ -155,6 +155,9 @@ pub struct PagedFamily<N> {
     /// Detach superseded state windows of ancestors after a terminal commit (#460;
     /// the reference at 350cf505 does not).
     detach_stale_state: bool,
+    /// Snapshots attached, changed or dropped over the family's life (with the pools'
+    /// returns, what [`Self::version`] counts).
+    snapshot_changes: u64,
     stats: PagedStats,
 }
 
@@ -167,6 +170,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
             pools,
             snapshots: BTreeMap::new(),
             detach_stale_state,
+            snapshot_changes: 0,
             stats: PagedStats::default(),
         }
     }
@@ -179,6 +183,16 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
     /// Fresh tables for a new request.
     pub fn new_tables(&self) -> RequestTables {
         RequestTables::new(self.adjunct.groups().len())
+    }
+
+    /// A version of everything that could turn a refused admission into an admitted
+    /// one: it moves whenever a pool gets pages back or a snapshot comes, changes or
+    /// goes (allocations only make admission harder), so an admission refused at one
+    /// version is refused again at the same version, for the same request and no more
+    /// budget.
+    pub fn version(&self) -> u64 {
+        let returned: u64 = self.pools.iter().map(GroupPool::returned).sum();
+        returned + self.snapshot_changes
     }
 
     /// The counters.
@@ -229,12 +243,14 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
     /// held by nothing else.
     pub fn attach(&mut self, node: N, snapshot: Snapshot) {
         self.detach(node);
+        self.snapshot_changes += 1;
         self.snapshots.insert(node, snapshot);
     }
 
     /// Takes the snapshot off `node` without freeing its pages (the caller now owns
     /// them: a test fixture's downgrade, or a transfer).
     pub fn take_snapshot(&mut self, node: N) -> Option<Snapshot> {
+        self.snapshot_changes += 1;
         self.snapshots.remove(&node)
     }
 
@@ -560,6 +576,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
             if let Some((segment, stale)) = checkpoint {
                 self.stats.checkpoint_stale_owned += u64::from(stale);
                 if let Some(snapshot) = self.snapshots.get_mut(&node) {
+                    self.snapshot_changes += 1;
                     snapshot.segments[i] = Some(segment);
                 }
             }
@@ -594,6 +611,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
             self.adjunct.completeness(&snapshot).history,
             "a built snapshot holds every required group"
         );
+        self.snapshot_changes += 1;
         self.snapshots.insert(node, snapshot);
         self.stats.snapshots_created += 1;
         Ok(())
@@ -645,6 +663,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
                 Ok(Some((segment, stale))) if !segment.pages.is_empty() => {
                     self.stats.checkpoint_stale_owned += u64::from(stale);
                     if let Some(s) = self.snapshots.get_mut(&terminal) {
+                        self.snapshot_changes += 1;
                         s.segments[i] = Some(segment);
                     }
                 }
@@ -708,6 +727,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         let Some(snapshot) = self.snapshots.get_mut(&node) else {
             return false;
         };
+        self.snapshot_changes += 1;
         let mut stripped = false;
         for &i in self.adjunct.continuation() {
             if let Some(seg) = snapshot.segments[i].take() {
@@ -726,6 +746,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         let Some(snapshot) = self.snapshots.remove(&node) else {
             return false;
         };
+        self.snapshot_changes += 1;
         for (i, seg) in snapshot.segments.into_iter().enumerate() {
             if let Some(seg) = seg {
                 self.pools[i].free_ids(&seg.pages);

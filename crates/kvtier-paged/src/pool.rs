@@ -14,6 +14,8 @@ pub struct GroupPool {
     failed_alloc: u64,
     /// Pages handed out over the pool's life.
     allocated: u64,
+    /// Pages returned over the pool's life.
+    returned: u64,
 }
 
 impl GroupPool {
@@ -23,6 +25,7 @@ impl GroupPool {
             pages: PagePool::new(group.total_pages),
             failed_alloc: 0,
             allocated: 0,
+            returned: 0,
         }
     }
 
@@ -44,6 +47,11 @@ impl GroupPool {
     /// Pages handed out over the pool's life.
     pub fn allocated(&self) -> u64 {
         self.allocated
+    }
+
+    /// Pages returned over the pool's life.
+    pub fn returned(&self) -> u64 {
+        self.returned
     }
 
     /// Exactly `n` pages, or a typed refusal that counts a failed allocation.
@@ -68,11 +76,13 @@ impl GroupPool {
     pub fn free(&mut self, pages: OwnedPages) {
         // A set of another pool is a caller bug; its pages go home through their own
         // release path when dropped, so nothing leaks either way.
+        self.returned += pages.len() as u64;
         let _ = self.pages.free(pages);
     }
 
     /// Returns raw ids a snapshot owned.
     pub fn free_ids(&mut self, ids: &[PageId]) {
+        self.returned += ids.len() as u64;
         self.pages.free_ids(ids);
     }
 

@@ -19,7 +19,7 @@ use kvtier_host::OwnedPages;
 use kvtier_mamba::{RequestStates, Slot, SlotId};
 use kvtier_types::{GroupTable, PageId, StateObject, Tier, Token, TransferPair, hash::PageHash};
 
-use crate::{GroupTables, Match, NodeId, NodeLock, RadixCore, TablesKey, WriteBackTicket};
+use crate::{Denial, GroupTables, Match, NodeId, NodeLock, RadixCore, TablesKey, WriteBackTicket};
 
 /// The first `len` tokens of a request, shared without copying.
 #[derive(Debug, Clone)]
@@ -311,6 +311,8 @@ pub enum Intent {
         prefill_len: u32,
         /// Start an L3 prefetch instead when it pays off.
         prefetch: Option<PrefetchCheck>,
+        /// Paged models: the groups refused it before (skipped while nothing changed).
+        denied: Option<Box<Denial>>,
     },
     /// The next chunk of a prefilling request.
     NextChunk {
@@ -431,8 +433,8 @@ pub enum Outcome {
         /// A hybrid intent's commit.
         committed: Option<Box<Committed>>,
         /// Paged models: the request's group tables after the op's release and
-        /// acquisition (empty otherwise).
-        groups: Vec<GroupTable>,
+        /// acquisition (boxed: decode rows of other models move outcomes every step).
+        groups: Option<Box<Vec<GroupTable>>>,
     },
     /// An L3 prefetch starts instead of the first chunk (boxed: outcomes are moved
     /// once per row, and this rare one is the largest).
@@ -445,6 +447,9 @@ pub enum Outcome {
     /// A retracted hybrid request whose path holds no state at all (the reference
     /// aborts it; `Policy::Reference` only).
     StateLost,
+    /// A paged model's first chunk the groups refused (nothing changed); the request
+    /// keeps the denial for its next intent.
+    Denied(Denial),
 }
 
 impl Outcome {
@@ -800,11 +805,18 @@ impl RadixCore {
                     tokens,
                     prefill_len,
                     prefetch,
+                    denied,
                 } => {
                     let prefetched = prefetch.and_then(|check| self.try_prefetch(&check));
                     match prefetched {
                         Some(outcome) => outcome,
                         None if slots == 0 => Outcome::waits(),
+                        None if denied
+                            .as_deref()
+                            .is_some_and(|&d| self.still_denied(d, remaining)) =>
+                        {
+                            Outcome::Denied(*denied.expect("checked"))
+                        }
                         None if self.has_snapshots() => {
                             self.first_chunk_paged(&tokens, prefill_len, remaining, d, reuse)
                         }
@@ -893,7 +905,8 @@ impl RadixCore {
                 | Outcome::Prefetch(_)
                 | Outcome::TooBig
                 | Outcome::Recompute
-                | Outcome::StateLost => {}
+                | Outcome::StateLost
+                | Outcome::Denied(_) => {}
             }
             outcomes.push(outcome);
         }
@@ -919,7 +932,7 @@ impl RadixCore {
                 tokens: n,
                 pages: OwnedPages::empty(),
                 committed: None,
-                groups: Vec::new(),
+                groups: None,
             };
         }
         self.grow_into_new_pages(n, tail_free, room, commit, checkpoint)
@@ -973,7 +986,7 @@ impl RadixCore {
                     checkpoint,
                 })
             }),
-            groups: Vec::new(),
+            groups: None,
         }
     }
 
@@ -1001,7 +1014,7 @@ impl RadixCore {
         }
         let mut grown = self.grow_running(n, tail_free, room, commit, checkpoint);
         if let Outcome::Grown { groups, .. } = &mut grown {
-            *groups = self.group_view(key);
+            *groups = Some(Box::new(self.group_view(key)));
         }
         grown
     }

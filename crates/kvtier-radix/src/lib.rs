@@ -43,5 +43,5 @@ pub use cache::{
 pub use error::{PageOwner, RadixError, Violation};
 pub use lock::NodeLock;
 pub use node::NodeId;
-pub use paged::{GroupTables, TablesKey};
+pub use paged::{Denial, GroupTables, TablesKey};
 pub use protocol::{RadixMsg, RadixReply};

@@ -9,7 +9,7 @@
 //! reuses KV only as deep as a snapshot makes its groups complete (§2.5).
 
 use kvtier_host::Releaser;
-use kvtier_paged::RequestTables;
+use kvtier_paged::{PagedFamily, RequestTables};
 use kvtier_types::{GroupTable, Token};
 
 use crate::batch::{ChunkShape, Outcome};
@@ -19,6 +19,15 @@ use crate::{Match, NodeId, RadixCore};
 /// and publications; the [`GroupTables`] lease owns them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TablesKey(pub(crate) u32);
+
+/// A first chunk the groups refused (default policy): the family's version and the
+/// step's budget then. While the version stands and the budget is no smaller, the same
+/// request is refused again, so its next intents skip the match and the admission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Denial {
+    version: u64,
+    budget: u32,
+}
 
 /// A running request's group tables. Move-only; dropping it sends the tables back to the
 /// cache, which returns their own pages to the group pools before its next operation.
@@ -90,7 +99,14 @@ impl RadixCore {
             .flatten();
         let Some(tables) = tables else {
             self.unlock(guard);
-            return Outcome::waits();
+            if self.is_reference() {
+                return Outcome::waits();
+            }
+            let version = self.group_version();
+            return Outcome::Denied(Denial {
+                version,
+                budget: remaining,
+            });
         };
         let Some(pinned) = self.pin_path(m, guard, false) else {
             debug_assert!(false, "room was made");
@@ -105,6 +121,16 @@ impl RadixCore {
             a.groups = groups;
         }
         outcome
+    }
+
+    /// Whether a first chunk refused at `denial` would be refused again now with
+    /// `budget` tokens left in the step.
+    pub(crate) fn still_denied(&mut self, denial: Denial, budget: u32) -> bool {
+        budget >= denial.budget && self.group_version() == denial.version
+    }
+
+    fn group_version(&self) -> u64 {
+        self.snapshots().map_or(0, PagedFamily::version)
     }
 
     /// Admits a running request's op over `[first, target)` in every group and gives

@@ -15,9 +15,19 @@
 //!   integrity error; what the last token reads depends on the tokens only, so cache on
 //!   and off must give the same tokens.
 
-use kvtier_types::{ForwardRow, GroupSpec, PageId, RequestId};
+use kvtier_types::{GroupSpec, GroupTable, PageId, RequestId};
 
 use crate::tokens::splitmix64;
+
+/// A row as the group oracle sees it: whose it is and its group tables
+/// ([`kvtier_types::ForwardBatch::groups_of`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RowGroups<'a> {
+    /// The request the row computes.
+    pub request: &'a RequestId,
+    /// Its table of each group, in group-id byte order.
+    pub tables: &'a [GroupTable],
+}
 
 /// A wrong or missing group entry a row read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,9 +67,9 @@ impl GroupMemory {
     }
 
     /// The word index of entry `k` in group `g` through the row's table.
-    fn address(&self, row: &ForwardRow, g: usize, k: u32) -> Result<usize, Option<PageId>> {
+    fn address(&self, row: RowGroups<'_>, g: usize, k: u32) -> Result<usize, Option<PageId>> {
         let spec = &self.groups[g];
-        let table = row.groups.get(g).ok_or(None)?;
+        let table = row.tables.get(g).ok_or(None)?;
         let page = k / spec.rows_per_page;
         let column = page.checked_sub(table.base).ok_or(None)?;
         let id = *table.pages.get(column as usize).ok_or(None)?;
@@ -73,7 +83,7 @@ impl GroupMemory {
     /// hash through position `p`. A table that misses an entry is reported.
     pub fn write(
         &mut self,
-        row: &ForwardRow,
+        row: RowGroups<'_>,
         prefix: &[u64],
         compute: std::ops::Range<u32>,
     ) -> Option<WrongGroupEntry> {
@@ -98,7 +108,7 @@ impl GroupMemory {
     /// writes any (what the rows before it left there, its own hit's pages included).
     pub fn check_before(
         &self,
-        row: &ForwardRow,
+        row: RowGroups<'_>,
         prefix: &[u64],
         first: u32,
         check: impl Fn(u32) -> bool,
@@ -118,7 +128,7 @@ impl GroupMemory {
     /// tokens only, never on how the prompt was chunked or what the cache held.
     pub fn read_after(
         &self,
-        row: &ForwardRow,
+        row: RowGroups<'_>,
         prefix: &[u64],
         end: u32,
         digest: &mut u64,
@@ -138,7 +148,7 @@ impl GroupMemory {
     /// sliding group's window; 0 for full history) as a reader at `end` sees them.
     fn scan(
         &self,
-        row: &ForwardRow,
+        row: RowGroups<'_>,
         prefix: &[u64],
         lo: impl Fn(u32) -> u32,
         end: u32,
@@ -175,13 +185,13 @@ impl GroupMemory {
 
     fn wrong(
         &self,
-        row: &ForwardRow,
+        row: RowGroups<'_>,
         g: usize,
         position: u32,
         page: Option<PageId>,
     ) -> WrongGroupEntry {
         WrongGroupEntry {
-            request: row.request_id.clone(),
+            request: row.request.clone(),
             group: self.groups[g].id.clone(),
             position,
             page,

@@ -570,7 +570,8 @@ impl Digests {
         }
         // Rows.
         let mut row_lines = Vec::with_capacity(forward.rows.len());
-        for row in &forward.rows {
+        for (index, row) in forward.rows.iter().enumerate() {
+            let row_groups = forward.groups_of(index);
             let table: Vec<i64> = forward
                 .page_table_of(row)
                 .iter()
@@ -584,8 +585,8 @@ impl Digests {
                 }
             });
             self.page_ids(&table);
-            let mut group_fields = Vec::with_capacity(row.groups.len());
-            for (i, g) in row.groups.iter().enumerate() {
+            let mut group_fields = Vec::with_capacity(row_groups.len());
+            for (i, g) in row_groups.iter().enumerate() {
                 let Some(id) = self.groups.get(i).cloned() else {
                     break;
                 };
@@ -765,8 +766,8 @@ impl Run {
                 c.host_hit_tokens += self.page_size * s[0].len() as u64;
             }
         }
-        for row in &plan.forward.rows {
-            for ((_, g), t) in self.groups.iter_mut().zip(&row.groups) {
+        for (index, row) in plan.forward.rows.iter().enumerate() {
+            for ((_, g), t) in self.groups.iter_mut().zip(plan.forward.groups_of(index)) {
                 let n = t.pages.len() as u64;
                 g.row_pages += n;
                 g.max_row_pages = g.max_row_pages.max(n);

@@ -40,7 +40,7 @@ use kvtier_types::{
     TransferPair, engine_rule,
 };
 
-use crate::groups::{GroupMemory, WrongGroupEntry};
+use crate::groups::{GroupMemory, RowGroups, WrongGroupEntry};
 use crate::tokens::splitmix64;
 
 /// How much of what a row reads is checked against its tokens. The next token depends
@@ -418,12 +418,13 @@ impl ReferenceEngine {
         self.tracks.remove(id);
     }
 
+    /// One row over its page table and its group tables.
     fn forward_row(
         &mut self,
         view: &mut DeviceView<'_>,
         states: Option<&mut DeviceView<'_>>,
         row: &kvtier_types::ForwardRow,
-        table: &[PageId],
+        (table, group_tables): (&[PageId], &[kvtier_types::GroupTable]),
         mut track: Track,
         events: &mut Vec<EngineEvent>,
     ) -> Result<Track, DeviceError> {
@@ -471,6 +472,10 @@ impl ReferenceEngine {
         // Group entries hold a running state (a compressor's): the row reads what the
         // rows before it left, then leaves its own.
         if let Some(groups) = &self.groups {
+            let row = RowGroups {
+                request: &row.request_id,
+                tables: group_tables,
+            };
             let before = groups.check_before(row, &track.prefix, compute.start, |p| {
                 self.verified(p, compute.end)
             });
@@ -752,8 +757,9 @@ impl ModelRunner for ReferenceEngine {
         let void_pages = std::mem::take(&mut self.void_pages);
         let void_states = std::mem::take(&mut self.void_states);
         let (mut view, mut state_view) = arenas.device_views();
-        for row in &plan.forward.rows {
+        for (index, row) in plan.forward.rows.iter().enumerate() {
             let table = plan.forward.page_table_of(row);
+            let group_tables = plan.forward.groups_of(index);
             let copies_void = row.mamba.cow_src.is_some_and(|s| void_states.contains(&s));
             if copies_void || !void_pages.is_empty() && table.iter().any(|p| void_pages.contains(p))
             {
@@ -767,8 +773,14 @@ impl ModelRunner for ReferenceEngine {
                 });
                 continue;
             };
-            let track =
-                self.forward_row(&mut view, state_view.as_mut(), row, table, track, events)?;
+            let track = self.forward_row(
+                &mut view,
+                state_view.as_mut(),
+                row,
+                (table, group_tables),
+                track,
+                events,
+            )?;
             if track.generated < track.max_new {
                 self.tracks.insert(row.request_id.clone(), track);
             } else {

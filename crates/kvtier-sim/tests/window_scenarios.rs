@@ -77,54 +77,46 @@ fn group_entries_reach_the_answer() {
     }
 }
 
-/// A wrong group table is caught: with every row's window shifted by one page (its
-/// base off by one), the oracle reports the entries the rows read from the wrong page.
+/// A wrong group table is caught: with a row's window read through the wrong pages
+/// (its table one column off), the oracle reports the first entry read wrong.
 #[test]
 fn a_misplaced_window_is_an_integrity_error() {
-    use kvtier_sim::groups::GroupMemory;
-    use kvtier_types::{ForwardRow, GroupRole, GroupSpec, GroupTable, RowKind};
+    use kvtier_sim::groups::{GroupMemory, RowGroups};
+    use kvtier_types::{GroupRole, GroupSpec, GroupTable, RequestId};
 
     let spec = GroupSpec::sliding("swa", 4, 1, 16, 8, GroupRole::State);
     let mut memory = GroupMemory::new(vec![spec]);
     let prefix: Vec<u64> = (0..32).map(|i| 1000 + i).collect();
-    let mut row = ForwardRow {
-        request_id: "r1".into(),
-        kind: RowKind::Prefill,
-        slot: 1,
-        input_length: 16,
-        prefill_length: 20,
-        pages_start: 0,
-        pages_len: 0,
-        begin: 0,
-        size: 0,
-        extend_prefix_len: 0,
-        input_ids_start: 0,
-        decode_input_id: -1,
-        hist_token_len: -1,
-        mamba: Default::default(),
-        groups: vec![GroupTable {
-            base: 0,
-            pages: vec![1, 2, 3, 4],
-        }],
-    };
-    assert_eq!(memory.write(&row, &prefix, 0..16), None);
+    let request = RequestId::from("r1");
+    fn row<'a>(request: &'a RequestId, tables: &'a [GroupTable]) -> RowGroups<'a> {
+        RowGroups { request, tables }
+    }
+    // The first chunk [0, 16) on pages 1-4.
+    let first = [GroupTable {
+        base: 0,
+        pages: vec![1, 2, 3, 4],
+    }];
+    assert_eq!(memory.write(row(&request, &first), &prefix, 0..16), None);
     let mut digest = 0;
-    assert_eq!(
-        memory.read_after(&row, &prefix, 16, &mut digest, |_| true),
-        None
-    );
-    // The next chunk [16, 20) attends [9, 16): pages 2 and 3 from base 2, then page 4
-    // for its own tokens. Its table names the pages one column off.
-    row.groups[0] = GroupTable {
+    let read = memory.read_after(row(&request, &first), &prefix, 16, &mut digest, |_| true);
+    assert_eq!(read, None);
+    // The next chunk [16, 20) attends [9, 16): pages 2 and 3 of the window (ids 3, 4)
+    // from base 2, then a new page for its own tokens. A table one column off:
+    let off = [GroupTable {
         base: 2,
         pages: vec![2, 3, 5],
-    };
+    }];
     let wrong = memory
-        .check_before(&row, &prefix, 16, |_| true)
+        .check_before(row(&request, &off), &prefix, 16, |_| true)
         .expect("the window read from the wrong pages");
     assert_eq!((wrong.group.as_str(), wrong.position), ("swa", 9));
-    // The right table reads right.
-    row.groups[0].pages = vec![3, 4, 5];
-    assert_eq!(memory.check_before(&row, &prefix, 16, |_| true), None);
+    let right = [GroupTable {
+        base: 2,
+        pages: vec![3, 4, 5],
+    }];
+    assert_eq!(
+        memory.check_before(row(&request, &right), &prefix, 16, |_| true),
+        None
+    );
     let _ = IntegrityError::WrongGroup(wrong);
 }

@@ -18,7 +18,6 @@
 //! #         request_id: "r1".into(), kind, slot: 1, input_length, prefill_length: 10,
 //! #         pages_start: 0, pages_len: 0, begin: 0, size: 0, extend_prefix_len,
 //! #         input_ids_start: 0, decode_input_id: -1, hist_token_len: -1, mamba: Default::default(),
-//! #         groups: Vec::new(),
 //! #     }
 //! # }
 //! // A 10-token prompt computed in chunks of 6 and 4, then two decode steps; the
@@ -93,7 +92,6 @@ mod tests {
             decode_input_id: -1,
             hist_token_len: -1,
             mamba: Default::default(),
-            groups: Vec::new(),
         }
     }
 

@@ -49,12 +49,10 @@ pub struct ForwardRow {
     pub hist_token_len: i32,
     /// Recurrent-state slots of the row (hybrid models; all `None` otherwise).
     pub mamba: MambaRow,
-    /// Paged-cache groups (window and compressed-state models; empty otherwise): the
-    /// row's table of each group, in group-id byte order.
-    pub groups: Vec<GroupTable>,
 }
 
-/// A row's table of one paged-cache group: its compact view. The entry of token
+/// A row's table of one paged-cache group ([`ForwardBatch::groups_of`]): its compact
+/// view. The entry of token
 /// position `p` sits on page `p / tokens_per_page`, which is `pages[that − base]`;
 /// pages below `base` left the window (sliding groups) and are not the row's to read.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
@@ -105,6 +103,11 @@ pub struct ForwardBatch {
     /// Each prefill row's input ids shifted by one (next-token targets), right-padded
     /// with -1 to the chunk length, concatenated.
     pub shifted_input_ids: Vec<Token>,
+    /// Paged-cache models: every row's table of each group (in group-id byte order),
+    /// `groups_per_row` per row, in row order; empty otherwise.
+    pub group_tables: Vec<GroupTable>,
+    /// Groups per row (0 for a model without paged-cache groups).
+    pub groups_per_row: usize,
 }
 
 impl ForwardBatch {
@@ -117,6 +120,14 @@ impl ForwardBatch {
     pub fn page_table_of(&self, row: &ForwardRow) -> &[PageId] {
         let start = row.pages_start as usize;
         &self.page_table[start..start + row.pages_len as usize]
+    }
+
+    /// The group tables of the row at `index` (empty without paged-cache groups).
+    pub fn groups_of(&self, index: usize) -> &[GroupTable] {
+        let n = self.groups_per_row;
+        self.group_tables
+            .get(index * n..(index + 1) * n)
+            .unwrap_or(&[])
     }
 
     /// The pages newly appended for `row` this step.

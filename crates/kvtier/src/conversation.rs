@@ -395,7 +395,7 @@ impl Front {
                 }
                 match progress {
                     Some(Progress::Done) => result.map(|()| Outcome::Done),
-                    Some(Progress::Plan(plan)) => Ok(Outcome::Plan(Box::new(plan))),
+                    Some(Progress::Plan(plan)) => Ok(Outcome::Plan(plan)),
                     Some(Progress::Send(mail)) => {
                         let mail = family_mail(mail, &conv.span);
                         return Ok(self.send(conv, Stage::Family(result), mail));
