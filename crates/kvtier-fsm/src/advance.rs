@@ -61,6 +61,15 @@ impl SchedulerCore {
                 usable,
             });
         }
+        if let Some((group, pages)) = self.short_group(spec.tokens.len() as u64) {
+            return Err(SchedError::PromptTooLongForGroup {
+                id: id.clone(),
+                tokens: spec.tokens.len(),
+                group: group.id.clone(),
+                pages,
+                usable: group.total_pages.saturating_sub(1),
+            });
+        }
         let full_pages = (spec.tokens.len() - 1) as u64 / ps;
         if u64::from(spec.storage_hit_pages) > full_pages {
             return Err(SchedError::InvalidStorageInfo {

@@ -35,6 +35,22 @@ pub enum SchedError {
         /// Usable device pages.
         usable: u32,
     },
+    /// A prompt that can never fit a paged-cache group's pool.
+    #[error(
+        "request {id}: a {tokens}-token prompt needs {pages} pages of group `{group}`, the pool has {usable}"
+    )]
+    PromptTooLongForGroup {
+        /// The request.
+        id: RequestId,
+        /// Prompt tokens.
+        tokens: usize,
+        /// The group.
+        group: String,
+        /// Pages it needs.
+        pages: u32,
+        /// Usable pages of the group's pool.
+        usable: u32,
+    },
     /// A token id outside the valid range (negative).
     #[error("request {id}: invalid token {token}")]
     InvalidToken {

@@ -997,9 +997,10 @@ impl SchedulerCore {
     }
 
     /// Breaks a deadlock the reference scheduler can reach: nothing ran, nothing is
-    /// running to retract, and retracted requests hold tail pages that the others need.
-    /// The retracted request holding the most tail pages (ties: scheduling order) gives
-    /// them back and is requeued to recompute: its whole history becomes its prompt, its
+    /// running to retract, and retracted requests hold device pages that the others
+    /// need (tail pages, or a prefix a failed retract write-back left locked). The
+    /// retracted request holding the most (ties: scheduling order) gives them back and
+    /// is requeued to recompute: its whole history becomes its prompt, its
     /// cached prefix is reused, and the last prefill chunk yields its next token. A
     /// history that no longer fits the device pool (with its decode reserve) could never
     /// be computed again: that request is aborted instead (`ExceedsDevicePool`), which
@@ -1008,9 +1009,15 @@ impl SchedulerCore {
         let mut victim: Option<(usize, usize)> = None;
         for &key in &draft.candidates {
             if let State::Retracted(held) = &self.requests[key].state {
-                let tail = held.local_kv.pages.len();
-                if tail > 0 && victim.is_none_or(|(_, most)| tail > most) {
-                    victim = Some((key, tail));
+                // Its tail pages, and its prefix when a failed retract write-back left
+                // it locked on device.
+                let prefix = held
+                    .device_lock
+                    .as_ref()
+                    .map_or(0, |_| held.published_pages);
+                let pinned = held.local_kv.pages.len() + prefix as usize;
+                if pinned > 0 && victim.is_none_or(|(_, most)| pinned > most) {
+                    victim = Some((key, pinned));
                 }
             }
         }
@@ -1025,11 +1032,17 @@ impl SchedulerCore {
         let ps = u64::from(self.config.page_size);
         let history = self.requests[key].tokens.len() as u64;
         let need = (history + u64::from(self.config.decode_input_tokens)).div_ceil(ps);
-        if need > u64::from(self.config.usable_device_pages()) {
+        let reason = if need > u64::from(self.config.usable_device_pages()) {
+            Some(AbortReason::ExceedsDevicePool)
+        } else {
+            self.short_group(history)
+                .map(|_| AbortReason::ExceedsGroupPool)
+        };
+        if let Some(reason) = reason {
             let state = std::mem::replace(&mut self.requests[key].state, State::Finished);
             drop(state);
             let id = self.requests[key].id.clone();
-            self.abort_notice(id, AbortReason::ExceedsDevicePool, plan);
+            self.abort_notice(id, reason, plan);
             return;
         }
         let state = std::mem::replace(&mut self.requests[key].state, State::Submitted);
@@ -1038,6 +1051,15 @@ impl SchedulerCore {
         r.prefill_len = r.tokens.len() as u32;
         self.stats.recomputes += 1;
         tracing::debug!(parent: &self.requests[key].span, phase = "recomputing");
+    }
+
+    /// Paged models: the group whose pool can never hold a request of `tokens` tokens
+    /// and its decode reserve, with the pages it would need.
+    pub(crate) fn short_group(&self, tokens: u64) -> Option<(&kvtier_types::GroupSpec, u32)> {
+        let paged = self.config.paged.as_ref()?;
+        let total = tokens + u64::from(self.config.decode_input_tokens);
+        let total = u32::try_from(total).unwrap_or(u32::MAX);
+        paged.short_group(total, self.config.max_scheduled_tokens)
     }
 
     /// Resumes a retracted request: its prefix reloaded onto device, a new slot, one

@@ -24,8 +24,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kvtier_fsm::{BatchError, SchedError, Scheduler, SchedulerStats, StateKind};
 use kvtier_types::{
-    EngineEvent, ExecutionPlan, MambaSettings, OpId, PageId, RequestId, RequestSpec, RowKind,
-    SchedulerConfig, Tier, Token,
+    EngineEvent, ExecutionPlan, GroupRole, GroupSpec, MambaSettings, OpId, PageId, PagedSettings,
+    RequestId, RequestSpec, RowKind, SchedulerConfig, Tier, Token,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{FileFailurePersistence, TestCaseError};
@@ -114,18 +114,29 @@ fn config_strategy() -> impl Strategy<Value = SchedulerConfig> {
         any::<bool>(),
         prop::bool::weighted(0.1),
     );
-    // A hybrid model in one case of three: few state slots (pressure on the family as on
-    // the pools), host copies when the host tier is on, chunks of 1 to 4 pages.
-    let hybrid = prop_oneof![
-        2 => Just(None),
-        1 => (2u32..12, 0u32..8, 1u32..=4).prop_map(Some),
+    // A hybrid model in one case of four, a paged model in one of four: few state
+    // slots or group pages (pressure on the family as on the pools), host copies when the
+    // host tier is on, chunks of 1 to 4 pages.
+    let family = prop_oneof![
+        2 => Just(Family::Dense),
+        1 => (2u32..12, 0u32..8, 1u32..=4).prop_map(|h| Family::Mamba(h.0, h.1, h.2)),
+        1 => (
+            1u32..=2,
+            prop::option::of((any::<bool>(), 1u32..=3, any::<bool>())),
+            6u32..40,
+        )
+            .prop_map(|(h, s, pages)| Family::Paged(h, s, pages)),
     ];
-    (pools, policy, hybrid).prop_map(
+    (pools, policy, family).prop_map(
         |(
             (page_size, device_pages, (host_pages, disable_l2_cache)),
             (max_batch_size, max_scheduled_tokens, decode_input_tokens, mixed, publish, no_prefix),
-            hybrid,
+            family,
         )| {
+            let hybrid = match family {
+                Family::Mamba(device, host, chunk) => Some((device, host, chunk)),
+                _ => None,
+            };
             let l2 = host_pages > 0 && !disable_l2_cache;
             SchedulerConfig {
                 page_size,
@@ -143,10 +154,56 @@ fn config_strategy() -> impl Strategy<Value = SchedulerConfig> {
                     host_slots: if l2 { host_slots } else { 0 },
                     chunk: chunk_pages * page_size,
                 }),
+                paged: match family {
+                    Family::Paged(history, state, pages) => {
+                        Some(paged_settings(page_size, history, state, pages))
+                    }
+                    _ => None,
+                },
                 ..SchedulerConfig::default()
             }
         },
     )
+}
+
+/// The model family of a generated config.
+#[derive(Debug, Clone, Copy)]
+enum Family {
+    Dense,
+    /// Device state slots, host state slots, checkpoint chunk in pages.
+    Mamba(u32, u32, u32),
+    /// History pages of 1 or 2 KV pages; a sliding state group (of 1 token or a KV
+    /// page a page, a window of 1 to 3 of its pages, required or transport-only); pool
+    /// pages of each group.
+    Paged(u32, Option<(bool, u32, bool)>, u32),
+}
+
+/// Paged groups whose alignment is a multiple of the page size: a required
+/// full-history group of `history` KV pages a group page, and maybe a sliding state
+/// group.
+fn paged_settings(
+    page_size: u32,
+    history: u32,
+    state: Option<(bool, u32, bool)>,
+    pages: u32,
+) -> PagedSettings {
+    let mut groups = vec![GroupSpec::full_history("h", history * page_size, 1, pages)];
+    let mut required = vec!["h".to_owned()];
+    if let Some((token_rows, windows, req)) = state {
+        let rows = if token_rows { 1 } else { page_size };
+        groups.push(GroupSpec::sliding(
+            "s",
+            rows,
+            1,
+            pages * 2,
+            rows * windows,
+            GroupRole::State,
+        ));
+        if req {
+            required.push("s".into());
+        }
+    }
+    PagedSettings { groups, required }
 }
 
 fn req_strategy() -> impl Strategy<Value = ReqGen> {
@@ -386,6 +443,12 @@ impl Harness {
                 Some("EmptyPrompt")
             } else if (prompt.len() as u64 + d).div_ceil(ps) > usable {
                 Some("PromptTooLong")
+            } else if self.cfg.paged.as_ref().is_some_and(|p| {
+                let tokens = prompt.len() as u32 + d as u32;
+                p.short_group(tokens, self.cfg.max_scheduled_tokens)
+                    .is_some()
+            }) {
+                Some("PromptTooLongForGroup")
             } else {
                 None
             };
@@ -416,6 +479,10 @@ impl Harness {
                 ("DuplicateRequest", SchedError::DuplicateRequest(_))
                     | ("EmptyPrompt", SchedError::EmptyPrompt(_))
                     | ("PromptTooLong", SchedError::PromptTooLong { .. })
+                    | (
+                        "PromptTooLongForGroup",
+                        SchedError::PromptTooLongForGroup { .. }
+                    )
             );
             prop_assert!(ok, "submission {i}: expected {kind}, got {err:?}");
         }
@@ -1140,8 +1207,27 @@ impl Harness {
                 states
             );
         }
+        if let Some(groups) = &s.groups {
+            // At quiescence no request holds group pages: only snapshots do.
+            prop_assert_eq!(
+                groups.live_tables,
+                0,
+                "idle: group tables held: {:?}",
+                groups
+            );
+        }
         self.s.clear_cache();
         self.check("clear_cache")?;
+        if let Some(groups) = self.s.stats().groups {
+            for g in &groups.groups {
+                prop_assert_eq!(
+                    g.free_pages + 1,
+                    g.total_pages,
+                    "after clear_cache group pages are held: {:?}",
+                    groups
+                );
+            }
+        }
         let s = self.s.stats();
         prop_assert_eq!(
             (s.available_device_pages, s.available_host_pages),
@@ -1226,8 +1312,9 @@ fn assert_drains(mut h: Harness) -> Result<(), TestCaseError> {
                 .collect();
         return Err(fail(format!(
             "no progress: not idle after {steps} drain steps; left (id, state, tokens): \
-             {left:?}; {:?}",
-            h.s.stats()
+             {left:?}; {:?}; evictable {}",
+            h.s.stats(),
+            h.s.cache().evictable(Tier::Device)
         )));
     }
     h.quiesce()
@@ -1435,4 +1522,29 @@ fn regression_hybrid_recompute_too_large_for_the_pool() {
     let config = small_config(2, 9, 8, 5, 1, 1, true, false);
     replay(config.clone(), ops.clone(), true);
     replay(hybrid(config, 2), ops, true);
+}
+
+/// A paged config: one required full-history group of one token a page and `pages`
+/// pages (the dummy included).
+fn paged(config: SchedulerConfig, pages: u32) -> SchedulerConfig {
+    SchedulerConfig {
+        paged: Some(paged_settings(config.page_size, 1, None, pages)),
+        ..config
+    }
+}
+
+/// Found with the paged configs: a prompt that needs more pages than a group's whole
+/// pool (6 of 5) was accepted and prefilled until its own snapshots filled the pool,
+/// then waited forever. It is refused at submission (`PromptTooLongForGroup`).
+#[test]
+fn regression_paged_prompt_larger_than_a_group_pool() {
+    let config = paged(small_config(1, 12, 0, 4, 1, 1, true, false), 6);
+    let mut s = Scheduler::new(config.clone()).expect("a valid config");
+    let refused = s.submit(vec![RequestSpec::new("r1", vec![0, 1, 0, 0, 0])]);
+    let err = refused.expect_err("6 pages of group `h` in a pool of 5");
+    assert!(
+        matches!(&err.rejected[0].error, SchedError::PromptTooLongForGroup { group, pages: 6, usable: 5, .. } if group == "h"),
+        "{err:?}"
+    );
+    replay(config, vec![submit(&[(4, 3)]), step(false)], true);
 }

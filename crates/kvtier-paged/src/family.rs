@@ -155,9 +155,13 @@ pub struct PagedFamily<N> {
     /// Detach superseded state windows of ancestors after a terminal commit (#460;
     /// the reference at 350cf505 does not).
     detach_stale_state: bool,
-    /// Snapshots attached, changed or dropped over the family's life (with the pools'
-    /// returns, what [`Self::version`] counts).
-    snapshot_changes: u64,
+    /// A snapshot is pinned when a device lock is on its node or any ancestor (the
+    /// reference's test), rather than on its node alone.
+    pin_by_path: bool,
+    /// Snapshots attached, changed or dropped, and requests gone (their pins with
+    /// them), over the family's life: with the pools' returns, what [`Self::version`]
+    /// counts.
+    changes: u64,
     stats: PagedStats,
 }
 
@@ -170,9 +174,19 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
             pools,
             snapshots: BTreeMap::new(),
             detach_stale_state,
-            snapshot_changes: 0,
+            pin_by_path: true,
+            changes: 0,
             stats: PagedStats::default(),
         }
+    }
+
+    /// Pins a snapshot only by the locks that may read it: on its node (a lock at or
+    /// below a node raises the node's count). The reference also counts a lock on an
+    /// ancestor, so a running request pins every snapshot on the branches below its
+    /// path, and one whose next op needs their pages waits forever.
+    pub fn pinned_by_own_locks(mut self) -> Self {
+        self.pin_by_path = false;
+        self
     }
 
     /// The groups and the adjunct's choices.
@@ -186,13 +200,13 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
     }
 
     /// A version of everything that could turn a refused admission into an admitted
-    /// one: it moves whenever a pool gets pages back or a snapshot comes, changes or
-    /// goes (allocations only make admission harder), so an admission refused at one
-    /// version is refused again at the same version, for the same request and no more
-    /// budget.
+    /// one: it moves whenever a pool gets pages back, a snapshot comes, changes or goes,
+    /// or a request's tables are released (the snapshots it pinned become prunable);
+    /// allocations only make admission harder. An admission refused at one version is
+    /// refused again at the same version, for the same request and no more budget.
     pub fn version(&self) -> u64 {
         let returned: u64 = self.pools.iter().map(GroupPool::returned).sum();
-        returned + self.snapshot_changes
+        returned + self.changes
     }
 
     /// The counters.
@@ -243,14 +257,14 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
     /// held by nothing else.
     pub fn attach(&mut self, node: N, snapshot: Snapshot) {
         self.detach(node);
-        self.snapshot_changes += 1;
+        self.changes += 1;
         self.snapshots.insert(node, snapshot);
     }
 
     /// Takes the snapshot off `node` without freeing its pages (the caller now owns
     /// them: a test fixture's downgrade, or a transfer).
     pub fn take_snapshot(&mut self, node: N) -> Option<Snapshot> {
-        self.snapshot_changes += 1;
+        self.changes += 1;
         self.snapshots.remove(&node)
     }
 
@@ -460,6 +474,8 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
     /// Releases every table of a finished or aborted request (snapshot pages stay with
     /// their snapshots).
     pub fn release(&mut self, tables: &mut RequestTables) {
+        // Its locks go with it: snapshots it pinned may be pruned now.
+        self.changes += 1;
         for (t, pool) in tables.tables.iter_mut().zip(&mut self.pools) {
             t.release_all(pool);
         }
@@ -576,7 +592,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
             if let Some((segment, stale)) = checkpoint {
                 self.stats.checkpoint_stale_owned += u64::from(stale);
                 if let Some(snapshot) = self.snapshots.get_mut(&node) {
-                    self.snapshot_changes += 1;
+                    self.changes += 1;
                     snapshot.segments[i] = Some(segment);
                 }
             }
@@ -611,7 +627,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
             self.adjunct.completeness(&snapshot).history,
             "a built snapshot holds every required group"
         );
-        self.snapshot_changes += 1;
+        self.changes += 1;
         self.snapshots.insert(node, snapshot);
         self.stats.snapshots_created += 1;
         Ok(())
@@ -663,7 +679,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
                 Ok(Some((segment, stale))) if !segment.pages.is_empty() => {
                     self.stats.checkpoint_stale_owned += u64::from(stale);
                     if let Some(s) = self.snapshots.get_mut(&terminal) {
-                        self.snapshot_changes += 1;
+                        self.changes += 1;
                         s.segments[i] = Some(segment);
                     }
                 }
@@ -727,7 +743,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         let Some(snapshot) = self.snapshots.get_mut(&node) else {
             return false;
         };
-        self.snapshot_changes += 1;
+        self.changes += 1;
         let mut stripped = false;
         for &i in self.adjunct.continuation() {
             if let Some(seg) = snapshot.segments[i].take() {
@@ -746,7 +762,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         let Some(snapshot) = self.snapshots.remove(&node) else {
             return false;
         };
-        self.snapshot_changes += 1;
+        self.changes += 1;
         for (i, seg) in snapshot.segments.into_iter().enumerate() {
             if let Some(seg) = seg {
                 self.pools[i].free_ids(&seg.pages);
@@ -769,7 +785,12 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         }
     }
 
-    fn pinned<T: SnapshotTree<Node = N>>(tree: &T, node: N) -> bool {
+    /// Whether a running request may read the snapshot on `node`: a device lock on it
+    /// (or, as the reference tests, on any ancestor).
+    fn pinned<T: SnapshotTree<Node = N>>(&self, tree: &T, node: N) -> bool {
+        if !self.pin_by_path {
+            return tree.device_refs(node) > 0;
+        }
         let mut cur = Some(node);
         while let Some(n) = cur {
             if n == tree.root() {
@@ -811,7 +832,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         let unpinned = candidates
             .iter()
             .map(|&(_, n)| n)
-            .filter(|&n| !Self::pinned(tree, n) && !spared(n));
+            .filter(|&n| !self.pinned(tree, n) && !spared(n));
         match kind {
             Starved::State => {
                 let victim = unpinned.into_iter().find(|n| {
@@ -836,7 +857,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
                     .keys()
                     .copied()
                     .filter(|&n| {
-                        Self::descends_from(tree, n, victim) && !Self::pinned(tree, n) && !spared(n)
+                        Self::descends_from(tree, n, victim) && !self.pinned(tree, n) && !spared(n)
                     })
                     .collect();
                 for n in below {

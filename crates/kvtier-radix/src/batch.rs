@@ -266,6 +266,8 @@ pub struct FinalStates {
 #[derive(Debug)]
 pub enum RetractOutcome {
     /// The prefix is kept on host (`host_lock`); `write_back` copies its device-only part.
+    /// A paged model without host room keeps it on device instead (`host_lock` is then a
+    /// device lock) and recomputes from it.
     Kept {
         /// Host lock on the published prefix.
         host_lock: NodeLock,
@@ -621,6 +623,16 @@ impl RadixCore {
                             RetractOutcome::Kept {
                                 host_lock,
                                 write_back: Some(attached),
+                            }
+                        }
+                        // A paged model keeps its published prefix on device, where its
+                        // snapshots make it reusable: the request recomputes from there
+                        // (its recovery is a recompute) instead of being given up (the
+                        // reference aborts it; DeepSeek-V4 has no host tier at all).
+                        None if self.has_snapshots() && !self.is_reference() => {
+                            RetractOutcome::Kept {
+                                host_lock: device_lock,
+                                write_back: None,
                             }
                         }
                         None => {

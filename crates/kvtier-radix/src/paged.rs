@@ -81,9 +81,9 @@ impl RadixCore {
             host_pages: 0,
         };
         let shape = ChunkShape::new(pages, 0, prefill_len, remaining, d, ps);
-        let Some(guard) = self.make_room(m.device, shape.need) else {
-            return Outcome::waits();
-        };
+        // The groups first, before the KV room locks the hit: a prune may take any
+        // snapshot but those of the hit's path, and the request's own lock must not
+        // pin the snapshots below its hit that it needs to prune.
         let (first, target) = (pages * ps, pages * ps + shape.tokens);
         let tables = self
             .with_snapshots(|family, tree| {
@@ -98,7 +98,6 @@ impl RadixCore {
             })
             .flatten();
         let Some(tables) = tables else {
-            self.unlock(guard);
             if self.is_reference() {
                 return Outcome::waits();
             }
@@ -108,8 +107,12 @@ impl RadixCore {
                 budget: remaining,
             });
         };
-        let Some(pinned) = self.pin_path(m, guard, false) else {
-            debug_assert!(false, "room was made");
+        // The guard keeps the hit's path (and so the snapshots the tables borrow from)
+        // out of the eviction that makes room.
+        let pinned = self
+            .make_room(m.device, shape.need)
+            .and_then(|guard| self.pin_path(m, guard, false));
+        let Some(pinned) = pinned else {
             self.return_tables(tables);
             return Outcome::waits();
         };
@@ -129,8 +132,10 @@ impl RadixCore {
         budget >= denial.budget && self.group_version() == denial.version
     }
 
+    /// What a refused first chunk depended on: the family's version, and the locks
+    /// that pinned snapshots it could not prune.
     fn group_version(&self) -> u64 {
-        self.snapshots().map_or(0, PagedFamily::version)
+        self.snapshots().map_or(0, PagedFamily::version) + self.device_unpinned()
     }
 
     /// Admits a running request's op over `[first, target)` in every group and gives

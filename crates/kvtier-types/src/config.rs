@@ -76,6 +76,33 @@ pub struct PagedSettings {
     pub required: Vec<String>,
 }
 
+impl PagedSettings {
+    /// The first group (in id order) whose pool can never hold a request of `tokens`
+    /// tokens, with the pages it would need: a full-history group holds them all; a
+    /// sliding group, its largest op (chunks of `op_tokens`) with the window before it.
+    /// Such a request would wait forever.
+    pub fn short_group(&self, tokens: u32, op_tokens: u32) -> Option<(&crate::GroupSpec, u32)> {
+        let mut groups: Vec<&crate::GroupSpec> = self.groups.iter().collect();
+        groups.sort_by(|a, b| a.id.cmp(&b.id));
+        groups.into_iter().find_map(|g| {
+            let need = match g.window() {
+                None => g.pages_for(tokens),
+                // The first chunk from 0; a later chunk with the window before it; a
+                // decode step with its window.
+                Some(w) => {
+                    let first = g.pages_for(op_tokens.min(tokens));
+                    let later = (tokens > op_tokens).then(|| {
+                        let chunk = op_tokens.min(tokens - op_tokens);
+                        g.pages_for((w - 1).saturating_add(chunk)) + 1
+                    });
+                    first.max(later.unwrap_or(0)).max(g.pages_for(w) + 1)
+                }
+            };
+            (need > g.total_pages.saturating_sub(1)).then_some((g, need))
+        })
+    }
+}
+
 /// Everything the scheduler core needs to know about its pools and policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SchedulerConfig {

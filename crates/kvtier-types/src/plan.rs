@@ -269,6 +269,8 @@ pub enum AbortReason {
     /// The request grew past what the whole device pool can hold, so it can never run
     /// again.
     ExceedsDevicePool,
+    /// The request grew past what a paged-cache group's whole pool can hold.
+    ExceedsGroupPool,
     /// A retracted hybrid request's path holds no recurrent state to resume from
     /// (`Policy::Reference` only: kvtier recomputes it instead).
     StateLost,

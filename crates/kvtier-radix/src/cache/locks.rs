@@ -60,6 +60,9 @@ impl RadixCore {
             );
             if now_zero {
                 self.locked_pages[t] -= pages as u64;
+                if tier == Tier::Device {
+                    self.device_unpinned += 1;
+                }
                 if in_lru {
                     self.lru_insert(cur, tier);
                 }

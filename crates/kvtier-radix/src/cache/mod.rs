@@ -115,6 +115,9 @@ pub struct RadixCore {
     tables: Vec<Option<RequestTables>>,
     free_tables: Vec<TablesKey>,
     table_releases: ReleaseQueue<TablesKey>,
+    /// Nodes whose last device lock went, over the cache's life: a snapshot below them
+    /// may have become prunable (part of a refused admission's version).
+    device_unpinned: u64,
 }
 
 impl RadixCore {
@@ -169,11 +172,19 @@ impl RadixCore {
                 // kvtier detaches superseded state windows (#460); the reference at
                 // 350cf505 does not.
                 let detach_stale = config.policy == Policy::Default;
-                aligned.then(|| PagedFamily::new(adjunct, detach_stale))
+                let family = PagedFamily::new(adjunct, detach_stale);
+                // kvtier pins a snapshot only by the locks that may read it.
+                let family = if detach_stale {
+                    family.pinned_by_own_locks()
+                } else {
+                    family
+                };
+                aligned.then_some(family)
             }),
             tables: Vec::new(),
             free_tables: Vec::new(),
             table_releases: ReleaseQueue::new(),
+            device_unpinned: 0,
         }
     }
 

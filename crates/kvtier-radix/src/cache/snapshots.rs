@@ -135,6 +135,10 @@ impl RadixCore {
         self.free_tables.push(key);
     }
 
+    pub(crate) fn device_unpinned(&self) -> u64 {
+        self.device_unpinned
+    }
+
     pub(crate) fn table_releaser(&self) -> Releaser<TablesKey> {
         self.table_releases.releaser()
     }

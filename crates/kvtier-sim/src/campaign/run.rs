@@ -917,6 +917,7 @@ impl Driver<'_> {
                 AbortReason::ExceedsDevicePool => "scheduler abort: exceeds device pool",
                 AbortReason::HostPoolExhausted => "scheduler abort: host pool exhausted",
                 AbortReason::StateLost => "scheduler abort: recurrent state lost",
+                AbortReason::ExceedsGroupPool => "scheduler abort: exceeds a group pool",
             };
             self.record.coverage.add(metric, 1);
         }
