@@ -243,3 +243,153 @@ fn snapshots_below_a_request_are_not_pinned_by_it() {
     drain(&mut s, &mut engine, 100);
     quiescent(&mut s);
 }
+
+/// Groups for the coverage test: `fh` full history of 4 tokens a page, `swa` a window
+/// of 8 over pages of 4, and `c2` a compressed history (entries of 2 tokens, 2 a page).
+fn three_groups(pages: u32) -> SchedulerConfig {
+    let mut config = windowed(pages, pages);
+    if let Some(p) = config.paged.as_mut() {
+        p.groups.push(GroupSpec::full_history("c2", 2, 2, pages));
+        p.required.push("c2".into());
+    }
+    config
+}
+
+/// Every row's group tables reach the entries it reads and writes: from where its
+/// first token's window starts (0 for a full history) to its last token, whatever mix
+/// of first chunks, later chunks and decode rows a step holds (the reference's
+/// `MixedPrefillDecodePagedTablesCoverScheduledTokens`); a compressed group counts
+/// partial entries (`test_full_history_stride_admission_accounts_partial_entries`).
+#[test]
+fn mixed_rows_group_tables_cover_their_tokens() {
+    let mut config = three_groups(128);
+    config.enable_mixed_prefill_decode = true;
+    config.max_scheduled_tokens = 12;
+    let groups = config.paged.clone().expect("paged").groups;
+    let mut s = sched(config);
+    let mut engine = Engine::with_max_new(9);
+    let mut len: std::collections::BTreeMap<String, u32> = Default::default();
+    for (i, n) in [(0, 5), (1, 23), (2, 14), (3, 9)] {
+        let id = format!("r{i}");
+        submit(&mut s, &id, tokens(100 * i + 1, n));
+        len.insert(id, n as u32);
+    }
+    let mut rows_checked = 0;
+    while !s.is_idle() {
+        let plan = s.next_plan();
+        for (index, row) in plan.forward.rows.iter().enumerate() {
+            let id = row.request_id.to_string();
+            let (first, end) = match row.kind {
+                RowKind::Prefill => (
+                    row.extend_prefix_len,
+                    row.extend_prefix_len + row.input_length,
+                ),
+                _ => (len[&id] - 1, len[&id]),
+            };
+            let mut sorted = groups.clone();
+            sorted.sort_by(|a, b| a.id.cmp(&b.id));
+            for (g, table) in sorted.iter().zip(plan.forward.groups_of(index)) {
+                let lo = g.window().map_or(0, |w| (first + 1).saturating_sub(w));
+                let pages = (lo / g.tokens_per_page())..=((end - 1) / g.tokens_per_page());
+                for page in pages {
+                    assert!(
+                        page >= table.base && page - table.base < table.pages.len() as u32,
+                        "{id} {:?} [{first}, {end}): group `{}` misses page {page} (base {}, {} pages)",
+                        row.kind,
+                        g.id,
+                        table.base,
+                        table.pages.len()
+                    );
+                }
+            }
+            rows_checked += 1;
+        }
+        let events = engine.answer(&plan);
+        for e in &events {
+            if let kvtier_types::EngineEvent::ExtendResult { request_id, tokens } = e {
+                *len.get_mut(request_id.as_str()).expect("known") += tokens.len() as u32;
+            }
+        }
+        advance(&mut s, events);
+        check(&mut s);
+    }
+    assert!(rows_checked >= 36, "{rows_checked}");
+    quiescent(&mut s);
+}
+
+/// A window pool of 4 usable pages serves a long decode: every op releases what the
+/// window left before it acquires (`test_sliding_release_before_admit_prevents_oom`).
+/// The window group is transport-only here, so no snapshot holds its pages.
+#[test]
+fn sliding_release_before_acquire_keeps_a_tiny_pool_enough() {
+    let mut config = windowed(64, 5);
+    if let Some(p) = config.paged.as_mut() {
+        p.required.truncate(1);
+    }
+    let mut s = sched(config);
+    let mut engine = Engine::with_max_new(100);
+    submit(&mut s, "r1", tokens(1, 10));
+    for _ in 0..200 {
+        if s.is_idle() {
+            break;
+        }
+        step(&mut s, &mut engine);
+    }
+    let r = report(&mut s);
+    assert!(s.is_idle(), "{r:?} {:?}", s.request_state(&"r1".into()));
+    assert_eq!(r.groups.iter().map(|g| g.failed_alloc).sum::<u64>(), 0);
+    assert_eq!(r.stats.admission_denied, 0, "{r:?}");
+    quiescent(&mut s);
+}
+
+/// A running request's decode page crossings publish and commit its prefix: a
+/// follow-up with its prompt and the tokens it generated so far reuses them while it
+/// still runs (the reference's `ContinuingDecodePublishesWindowedHybridPrefixes`).
+#[test]
+fn decode_page_crossings_publish_windowed_prefixes() {
+    let mut s = sched(windowed(64, 64));
+    let mut engine = Engine::with_max_new(40);
+    let prompt = tokens(1, 8);
+    submit(&mut s, "r1", prompt.clone());
+    let first_token = engine.next_token;
+    for _ in 0..12 {
+        step(&mut s, &mut engine);
+    }
+    // r1 holds 8 + 12 tokens; its first 19 are computed, 16 of them in full pages.
+    let generated: Vec<i32> = (0..12).map(|i| first_token + i).collect();
+    let mut r2 = prompt;
+    r2.extend(&generated);
+    r2.truncate(17);
+    r2.extend(tokens(900, 3));
+    submit(&mut s, "r2", r2);
+    let plan = step(&mut s, &mut engine);
+    let (r2_row, _) = row_groups(&plan, "r2");
+    assert_eq!(
+        r2_row.extend_prefix_len, 16,
+        "r1's decoded pages, committed mid-flight"
+    );
+    assert_eq!(
+        state(&s, "r1"),
+        kvtier_fsm::StateKind::Decoding,
+        "r1 still runs"
+    );
+    drain(&mut s, &mut engine, 100);
+    quiescent(&mut s);
+}
+
+/// A required window group of 4 usable pages under a long decode: the request's own
+/// snapshots fill the pool, it is retracted (no host tier: it keeps its prefix on
+/// device) and recomputed from its deepest snapshot, whose hit reads only the last
+/// window, so the state of the ancestors below that window is stripped for the pages
+/// it needs. It finishes; nothing waits forever.
+#[test]
+fn a_tiny_required_window_pool_still_finishes() {
+    let mut s = sched(windowed(64, 5));
+    let mut engine = Engine::with_max_new(100);
+    submit(&mut s, "r1", tokens(1, 10));
+    drain(&mut s, &mut engine, 400);
+    let r = report(&mut s);
+    assert_eq!(r.groups.iter().map(|g| g.failed_alloc).sum::<u64>(), 0);
+    assert!(r.stats.prune_state_only > 0, "{r:?}");
+    quiescent(&mut s);
+}

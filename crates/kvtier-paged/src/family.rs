@@ -494,6 +494,20 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         tables: &mut RequestTables,
         terminal: N,
     ) {
+        self.commit_chunk_holding(tree, tables, terminal, None);
+    }
+
+    /// [`Self::commit_chunk`] by a request that also still holds a device lock on
+    /// `also_held` (the node it published before, released once this publication's
+    /// reply is in): #460's detach counts that lock as the request's own, and keeps
+    /// the required state windows from there up.
+    pub fn commit_chunk_holding<T: SnapshotTree<Node = N>>(
+        &mut self,
+        tree: &mut T,
+        tables: &mut RequestTables,
+        terminal: N,
+        also_held: Option<N>,
+    ) {
         let a = self.adjunct.alignment();
         let Some(&canonical) = self.adjunct.required().first() else {
             return;
@@ -523,7 +537,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
             committed = target;
         }
         if self.terminal_continuation(tables, terminal, depth) && self.detach_stale_state {
-            self.detach_superseded_state(tree, terminal, depth);
+            self.detach_superseded_state(tree, terminal, depth, also_held);
         }
     }
 
@@ -707,12 +721,21 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
 
     /// #460: after a terminal commit, ancestors whose state windows lie wholly below
     /// the new terminal's window, and that only this request pins, drop their state
-    /// groups (otherwise each turn leaks one window from the small state pools).
+    /// (otherwise each turn leaks one window from the small state pools).
+    ///
+    /// A continuation-only group's window is of use at a terminal only, so every such
+    /// ancestor drops it. A required state group's window is what makes its depth
+    /// reusable (kvtier requires them, PR381): a request that still holds its previous
+    /// lock (`also_held`, the node it published before) drops those only from the
+    /// snapshots it made since, below that node, which nobody else has reached; the
+    /// ones at or above it may be where others branch off (a shared document's end) and
+    /// keep their windows until a prune needs them.
     fn detach_superseded_state<T: SnapshotTree<Node = N>>(
         &mut self,
         tree: &T,
         terminal: N,
         depth: u32,
+        also_held: Option<N>,
     ) {
         let max_window = self
             .adjunct
@@ -721,15 +744,24 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
             .filter_map(|&i| self.adjunct.groups()[i].window())
             .max()
             .unwrap_or(0);
+        let all: Vec<usize> = self.adjunct.continuation().to_vec();
+        let only: Vec<usize> = self.adjunct.continuation_only().collect();
+        let mut above_previous = false;
         let mut cur = tree.parent(terminal);
         while let Some(node) = cur {
             if node == tree.root() {
                 break;
             }
-            if self.snapshots.contains_key(&node)
+            above_previous |= Some(node) == also_held;
+            // The request's own locks on the node: the new one, and the previous one
+            // once the walk reached it.
+            let own = 1 + u32::from(above_previous);
+            let groups = if above_previous { &only } else { &all };
+            if !groups.is_empty()
+                && self.snapshots.contains_key(&node)
                 && tree.depth(node) + max_window <= depth
-                && tree.device_refs(node) == 1
-                && self.detach_state(node)
+                && tree.device_refs(node) == own
+                && self.detach_groups(node, groups)
             {
                 self.stats.stale_state_detached += 1;
             }
@@ -740,12 +772,19 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
     /// Strips every state group from the snapshot on `node` (a snapshot left with
     /// nothing goes); whether it held any.
     fn detach_state(&mut self, node: N) -> bool {
+        let groups = self.adjunct.continuation().to_vec();
+        self.detach_groups(node, &groups)
+    }
+
+    /// Strips `groups` from the snapshot on `node` (a snapshot left with nothing
+    /// goes); whether it held any of them.
+    fn detach_groups(&mut self, node: N, groups: &[usize]) -> bool {
         let Some(snapshot) = self.snapshots.get_mut(&node) else {
             return false;
         };
         self.changes += 1;
         let mut stripped = false;
-        for &i in self.adjunct.continuation() {
+        for &i in groups {
             if let Some(seg) = snapshot.segments[i].take() {
                 self.pools[i].free_ids(&seg.pages);
                 stripped = true;
@@ -819,7 +858,22 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         kind: Starved,
         spare: Option<N>,
     ) -> bool {
-        let spared = |n: N| spare.is_some_and(|s| s == n || Self::descends_from(tree, s, n));
+        // The hit's path is spared; but a state prune may strip an ancestor whose
+        // depth lies a whole window below the hit's: the hit reads no state page of it.
+        let window = self
+            .adjunct
+            .continuation()
+            .iter()
+            .filter_map(|&i| self.adjunct.groups()[i].window())
+            .max()
+            .unwrap_or(0);
+        let spared = |n: N| {
+            spare.is_some_and(|s| {
+                let on_path = s == n || Self::descends_from(tree, s, n);
+                let below_window = tree.depth(n) + window <= tree.depth(s);
+                on_path && (kind == Starved::History || !below_window)
+            })
+        };
         let mut candidates: Vec<(PruneOrder, N)> = self
             .snapshots
             .keys()

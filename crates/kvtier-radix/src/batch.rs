@@ -723,11 +723,14 @@ impl RadixCore {
             return (old, p.prefix);
         };
         let lock = self.lock(result.last_node, Tier::Device);
+        // A caller that passed its previous lock gives it up here; otherwise the
+        // request still holds it on `at` until the reply is in.
+        let still_held = if old.is_some() { None } else { p.at };
         if let Some(old) = old {
             self.unlock(old);
         }
         if let Some(key) = p.tables {
-            self.commit_tables(key, result.last_node);
+            self.commit_tables(key, result.last_node, still_held);
         }
         (Some(lock), total)
     }

@@ -171,13 +171,20 @@ impl RadixCore {
     }
 
     /// Commits what the request computed, up to `terminal` (its published node), into
-    /// snapshots (§2.4).
-    pub(crate) fn commit_tables(&mut self, key: TablesKey, terminal: NodeId) {
+    /// snapshots (§2.4); `also_held`: the request's previous device lock, still held.
+    pub(crate) fn commit_tables(
+        &mut self,
+        key: TablesKey,
+        terminal: NodeId,
+        also_held: Option<NodeId>,
+    ) {
         let Some(mut tables) = self.take_tables(key) else {
             debug_assert!(false, "no tables under {key:?}");
             return;
         };
-        self.with_snapshots(|family, tree| family.commit_chunk(tree, &mut tables, terminal));
+        self.with_snapshots(|family, tree| {
+            family.commit_chunk_holding(tree, &mut tables, terminal, also_held)
+        });
         self.put_tables(key, tables);
     }
 
