@@ -45,6 +45,8 @@ const FULL: &[&[&str]] = &[
     &["h1"],
     &["h1", "--policy", "reference"],
     &["h1", "--runtime", "actors"],
+    &["h2"],
+    &["h2", "--runtime", "actors"],
     &["h3"],
     &["copy"],
     &["l3"],

@@ -390,6 +390,8 @@ pub struct PagedCounters {
     pub stale_state_detached: u64,
     /// Snapshots held at the end.
     pub snapshots_end: u64,
+    /// Requests' group tables still held at the end (0: only snapshots hold pages).
+    pub tables_end: u64,
 }
 
 /// The result of a hybrid run.
@@ -981,6 +983,7 @@ pub fn run_hybrid(options: &HybridOptions) -> Result<HybridReport, WorkloadError
             admission_denied: r.stats.admission_denied,
             stale_state_detached: r.stats.stale_state_detached,
             snapshots_end: r.snapshots as u64,
+            tables_end: r.live_tables as u64,
         }),
         groups: run.groups,
         measured_ns: run.measured_ns,

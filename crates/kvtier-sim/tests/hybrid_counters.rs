@@ -152,3 +152,35 @@ fn the_default_policy_is_the_same_on_every_path() {
         assert_eq!(r.counters, runs[0].counters, "{} against core", r.path);
     }
 }
+
+/// H2 (DeepSeek-V4's groups at production pool sizes, no host tier) under kvtier's
+/// default policy: every path makes the same decisions; every turn finishes (the
+/// reference aborts one: its state pools fill with snapshots and the retraction that
+/// follows has no host tier), with more hit tokens than the reference's 333,056; no
+/// group pool ever refuses an allocation the admission let through.
+#[test]
+fn h2_default_policy_finishes_every_turn_on_every_path() {
+    let mut digests = Vec::new();
+    for path in [Path::Core, Path::Actors, Path::Deterministic] {
+        let r = run(HybridVariant::H2Main, Policy::Default, path);
+        let c = &r.counters;
+        let p = path.name();
+        assert_eq!((c.finished, c.aborted), (64, 0), "{p}");
+        assert_eq!(c.prompt_tokens, 451_200, "{p}");
+        assert!(c.hit_tokens > 333_056, "{p}: {}", c.hit_tokens);
+        assert_eq!(c.host_hit_tokens, 0, "{p}: V4 has no host tier");
+        assert_eq!(r.groups.len(), 6, "{p}");
+        for (id, g) in &r.groups {
+            assert_eq!(g.failed_alloc, 0, "{p}: group {id}");
+        }
+        let paged = r.paged.as_ref().expect("paged counters");
+        assert!(
+            paged.snapshots_created > 0 && paged.snapshots_adopted > 0,
+            "{p}"
+        );
+        // Only snapshots hold group pages once every request is gone.
+        assert_eq!(paged.tables_end, 0, "{p}");
+        digests.push(r.digest.clone());
+    }
+    assert!(digests.windows(2).all(|w| w[0] == w[1]), "{digests:?}");
+}
