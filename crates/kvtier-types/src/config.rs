@@ -210,9 +210,15 @@ impl SchedulerConfig {
     }
 
     /// Whether L3 prefetches can happen: the L3 tier, the prefix cache and the host tier
-    /// are all on (prefetched pages land in host pages of the tree).
+    /// are all on (prefetched pages land in host pages of the tree), and the model keeps
+    /// no paged-cache groups (their pages do not go to L3 yet).
     pub fn l3_prefetch_enabled(&self) -> bool {
-        self.enable_l3_storage && !self.disable_prefix_cache && self.l2_enabled()
+        // A paged model reuses device snapshots only: a prefetched prefix without its
+        // group pages would be fetched for nothing.
+        self.enable_l3_storage
+            && !self.disable_prefix_cache
+            && self.l2_enabled()
+            && self.paged.is_none()
     }
 
     /// Checks every field and every combination the scheduler relies on.
