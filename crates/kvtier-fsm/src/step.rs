@@ -78,6 +78,9 @@ impl SchedulerCore {
         self.ops.issue_backups(&mut plan.backups);
         let released = self.requests.erase_finished(self.stats.plans) > 0;
         match (&self.config.mamba, self.config.policy) {
+            // The reference commits a paged request's chunk when its next op is
+            // admitted, as a hybrid one's.
+            (None, Policy::Reference) if self.config.paged.is_some() => {}
             (None, _) if self.config.publish_prefix_mid_flight || self.config.paged.is_some() => {
                 self.publish_computed_prompts()
             }
@@ -346,6 +349,7 @@ impl SchedulerCore {
         let prefetch_on = c.l3_prefetch_enabled();
         let threshold = c.prefetch_threshold;
         let hybrid = c.mamba.is_some();
+        let paged = c.paged.is_some();
         let reference = c.policy == kvtier_types::Policy::Reference;
         let ranked = self.candidates();
         let mut intents = Vec::with_capacity(ranked.len());
@@ -360,7 +364,7 @@ impl SchedulerCore {
                     let tables = run.tables.as_ref().map(|t| (t.key(), run.window_end()));
                     // The reference commits the last chunk when this one is admitted;
                     // kvtier did at the start of the plan.
-                    let (commit, republish) = if hybrid && reference {
+                    let (commit, republish) = if (hybrid || paged) && reference {
                         self.chunk_commit(key)
                     } else {
                         (None, None)
@@ -400,6 +404,8 @@ impl SchedulerCore {
                     // The row computes from the newest token on.
                     let first = r.tokens.len() as u32 - 1;
                     let tables = run.tables.as_ref().map(|t| (t.key(), first));
+                    let paged_first =
+                        paged && reference && matches!(r.state, State::PrefillDone(_));
                     let mut checkpoint = CheckpointNeed::None;
                     let (mut commit, mut republish) = (None, None);
                     if let Some(states) = &run.states {
@@ -420,6 +426,10 @@ impl SchedulerCore {
                         if first && reference {
                             (commit, republish) = self.chunk_commit(key);
                         }
+                    }
+                    // A paged request's last chunk, under the reference's order.
+                    if paged_first {
+                        (commit, republish) = self.chunk_commit(key);
                     }
                     intents.push(Intent::Decode {
                         reserve,

@@ -1021,7 +1021,9 @@ impl RadixCore {
         let Some((key, first)) = tables else {
             return self.grow_running(n, tail_free, room, commit, checkpoint);
         };
-        if !self.grow_groups(key, first, first + n) {
+        // The reference's order: admission, then the op's commit (the request's last
+        // chunk, under `Policy::Reference`), then the release and the acquisition.
+        if !self.admit_groups(key, first, first + n) {
             return Outcome::Waits {
                 held: Vec::new(),
                 commit,
@@ -1029,6 +1031,7 @@ impl RadixCore {
         }
         let mut grown = self.grow_running(n, tail_free, room, commit, checkpoint);
         if let Outcome::Grown { groups, .. } = &mut grown {
+            self.acquire_groups(key, first, first + n);
             *groups = Some(Box::new(self.group_view(key)));
         }
         grown

@@ -138,23 +138,38 @@ impl RadixCore {
         self.snapshots().map_or(0, PagedFamily::version) + self.device_unpinned()
     }
 
-    /// Admits a running request's op over `[first, target)` in every group and gives
-    /// its tables the pages: `false`, nothing changed, when a pool cannot take it even
-    /// after pruning unpinned snapshots.
-    pub(crate) fn grow_groups(&mut self, key: TablesKey, first: u32, target: u32) -> bool {
-        let Some(mut tables) = self.take_tables(key) else {
+    /// Admits a running request's op over `[first, target)` in every group (pruning
+    /// unpinned snapshots if a pool is short): `false` when a pool cannot take it.
+    /// Nothing is acquired yet: the op's commit comes first ([`Self::acquire_groups`]).
+    pub(crate) fn admit_groups(&mut self, key: TablesKey, first: u32, target: u32) -> bool {
+        let Some(tables) = self.take_tables(key) else {
             debug_assert!(false, "no tables under {key:?}");
             return false;
         };
-        let granted = self
+        let admitted = self
             .with_snapshots(|family, tree| {
                 let mut free = family.available();
                 family.admit(tree, &tables, first, target, None, &mut free)
-                    && family.acquire(&mut tables, first, target, None).is_ok()
             })
             .unwrap_or(false);
         self.put_tables(key, tables);
-        granted
+        admitted
+    }
+
+    /// Gives an admitted op's tables their pages: the sliding release from its first
+    /// position, then the top-up to its target.
+    pub(crate) fn acquire_groups(&mut self, key: TablesKey, first: u32, target: u32) {
+        let Some(mut tables) = self.take_tables(key) else {
+            debug_assert!(false, "no tables under {key:?}");
+            return;
+        };
+        let acquired =
+            self.with_snapshots(|family, _| family.acquire(&mut tables, first, target, None));
+        debug_assert!(
+            matches!(acquired, Some(Ok(()))),
+            "admitted, yet {acquired:?}"
+        );
+        self.put_tables(key, tables);
     }
 
     /// The request's tables as a row reads them, in group order.
