@@ -121,7 +121,7 @@ fn config_strategy() -> impl Strategy<Value = SchedulerConfig> {
         2 => Just(Family::Dense),
         1 => (2u32..12, 0u32..8, 1u32..=4).prop_map(|h| Family::Mamba(h.0, h.1, h.2)),
         1 => (
-            1u32..=2,
+            0u32..=2,
             prop::option::of((any::<bool>(), 1u32..=3, any::<bool>())),
             6u32..40,
         )
@@ -172,7 +172,8 @@ enum Family {
     Dense,
     /// Device state slots, host state slots, checkpoint chunk in pages.
     Mamba(u32, u32, u32),
-    /// History pages of 1 or 2 KV pages; a sliding state group (of 1 token or a KV
+    /// History pages of 1 or 2 KV pages (0: a sliding history group of 3 pages'
+    /// window); a sliding state group (of 1 token or a KV
     /// page a page, a window of 1 to 3 of its pages, required or transport-only); pool
     /// pages of each group.
     Paged(u32, Option<(bool, u32, bool)>, u32),
@@ -187,7 +188,13 @@ fn paged_settings(
     state: Option<(bool, u32, bool)>,
     pages: u32,
 ) -> PagedSettings {
-    let mut groups = vec![GroupSpec::full_history("h", history * page_size, 1, pages)];
+    // History 0: a window model, whose history group slides (its prefixes come back
+    // from host with their windows computed again).
+    let h = match history {
+        0 => GroupSpec::sliding("h", page_size, 1, pages, 3 * page_size, GroupRole::History),
+        n => GroupSpec::full_history("h", n * page_size, 1, pages),
+    };
+    let mut groups = vec![h];
     let mut required = vec!["h".to_owned()];
     if let Some((token_rows, windows, req)) = state {
         let rows = if token_rows { 1 } else { page_size };

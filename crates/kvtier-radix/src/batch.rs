@@ -832,9 +832,14 @@ impl RadixCore {
                         {
                             Outcome::Denied(*denied.expect("checked"))
                         }
-                        None if self.has_snapshots() => {
-                            self.first_chunk_paged(&tokens, prefill_len, remaining, d, reuse)
-                        }
+                        None if self.has_snapshots() => self.first_chunk_paged(
+                            &tokens,
+                            prefill_len,
+                            remaining,
+                            d,
+                            use_host,
+                            reuse,
+                        ),
                         None if self.has_states() => self.first_chunk_hybrid(
                             &tokens,
                             prefill_len,

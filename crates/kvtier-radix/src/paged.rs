@@ -9,7 +9,7 @@
 //! reuses KV only as deep as a snapshot makes its groups complete (§2.5).
 
 use kvtier_host::Releaser;
-use kvtier_paged::{PagedFamily, RequestTables};
+use kvtier_paged::{PagedFamily, PagedHit, RequestTables};
 use kvtier_types::{GroupTable, Token};
 
 use crate::batch::{ChunkShape, Outcome};
@@ -55,14 +55,18 @@ impl Drop for GroupTables {
 
 impl RadixCore {
     /// A paged model's first chunk: the KV match capped at the deepest snapshot whose
-    /// groups are complete, room for the chunk's KV, then the groups' admission (pruning
-    /// unpinned snapshots if a pool is short) and their pages.
+    /// groups are complete; the groups' admission (pruning unpinned snapshots if a pool
+    /// is short) and their pages; then room for the chunk's KV. A window model whose KV
+    /// match runs deeper than any snapshot (on device, or back from host or L3) computes
+    /// its windows again instead ([`Self::first_chunk_refilling`]).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn first_chunk_paged(
         &mut self,
         tokens: &[Token],
         prefill_len: u32,
         remaining: u32,
         d: u32,
+        use_host: bool,
         reuse: bool,
     ) -> Outcome {
         let ps = self.page_size();
@@ -74,6 +78,10 @@ impl RadixCore {
         };
         let pages = self.depth_pages(node);
         debug_assert_eq!(hit.prefix_len, pages * ps, "a hit ends on its snapshot");
+        let host_pages = if use_host { kv.host_pages } else { 0 };
+        if self.windows_only() && kv.device_pages.max(host_pages) > pages {
+            return self.first_chunk_refilling(kv, host_pages, prefill_len, remaining, d, use_host);
+        }
         let m = Match {
             device: node,
             device_pages: pages,
@@ -85,19 +93,7 @@ impl RadixCore {
         // snapshot but those of the hit's path, and the request's own lock must not
         // pin the snapshots below its hit that it needs to prune.
         let (first, target) = (pages * ps, pages * ps + shape.tokens);
-        let tables = self
-            .with_snapshots(|family, tree| {
-                let mut tables = family.new_tables();
-                let mut free = family.available();
-                if !family.admit(tree, &tables, first, target, Some((&hit, node)), &mut free) {
-                    return None;
-                }
-                let acquired = family.acquire(&mut tables, first, target, Some(&hit));
-                debug_assert!(acquired.is_ok(), "admitted, yet {acquired:?}");
-                acquired.is_ok().then_some(tables)
-            })
-            .flatten();
-        let Some(tables) = tables else {
+        let Some(tables) = self.fresh_tables(first, target, Some((&hit, node))) else {
             if self.is_reference() {
                 return Outcome::waits();
             }
@@ -107,18 +103,91 @@ impl RadixCore {
                 budget: remaining,
             });
         };
-        // The guard keeps the hit's path (and so the snapshots the tables borrow from)
-        // out of the eviction that makes room.
+        self.admit_with_tables(m, &shape, false, tables, None)
+    }
+
+    /// Whether every group slides (a window model): its entries at a depth are the last
+    /// windows before it, which a first chunk can compute from the tokens.
+    fn windows_only(&self) -> bool {
+        self.snapshots()
+            .is_some_and(|f| f.adjunct().groups().iter().all(|g| g.is_sliding()))
+    }
+
+    /// A window model's first chunk over the whole KV match `m` (a host part loaded
+    /// back): fresh tables cover each group's window before the prefix's end, which the
+    /// row computes again first (`GroupTable::fill_from`), then the chunk.
+    fn first_chunk_refilling(
+        &mut self,
+        m: Match,
+        host_pages: u32,
+        prefill_len: u32,
+        remaining: u32,
+        d: u32,
+        use_host: bool,
+    ) -> Outcome {
+        let ps = self.page_size();
+        let shape = ChunkShape::new(m.device_pages, host_pages, prefill_len, remaining, d, ps);
+        let depth = shape.begin_pages * ps;
+        let windows: Vec<u32> = self.snapshots().map_or_else(Vec::new, |f| {
+            let groups = f.adjunct().groups();
+            groups.iter().map(|g| g.window().unwrap_or(0)).collect()
+        });
+        let widest = windows.iter().copied().max().unwrap_or(0);
+        let (first, target) = (depth.saturating_sub(widest), depth + shape.tokens);
+        let Some(tables) = self.fresh_tables(first, target, None) else {
+            return Outcome::waits();
+        };
+        let fill = windows.iter().map(|&w| depth.saturating_sub(w)).collect();
+        self.admit_with_tables(m, &shape, use_host, tables, Some(fill))
+    }
+
+    /// Fresh tables for a first chunk over `[first, target)`, admitted (pruning if a
+    /// pool is short; never the path to the hit's node) and acquired, the hit imported;
+    /// `None`, nothing acquired, when a pool cannot take it.
+    fn fresh_tables(
+        &mut self,
+        first: u32,
+        target: u32,
+        hit: Option<(&PagedHit, NodeId)>,
+    ) -> Option<RequestTables> {
+        self.with_snapshots(|family, tree| {
+            let mut tables = family.new_tables();
+            let mut free = family.available();
+            if !family.admit(tree, &tables, first, target, hit, &mut free) {
+                return None;
+            }
+            let acquired = family.acquire(&mut tables, first, target, hit.map(|(h, _)| h));
+            debug_assert!(acquired.is_ok(), "admitted, yet {acquired:?}");
+            acquired.is_ok().then_some(tables)
+        })
+        .flatten()
+    }
+
+    /// The end of a paged first chunk, its tables in hand: room for its KV with the
+    /// path to `m` locked (keeping the snapshots the tables borrow from out of the
+    /// eviction), the lease, and the row's view (`fill`: where each group's entries
+    /// are computed again from).
+    fn admit_with_tables(
+        &mut self,
+        m: Match,
+        shape: &ChunkShape,
+        use_host: bool,
+        tables: RequestTables,
+        fill: Option<Vec<u32>>,
+    ) -> Outcome {
         let pinned = self
             .make_room(m.device, shape.need)
-            .and_then(|guard| self.pin_path(m, guard, false));
+            .and_then(|guard| self.pin_path(m, guard, use_host));
         let Some(pinned) = pinned else {
             self.return_tables(tables);
             return Outcome::waits();
         };
         let lease = self.lease_tables(tables);
-        let groups = self.group_view(lease.key());
-        let mut outcome = self.admitted(pinned, &shape, None);
+        let mut groups = self.group_view(lease.key());
+        for (table, from) in groups.iter_mut().zip(fill.into_iter().flatten()) {
+            table.fill_from = Some(from);
+        }
+        let mut outcome = self.admitted(pinned, shape, None);
         if let Outcome::Admitted(a) = &mut outcome {
             a.tables = Some(lease);
             a.groups = groups;
@@ -180,6 +249,7 @@ impl RadixCore {
                 .map(|t| GroupTable {
                     base: t.base(),
                     pages: t.ids(),
+                    fill_from: None,
                 })
                 .collect()
         })

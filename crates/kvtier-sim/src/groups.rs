@@ -79,8 +79,9 @@ impl GroupMemory {
         Ok((id * spec.rows_per_page + k % spec.rows_per_page) as usize)
     }
 
-    /// Writes the entries of the positions `compute` covers; `prefix[p]` is the prefix
-    /// hash through position `p`. A table that misses an entry is reported.
+    /// Writes the entries of the positions `compute` covers — from a group's
+    /// `fill_from` when the row computes the window before it again; `prefix[p]` is the
+    /// prefix hash through position `p`. A table that misses an entry is reported.
     pub fn write(
         &mut self,
         row: RowGroups<'_>,
@@ -92,7 +93,12 @@ impl GroupMemory {
         }
         for g in 0..self.groups.len() {
             let s = self.groups[g].entry_stride_tokens;
-            for k in compute.start / s..=(compute.end - 1) / s {
+            let start = row
+                .tables
+                .get(g)
+                .and_then(|t| t.fill_from)
+                .map_or(compute.start, |f| f.min(compute.start));
+            for k in start / s..=(compute.end - 1) / s {
                 // The entry holds the state through the last position computed in it.
                 let last = ((k + 1) * s).min(compute.end) - 1;
                 match self.address(row, g, k) {
@@ -120,6 +126,7 @@ impl GroupMemory {
             first,
             None,
             check,
+            true,
         )
     }
 
@@ -141,11 +148,14 @@ impl GroupMemory {
             end,
             Some(digest),
             check,
+            false,
         )
     }
 
     /// Visits the entries of positions `[lo(W), end)` of every group (`lo` of a
-    /// sliding group's window; 0 for full history) as a reader at `end` sees them.
+    /// sliding group's window; 0 for full history) as a reader at `end` sees them;
+    /// `before_fill`: skip the groups the row fills again (nothing is there yet).
+    #[allow(clippy::too_many_arguments)]
     fn scan(
         &self,
         row: RowGroups<'_>,
@@ -154,9 +164,13 @@ impl GroupMemory {
         end: u32,
         mut digest: Option<&mut u64>,
         check: impl Fn(u32) -> bool,
+        before_fill: bool,
     ) -> Option<WrongGroupEntry> {
         let mut wrong = None;
         for (g, spec) in self.groups.iter().enumerate() {
+            if before_fill && row.tables.get(g).is_some_and(|t| t.fill_from.is_some()) {
+                continue;
+            }
             let lo = spec.window().map_or(0, &lo);
             if lo >= end {
                 continue;

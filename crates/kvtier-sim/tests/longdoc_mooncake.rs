@@ -68,6 +68,40 @@ fn hybrid_documents_come_back_from_mooncake_with_their_states() {
     assert!(on.l3_backed_up_states >= 4, "{on:#?}");
 }
 
+/// A window model's documents come back from Mooncake as KV pages only: each first
+/// chunk computes the window before its prefix again (`GroupTable::fill_from`), and the
+/// answers are the cache-off run's.
+#[test]
+fn window_documents_come_back_from_mooncake_and_refill_their_windows() {
+    let Some(cluster) = cluster() else { return };
+    let window = |options: ScenarioOptions| ScenarioOptions {
+        model: Model::SlidingWindow,
+        ..options
+    };
+    let off = run_checked(&window(ScenarioOptions {
+        cache: false,
+        ..longdoc()
+    }));
+    let own = testing::LoopbackMaster::start(&cluster).expect("start the test's own master");
+    let on = run_checked(&window(mooncake_options("window", own.config(&cluster))));
+    assert_eq!(
+        (on.l3.as_str(), on.model.as_str()),
+        ("mooncake", "sliding-window")
+    );
+    assert_eq!(
+        on.outputs, off.outputs,
+        "answers differ from the cache-off run"
+    );
+    // Most of every later document comes back from Mooncake (a few pages may still be
+    // on host when its question comes).
+    assert_eq!(
+        (on.l3_prefetch_ops, on.l3_failed_prefetches),
+        (8, 0),
+        "{on:#?}"
+    );
+    assert!(on.hit_tokens_l3 * 10 >= 8 * 32_768 * 9, "{on:#?}");
+}
+
 /// The master dies once the first two documents have come back from it: later lookups,
 /// prefetches and backups fail, those documents are recomputed, answers stay right.
 #[test]

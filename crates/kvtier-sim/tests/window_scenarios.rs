@@ -44,6 +44,29 @@ fn window_chat_answers_as_without_the_cache_on_every_path() {
     }
 }
 
+/// A window model reuses KV from any tier: the host (chat) and the embedded L3 store
+/// (longdoc) bring back KV pages only, and the first chunk computes each window before
+/// its prefix again; the answers are the cache-off run's. (A compressed-state model
+/// reuses device snapshots only: its compressed history cannot be computed from a
+/// window.)
+#[test]
+fn a_window_model_reuses_host_and_l3_prefixes_by_refilling_its_windows() {
+    let off = run(Model::SlidingWindow, Scenario::Chat, false, Path::Core);
+    let on = run(Model::SlidingWindow, Scenario::Chat, true, Path::Core);
+    clean(&on, "chat");
+    assert_eq!(on.outputs, off.outputs);
+    assert_eq!(
+        on.hit_tokens, on.ideal_hit_tokens,
+        "every follow-up reuses its history"
+    );
+    assert!(on.hit_tokens_host > 0, "{on:?}");
+    let off = run(Model::SlidingWindow, Scenario::Longdoc, false, Path::Core);
+    let on = run(Model::SlidingWindow, Scenario::Longdoc, true, Path::Core);
+    clean(&on, "longdoc");
+    assert_eq!(on.outputs, off.outputs);
+    assert!(on.hit_tokens_l3 > 0 && on.l3_prefetch_ops > 0, "{on:?}");
+}
+
 #[test]
 fn window_rollout_and_longdoc_answer_as_without_the_cache() {
     for model in MODELS {
@@ -95,6 +118,7 @@ fn a_misplaced_window_is_an_integrity_error() {
     let first = [GroupTable {
         base: 0,
         pages: vec![1, 2, 3, 4],
+        fill_from: None,
     }];
     assert_eq!(memory.write(row(&request, &first), &prefix, 0..16), None);
     let mut digest = 0;
@@ -105,6 +129,7 @@ fn a_misplaced_window_is_an_integrity_error() {
     let off = [GroupTable {
         base: 2,
         pages: vec![2, 3, 5],
+        fill_from: None,
     }];
     let wrong = memory
         .check_before(row(&request, &off), &prefix, 16, |_| true)
@@ -113,6 +138,7 @@ fn a_misplaced_window_is_an_integrity_error() {
     let right = [GroupTable {
         base: 2,
         pages: vec![3, 4, 5],
+        fill_from: None,
     }];
     assert_eq!(
         memory.check_before(row(&request, &right), &prefix, 16, |_| true),

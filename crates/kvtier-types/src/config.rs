@@ -77,15 +77,27 @@ pub struct PagedSettings {
 }
 
 impl PagedSettings {
+    /// Whether every group slides: a prefix's entries are then only its last windows,
+    /// which a first chunk can compute again from the tokens (a KV hit from host or L3
+    /// needs no snapshot).
+    pub fn windows_only(&self) -> bool {
+        self.groups.iter().all(crate::GroupSpec::is_sliding)
+    }
+
     /// The first group (in id order) whose pool can never hold a request of `tokens`
-    /// tokens, with the pages it would need: a full-history group holds them all; a
+    /// tokens, with the pages it would need: a full-history group, or a required history
+    /// group (its snapshots keep the request's committed prefix), holds them all; another
     /// sliding group, its largest op (chunks of `op_tokens`) with the window before it.
     /// Such a request would wait forever.
     pub fn short_group(&self, tokens: u32, op_tokens: u32) -> Option<(&crate::GroupSpec, u32)> {
         let mut groups: Vec<&crate::GroupSpec> = self.groups.iter().collect();
         groups.sort_by(|a, b| a.id.cmp(&b.id));
         groups.into_iter().find_map(|g| {
+            // A required history group's snapshots keep every page of the running
+            // request's own committed prefix, sliding or not.
+            let keeps_all = g.role == crate::GroupRole::History && self.required.contains(&g.id);
             let need = match g.window() {
+                _ if keeps_all => g.pages_for(tokens),
                 None => g.pages_for(tokens),
                 // The first chunk from 0; a later chunk with the window before it; a
                 // decode step with its window.
@@ -211,14 +223,13 @@ impl SchedulerConfig {
 
     /// Whether L3 prefetches can happen: the L3 tier, the prefix cache and the host tier
     /// are all on (prefetched pages land in host pages of the tree), and the model keeps
-    /// no paged-cache groups (their pages do not go to L3 yet).
+    /// no paged-cache groups but windows, which its first chunk computes again (other
+    /// groups' pages do not go to L3 yet).
     pub fn l3_prefetch_enabled(&self) -> bool {
-        // A paged model reuses device snapshots only: a prefetched prefix without its
-        // group pages would be fetched for nothing.
         self.enable_l3_storage
             && !self.disable_prefix_cache
             && self.l2_enabled()
-            && self.paged.is_none()
+            && self.paged.as_ref().is_none_or(PagedSettings::windows_only)
     }
 
     /// Checks every field and every combination the scheduler relies on.

@@ -61,6 +61,11 @@ pub struct GroupTable {
     pub base: u32,
     /// The group's page ids from `base` on.
     pub pages: Vec<PageId>,
+    /// A first chunk whose prefix came without this group's entries (a window model's
+    /// KV from host or L3): the row computes the entries from this position up to its
+    /// first one before its own (the window its first token attends). `None`: the
+    /// entries before the row are in the table.
+    pub fill_from: Option<u32>,
 }
 
 /// The recurrent-state (Mamba) part of a forward row (hybrid models).
