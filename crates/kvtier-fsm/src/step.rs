@@ -401,11 +401,15 @@ impl SchedulerCore {
                 }
                 State::PrefillDone(run) | State::Decoding(run) => {
                     let (reserve, tail_free) = (run.reserve, run.local_kv.tail_free);
-                    // The row computes from the newest token on.
-                    let first = r.tokens.len() as u32 - 1;
-                    let tables = run.tables.as_ref().map(|t| (t.key(), first));
-                    let paged_first =
-                        paged && reference && matches!(r.state, State::PrefillDone(_));
+                    // A paged row computes from the newest token on; under the
+                    // reference's order its first decode commits its last chunk.
+                    let (tables, paged_first) = match (paged, &run.tables) {
+                        (true, Some(t)) => (
+                            Some((t.key(), r.tokens.len() as u32 - 1)),
+                            reference && matches!(r.state, State::PrefillDone(_)),
+                        ),
+                        _ => (None, false),
+                    };
                     let mut checkpoint = CheckpointNeed::None;
                     let (mut commit, mut republish) = (None, None);
                     if let Some(states) = &run.states {
@@ -538,6 +542,7 @@ impl SchedulerCore {
                     if let Some(committed) = committed {
                         self.apply_commit(key, *committed, republish);
                     }
+                    let pages = pages.map_or_else(kvtier_host::OwnedPages::empty, |p| *p);
                     self.decode(key, tokens, pages, &mut draft.rows);
                     if let Some(groups) = groups {
                         draft.rows.set_groups(false, *groups);
@@ -555,6 +560,7 @@ impl SchedulerCore {
                     if let Some(committed) = committed {
                         self.apply_commit(key, *committed, republish);
                     }
+                    let pages = pages.map_or_else(kvtier_host::OwnedPages::empty, |p| *p);
                     self.next_chunk(key, tokens, pages, &mut draft.rows);
                     if let Some(groups) = groups {
                         draft.rows.set_groups(true, *groups);

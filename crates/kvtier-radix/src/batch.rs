@@ -430,8 +430,9 @@ pub enum Outcome {
     Grown {
         /// Tokens scheduled (chunk length, or the reserve of a decode).
         tokens: u32,
-        /// Pages allocated for them.
-        pages: OwnedPages,
+        /// Pages allocated for them (`None`: they fit the pages the request holds, as
+        /// most decode steps do; boxed, so the outcomes a step moves stay small).
+        pages: Option<Box<OwnedPages>>,
         /// A hybrid intent's commit.
         committed: Option<Box<Committed>>,
         /// Paged models: the request's group tables after the op's release and
@@ -867,7 +868,12 @@ impl RadixCore {
                     } else {
                         grow(tail_free, t, ps).0
                     };
-                    self.grow_with_groups(t, tail_free, room, commit, checkpoint, tables)
+                    match tables {
+                        None => self.grow_running(t, tail_free, room, commit, checkpoint),
+                        Some(tables) => {
+                            self.grow_with_groups(t, tail_free, room, commit, checkpoint, tables)
+                        }
+                    }
                 }
                 Intent::Decode {
                     reserve,
@@ -877,7 +883,11 @@ impl RadixCore {
                     tables,
                 } => {
                     let room = grow(tail_free, reserve, ps).0;
-                    self.grow_with_groups(reserve, tail_free, room, commit, checkpoint, tables)
+                    match tables {
+                        None => self.grow_running(reserve, tail_free, room, commit, checkpoint),
+                        Some(tables) => self
+                            .grow_with_groups(reserve, tail_free, room, commit, checkpoint, tables),
+                    }
                 }
                 Intent::Recovery {
                     tokens,
@@ -950,7 +960,7 @@ impl RadixCore {
             // The common decode step: its tokens fit the pages it holds.
             return Outcome::Grown {
                 tokens: n,
-                pages: OwnedPages::empty(),
+                pages: None,
                 committed: None,
                 groups: None,
             };
@@ -999,7 +1009,7 @@ impl RadixCore {
         };
         Outcome::Grown {
             tokens: n,
-            pages,
+            pages: Some(Box::new(pages)),
             committed: asked.then(|| {
                 Box::new(Committed {
                     published,
@@ -1010,10 +1020,10 @@ impl RadixCore {
         }
     }
 
-    /// [`Self::grow_running`] for a request with group tables (`tables`: their key and
-    /// the op's first position): the groups are admitted first, and the grown row
-    /// carries their view. Inlined for the same reason.
-    #[inline(always)]
+    /// [`Self::grow_running`] for a request with group tables (their key and the op's
+    /// first position): the groups are admitted first, and the grown row carries their
+    /// view. Kept out of line: the dense decode loop never calls it.
+    #[inline(never)]
     fn grow_with_groups(
         &mut self,
         n: u32,
@@ -1021,11 +1031,8 @@ impl RadixCore {
         room: u32,
         commit: Option<Box<ChunkCommit>>,
         checkpoint: CheckpointNeed,
-        tables: Option<(TablesKey, u32)>,
+        (key, first): (TablesKey, u32),
     ) -> Outcome {
-        let Some((key, first)) = tables else {
-            return self.grow_running(n, tail_free, room, commit, checkpoint);
-        };
         // The reference's order: admission, then the op's commit (the request's last
         // chunk, under `Policy::Reference`), then the release and the acquisition.
         if !self.admit_groups(key, first, first + n) {
