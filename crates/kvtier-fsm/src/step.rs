@@ -401,11 +401,14 @@ impl SchedulerCore {
                 }
                 State::PrefillDone(run) | State::Decoding(run) => {
                     let (reserve, tail_free) = (run.reserve, run.local_kv.tail_free);
-                    // A paged row computes from the newest token on; under the
-                    // reference's order its first decode commits its last chunk.
+                    // A paged decode row computes the newest token's entries (position
+                    // `len - 1`); the reference admits and acquires its groups one
+                    // position further on, as if the row computed `len`. Under the
+                    // reference's order its first decode also commits its last chunk.
+                    let len = r.tokens.len() as u32;
                     let (tables, paged_first) = match (paged, &run.tables) {
                         (true, Some(t)) => (
-                            Some((t.key(), r.tokens.len() as u32 - 1)),
+                            Some((t.key(), if reference { len } else { len - 1 })),
                             reference && matches!(r.state, State::PrefillDone(_)),
                         ),
                         _ => (None, false),

@@ -185,26 +185,37 @@ fn h2_default_policy_finishes_every_turn_on_every_path() {
     assert!(digests.windows(2).all(|w| w[0] == w[1]), "{digests:?}");
 }
 
-/// H2 under the reference-compatible policy: the reference's chunk commits at the
-/// admission of the request's next op, history-only required groups, no #460 detach,
-/// the abort of a retraction without host room. Its counters of HYBRID-WORKLOADS.md §3
-/// are reproduced but for one decode row (12,701, not 12,700) and three snapshots
-/// adopted rather than created; the digest is not (paged.md, H2).
+/// H2 under the reference-compatible policy (the reference's chunk commits at the
+/// admission of the request's next op, its decode ops one position on, history-only
+/// required groups, no #460 detach, the abort of a retraction without host room):
+/// HYBRID-WORKLOADS.md §3's counters and decision digest, on every path.
 #[test]
-fn h2_reference_policy_reproduces_the_reference_counters() {
-    let r = run(HybridVariant::H2Main, Policy::Reference, Path::Core);
-    let c = &r.counters;
-    assert_eq!((c.steps, c.flush_plans), (3257, 1));
-    assert_eq!((c.finished, c.aborted), (63, 1));
-    assert_eq!((c.prefill_rows, c.later_chunks), (85, 21));
-    assert_eq!(c.prefill_tokens, 117_644);
-    assert_eq!(c.prompt_tokens, 450_700);
-    assert_eq!(c.hit_tokens, 333_056);
-    assert_eq!((c.writeback_ops, c.loadback_ops), (0, 0));
-    let p = r.paged.as_ref().expect("paged counters");
-    assert_eq!(
-        (p.terminal_continuations, p.prune_state_only, p.prune_full),
-        (147, 117, 0)
-    );
-    assert_eq!(p.snapshots_created + p.snapshots_adopted, 225 + 264);
+fn h2_main_reproduces_the_reference_decisions_on_every_path() {
+    for path in [Path::Core, Path::Actors, Path::Deterministic] {
+        let r = run(HybridVariant::H2Main, Policy::Reference, path);
+        let c = &r.counters;
+        let p = path.name();
+        assert_eq!((c.steps, c.flush_plans), (3257, 1), "{p}");
+        assert_eq!((c.finished, c.aborted), (63, 1), "{p}");
+        assert_eq!(
+            (c.prefill_rows, c.later_chunks, c.decode_rows),
+            (85, 21, 12_700),
+            "{p}"
+        );
+        assert_eq!(
+            (c.prefill_tokens, c.decode_tokens),
+            (117_644, 12_700),
+            "{p}"
+        );
+        assert_eq!((c.prompt_tokens, c.hit_tokens), (450_700, 333_056), "{p}");
+        assert_eq!((c.writeback_ops, c.loadback_ops), (0, 0), "{p}");
+        let s = r.paged.as_ref().expect("paged counters");
+        assert_eq!(
+            (s.terminal_continuations, s.prune_state_only, s.prune_full),
+            (147, 117, 0),
+            "{p}"
+        );
+        assert_eq!(s.admission_denied, 14_918, "{p}");
+        assert_eq!(r.digest, "ad59cf276e146654", "{p}: the decision digest");
+    }
 }
