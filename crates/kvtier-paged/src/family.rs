@@ -43,8 +43,9 @@ pub trait SnapshotTree {
     fn split_at(&mut self, below: Self::Node, depth: u32) -> Option<Self::Node>;
 }
 
-/// A request's tables, one per group of the family (in group order). Owned by the
-/// request's state: dropping them returns the request's own pages.
+/// A request's tables, one per group of the family (in group order). Their owned pages
+/// go home when dropped; the family's `release` returns them at once (the radix cache
+/// keeps running requests' tables and releases them when the request's lease goes).
 #[derive(Debug)]
 pub struct RequestTables {
     tables: Vec<PageTable>,

@@ -59,7 +59,6 @@ impl RadixCore {
     /// is short) and their pages; then room for the chunk's KV. A window model whose KV
     /// match runs deeper than any snapshot (on device, or back from host or L3) computes
     /// its windows again instead ([`Self::first_chunk_refilling`]).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn first_chunk_paged(
         &mut self,
         tokens: &[Token],
