@@ -604,7 +604,7 @@ impl SchedulerCore {
                 published_pages,
                 ..
             } => State::Retracted(Retracted {
-                host_lock,
+                prefix_lock: host_lock,
                 device_lock: None,
                 local_kv,
                 published_pages,

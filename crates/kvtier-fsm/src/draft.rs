@@ -24,8 +24,6 @@ pub(crate) struct Rows {
     /// Paged models: the prefill rows' and the decode rows' group tables, in row order.
     pub prefill_groups: Vec<GroupTable>,
     pub decode_groups: Vec<GroupTable>,
-    /// Groups per row (0 until a row with groups is pushed).
-    pub groups_per_row: usize,
 }
 
 impl Rows {
@@ -124,8 +122,6 @@ impl Rows {
         if groups.is_empty() {
             return;
         }
-        debug_assert!(self.groups_per_row == 0 || self.groups_per_row == groups.len());
-        self.groups_per_row = groups.len();
         let tables = if prefill {
             &mut self.prefill_groups
         } else {

@@ -183,10 +183,12 @@ pub(crate) struct Prefetch {
     pub state: Option<kvtier_mamba::Slot>,
 }
 
-/// A preempted request whose prefix waits on host.
+/// A preempted request whose prefix waits on host (or, for a paged model without host
+/// room, on device, where its snapshots keep it reusable).
 #[derive(Debug)]
 pub(crate) struct Retracted {
-    pub host_lock: NodeLock,
+    /// The lock that keeps its published prefix: on host, or on device as above.
+    pub prefix_lock: NodeLock,
     /// Kept when the retract write-back failed: the device copy stays authoritative.
     pub device_lock: Option<NodeLock>,
     pub local_kv: LocalKv,

@@ -172,10 +172,16 @@ impl SchedulerCore {
         forward.page_table = rows.page_table;
         forward.input_ids = rows.input_ids;
         forward.shifted_input_ids = rows.shifted_input_ids;
-        if rows.groups_per_row > 0 {
+        if !rows.decode_groups.is_empty() || !rows.prefill_groups.is_empty() {
             rows.prefill_groups.append(&mut rows.decode_groups);
             forward.group_tables = rows.prefill_groups;
-            forward.groups_per_row = rows.groups_per_row;
+            debug_assert!(
+                forward
+                    .group_tables
+                    .len()
+                    .is_multiple_of(forward.rows.len().max(1)),
+                "every row of a paged model carries every group"
+            );
         }
         if let (Some(started), Some(threshold)) = (started, self.config.slow_step_threshold) {
             let elapsed = started.elapsed();
@@ -454,7 +460,7 @@ impl SchedulerCore {
                         unreachable!("matched above");
                     };
                     let Retracted {
-                        host_lock,
+                        prefix_lock,
                         device_lock,
                         local_kv,
                         published_pages,
@@ -467,7 +473,7 @@ impl SchedulerCore {
                         tokens: TokenRef::new(&r.tokens, (published_pages * ps) as usize),
                         tail_pages: local_kv.pages.len() as u32,
                         tail_free: local_kv.tail_free,
-                        held: std::iter::once(host_lock).chain(device_lock).collect(),
+                        held: std::iter::once(prefix_lock).chain(device_lock).collect(),
                         exact_state,
                     });
                     Entry::Recovery {
@@ -609,9 +615,9 @@ impl SchedulerCore {
                     Outcome::Waits { held, .. },
                 ) => {
                     let mut held = held.into_iter();
-                    if let Some(host_lock) = held.next() {
+                    if let Some(prefix_lock) = held.next() {
                         self.requests[key].state = State::Retracted(Retracted {
-                            host_lock,
+                            prefix_lock,
                             device_lock: held.next(),
                             local_kv,
                             published_pages,
@@ -984,7 +990,7 @@ impl SchedulerCore {
         let id = self.requests[key].id.clone();
         match outcome {
             RetractOutcome::Kept {
-                host_lock,
+                prefix_lock: host_lock,
                 write_back: Some(attached),
             } => {
                 let op =
@@ -997,11 +1003,11 @@ impl SchedulerCore {
                 };
             }
             RetractOutcome::Kept {
-                host_lock,
+                prefix_lock,
                 write_back: None,
             } => {
                 self.requests[key].state = State::Retracted(Retracted {
-                    host_lock,
+                    prefix_lock,
                     device_lock: None,
                     local_kv,
                     published_pages,

@@ -181,6 +181,22 @@ impl Adjunct {
             .unwrap_or(0)
     }
 
+    /// The widest window of a continuation group (0 without any): how far below a depth
+    /// its state reaches.
+    pub fn max_continuation_window(&self) -> u32 {
+        self.continuation
+            .iter()
+            .filter_map(|&i| self.groups[i].window())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Whether every group slides (a window model): a prefix's entries are then its
+    /// last windows, which a first chunk can compute again from the tokens.
+    pub fn slides_only(&self) -> bool {
+        self.groups.iter().all(GroupSpec::is_sliding)
+    }
+
     /// What `snapshot` is complete for. Each flag needs its set non-empty: without
     /// required state groups no snapshot is state-complete.
     pub fn completeness(&self, snapshot: &Snapshot) -> Completeness {

@@ -738,13 +738,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         depth: u32,
         also_held: Option<N>,
     ) {
-        let max_window = self
-            .adjunct
-            .continuation()
-            .iter()
-            .filter_map(|&i| self.adjunct.groups()[i].window())
-            .max()
-            .unwrap_or(0);
+        let max_window = self.adjunct.max_continuation_window();
         let all: Vec<usize> = self.adjunct.continuation().to_vec();
         let only: Vec<usize> = self.adjunct.continuation_only().collect();
         let mut above_previous = false;
@@ -861,13 +855,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
     ) -> bool {
         // The hit's path is spared; but a state prune may strip an ancestor whose
         // depth lies a whole window below the hit's: the hit reads no state page of it.
-        let window = self
-            .adjunct
-            .continuation()
-            .iter()
-            .filter_map(|&i| self.adjunct.groups()[i].window())
-            .max()
-            .unwrap_or(0);
+        let window = self.adjunct.max_continuation_window();
         let spared = |n: N| {
             spare.is_some_and(|s| {
                 let on_path = s == n || Self::descends_from(tree, s, n);

@@ -265,12 +265,12 @@ pub struct FinalStates {
 /// What a retraction did.
 #[derive(Debug)]
 pub enum RetractOutcome {
-    /// The prefix is kept on host (`host_lock`); `write_back` copies its device-only part.
-    /// A paged model without host room keeps it on device instead (`host_lock` is then a
-    /// device lock) and recomputes from it.
+    /// The prefix is kept (`prefix_lock`): on host, where `write_back` copies its
+    /// device-only part; or, for a paged model without host room, on device, where its
+    /// snapshots make it reusable and from where the request is recomputed.
     Kept {
-        /// Host lock on the published prefix.
-        host_lock: NodeLock,
+        /// The lock on the published prefix: on host, or on device as above.
+        prefix_lock: NodeLock,
         /// The copy to issue, if the prefix was not fully on host.
         write_back: Option<Attached>,
     },
@@ -622,7 +622,7 @@ impl RadixCore {
                             let host_lock = self.lock(m.device, Tier::Host);
                             self.unlock(device_lock);
                             RetractOutcome::Kept {
-                                host_lock,
+                                prefix_lock: host_lock,
                                 write_back: Some(attached),
                             }
                         }
@@ -632,7 +632,7 @@ impl RadixCore {
                         // reference aborts it; DeepSeek-V4 has no host tier at all).
                         None if self.has_snapshots() && !self.is_reference() => {
                             RetractOutcome::Kept {
-                                host_lock: device_lock,
+                                prefix_lock: device_lock,
                                 write_back: None,
                             }
                         }
@@ -646,7 +646,7 @@ impl RadixCore {
                     self.unlock(device_lock);
                     self.demote(m.device);
                     RetractOutcome::Kept {
-                        host_lock,
+                        prefix_lock: host_lock,
                         write_back: None,
                     }
                 };

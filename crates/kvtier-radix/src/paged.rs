@@ -108,8 +108,7 @@ impl RadixCore {
     /// Whether every group slides (a window model): its entries at a depth are the last
     /// windows before it, which a first chunk can compute from the tokens.
     fn windows_only(&self) -> bool {
-        self.snapshots()
-            .is_some_and(|f| f.adjunct().groups().iter().all(|g| g.is_sliding()))
+        self.snapshots().is_some_and(|f| f.adjunct().slides_only())
     }
 
     /// A window model's first chunk over the whole KV match `m` (a host part loaded

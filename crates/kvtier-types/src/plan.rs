@@ -109,10 +109,8 @@ pub struct ForwardBatch {
     /// with -1 to the chunk length, concatenated.
     pub shifted_input_ids: Vec<Token>,
     /// Paged-cache models: every row's table of each group (in group-id byte order),
-    /// `groups_per_row` per row, in row order; empty otherwise.
+    /// the same number per row, in row order; empty otherwise.
     pub group_tables: Vec<GroupTable>,
-    /// Groups per row (0 for a model without paged-cache groups).
-    pub groups_per_row: usize,
 }
 
 impl ForwardBatch {
@@ -129,7 +127,7 @@ impl ForwardBatch {
 
     /// The group tables of the row at `index` (empty without paged-cache groups).
     pub fn groups_of(&self, index: usize) -> &[GroupTable] {
-        let n = self.groups_per_row;
+        let n = self.group_tables.len() / self.rows.len().max(1);
         self.group_tables
             .get(index * n..(index + 1) * n)
             .unwrap_or(&[])
