@@ -356,14 +356,7 @@ fn served_model(
         },
     };
     // A paged model's groups (pool sizes are the run's to set).
-    let any_budget = kvtier_paged::PoolBudget {
-        max_live_requests: 1,
-        max_scheduled_tokens: 1,
-        max_total_tokens: 1,
-        max_context_len: 1,
-        sliding_safety_margin: 0,
-    };
-    let groups = spec.paged_settings(SCENARIO_PAGE_SIZE, &any_budget);
+    let groups = spec.paged_templates(SCENARIO_PAGE_SIZE);
     let gate = spec.gate(SCENARIO_PAGE_SIZE);
     let mut cost = options.cost;
     let kv_bytes = spec.kv.map_or(0, |kv| kv.bytes_per_token());

@@ -158,7 +158,33 @@ impl ModelSpec {
     /// `compute_paged_cache_group_page_counts`), in group-id byte order. Window layers
     /// of the main KV become one sliding group of `page_size` rows.
     pub fn groups(&self, page_size: u32, budget: &PoolBudget) -> Vec<GroupSpec> {
+        self.paged_settings(page_size, budget)
+            .map_or_else(Vec::new, |p| p.groups)
+    }
+
+    /// The scheduler's paged-cache side ([`kvtier_types::PagedSettings`]) at a KV page
+    /// size, pools sized for `budget`; `None` for a model without groups.
+    pub fn paged_settings(
+        &self,
+        page_size: u32,
+        budget: &PoolBudget,
+    ) -> Option<kvtier_types::PagedSettings> {
+        let mut paged = self.paged_templates(page_size)?;
+        for g in &mut paged.groups {
+            g.total_pages = budget.pool_pages(g);
+        }
+        Some(paged)
+    }
+
+    /// [`Self::paged_settings`] with every pool left at 0 pages, for a caller that sizes
+    /// them itself. A window model's sliding-layer group is required, so its prefixes
+    /// are reusable where a snapshot holds their window.
+    pub fn paged_templates(&self, page_size: u32) -> Option<kvtier_types::PagedSettings> {
+        if !self.needs_paged_family() {
+            return None;
+        }
         let mut groups = self.group_templates.clone();
+        let mut required = self.required_groups.clone();
         if let Some(w) = &self.window {
             groups.push(GroupSpec::sliding(
                 WINDOW_GROUP,
@@ -168,36 +194,12 @@ impl ModelSpec {
                 w.window,
                 kvtier_paged::GroupRole::History,
             ));
-        }
-        for g in &mut groups {
-            g.total_pages = budget.pool_pages(g);
+            if !required.iter().any(|g| g == WINDOW_GROUP) {
+                required.push(WINDOW_GROUP.to_owned());
+            }
         }
         groups.sort_by(|a, b| a.id.cmp(&b.id));
-        groups
-    }
-}
-
-impl ModelSpec {
-    /// The scheduler's paged-cache side ([`kvtier_types::PagedSettings`]) at a KV page
-    /// size, pools sized for `budget`; `None` for a model without groups. A window
-    /// model's sliding-layer group is required, so its prefixes are reusable where a
-    /// snapshot holds their window.
-    pub fn paged_settings(
-        &self,
-        page_size: u32,
-        budget: &PoolBudget,
-    ) -> Option<kvtier_types::PagedSettings> {
-        if !self.needs_paged_family() {
-            return None;
-        }
-        let mut required = self.required_groups.clone();
-        if self.window.is_some() && !required.iter().any(|g| g == WINDOW_GROUP) {
-            required.push(WINDOW_GROUP.to_owned());
-        }
-        Some(kvtier_types::PagedSettings {
-            groups: self.groups(page_size, budget),
-            required,
-        })
+        Some(kvtier_types::PagedSettings { groups, required })
     }
 }
 

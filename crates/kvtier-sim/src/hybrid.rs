@@ -6,9 +6,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use kvtier::LocalSystem;
+use kvtier_model::ModelSpec;
+use kvtier_paged::PoolBudget;
 use kvtier_types::{
-    EngineEvent, ExecutionPlan, ForwardRow, GroupRole, GroupSpec, MambaSettings, PagedSettings,
-    Policy, RequestId, RequestSpec, RowKind, SchedulerConfig, Token, TransferKind, TransferPair,
+    EngineEvent, ExecutionPlan, ForwardRow, GroupRole, MambaSettings, PagedSettings, Policy,
+    RequestId, RequestSpec, RowKind, SchedulerConfig, Token, TransferKind, TransferPair,
     WriteBackOp, engine_rule,
 };
 use serde::Serialize;
@@ -49,88 +51,37 @@ pub enum HybridVariant {
     H2Roomy,
 }
 
-/// id, rows per page, entry stride, window, role, pages (main), pages (roomy).
-type H2Group = (&'static str, u32, u32, Option<u32>, GroupRole, u32, u32);
-
-/// H2's groups (§1.3): what TokenSpeed builds for `sliding_window = 128` and compress
-/// ratios {4, 128}: id, rows per page, entry stride, window (`None`: full history), role,
-/// pool pages in `h2-main` and in `h2-roomy`.
-const H2_GROUPS: [H2Group; 6] = [
-    ("v4.swa_kv", 64, 1, Some(128), GroupRole::State, 113, 1137),
-    (
-        "v4.c4a.compressor_state",
-        4,
-        1,
-        Some(8),
-        GroupRole::State,
-        1073,
-        2097,
-    ),
-    (
-        "v4.c4a.compressed_kv",
-        64,
-        4,
-        None,
-        GroupRole::History,
-        177,
-        177,
-    ),
-    (
-        "v4.c128a.compressor_state",
-        8,
-        1,
-        Some(128),
-        GroupRole::State,
-        785,
-        1809,
-    ),
-    (
-        "v4.c128a.compressed_kv",
-        2,
-        128,
-        None,
-        GroupRole::History,
-        177,
-        177,
-    ),
-    (
-        "v4.c4a.indexer_compressor_state",
-        4,
-        1,
-        Some(8),
-        GroupRole::State,
-        1073,
-        2097,
-    ),
-];
-
-/// The paged-cache side of H2: the reference policy requires the history groups only
-/// (as TokenSpeed at 350cf505), kvtier's the state groups too (PR381), so a prefix is
-/// reusable at any complete snapshot rather than only at a terminal one.
+/// The paged-cache side of H2 (§1.3): the groups TokenSpeed builds for DeepSeek-V4
+/// (`sliding_window = 128`, compress ratios {4, 128}; the `deepseek-v4-flash` preset),
+/// pools sized by its formula for 16 live requests, 4,096 scheduled tokens, 160 × 256
+/// total tokens and a 32,768-token context (`h2-roomy`: 1,024 more pages for each
+/// sliding group). The reference policy requires the history groups only (as TokenSpeed
+/// at 350cf505), kvtier's the state groups too (PR381), so a prefix is reusable at any
+/// complete snapshot rather than only at a terminal one.
 fn h2_paged(roomy: bool, policy: Policy) -> PagedSettings {
-    let groups: Vec<GroupSpec> = H2_GROUPS
-        .iter()
-        .map(|&(id, rows, stride, window, role, main, big)| {
-            let pages = if roomy { big } else { main };
-            match window {
-                Some(w) => GroupSpec::sliding(id, rows, stride, pages, w, role),
-                None => GroupSpec::full_history(id, rows, stride, pages),
-            }
-        })
-        .collect();
-    let mut required = vec![
-        "v4.c4a.compressed_kv".to_owned(),
-        "v4.c128a.compressed_kv".to_owned(),
-    ];
-    if policy == Policy::Default {
-        required.extend(
-            groups
-                .iter()
-                .filter(|g| g.role == GroupRole::State)
-                .map(|g| g.id.clone()),
-        );
+    let budget = PoolBudget {
+        max_live_requests: 16,
+        max_scheduled_tokens: 4096,
+        max_total_tokens: 160 * 256,
+        max_context_len: 32_768,
+        sliding_safety_margin: if roomy { 1024 } else { 0 },
+    };
+    let spec = ModelSpec::preset("deepseek-v4-flash");
+    debug_assert!(spec.is_ok(), "a built-in preset: {spec:?}");
+    let mut paged = spec
+        .ok()
+        .and_then(|spec| spec.paged_settings(256, &budget))
+        .unwrap_or_default();
+    if policy == Policy::Reference {
+        let history: Vec<String> = paged
+            .groups
+            .iter()
+            .filter(|g| g.role == GroupRole::History)
+            .map(|g| g.id.clone())
+            .collect();
+        paged.required.retain(|id| history.contains(id));
     }
-    PagedSettings { groups, required }
+    paged
 }
 
 impl HybridVariant {

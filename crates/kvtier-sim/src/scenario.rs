@@ -24,8 +24,8 @@ use kvtier_l3::{
     MooncakeStore, Namespace,
 };
 use kvtier_types::{
-    EngineEvent, GroupRole, GroupSpec, MambaSettings, PagedSettings, RequestId, RequestSpec,
-    SchedulerConfig, Token,
+    EngineEvent, GroupSpec, MambaSettings, PagedSettings, RequestId, RequestSpec, SchedulerConfig,
+    Token,
 };
 use serde::Serialize;
 
@@ -63,38 +63,18 @@ impl Model {
         }
     }
 
-    /// A window or compressed-state model's group templates (pool sizes 0, sized per
-    /// run by [`scenario_groups`]) and required groups: every group, so a prefix is
-    /// reusable at any snapshot whose windows are complete.
+    /// A window or compressed-state model's groups, from the built-in presets it stands
+    /// for (`gpt-oss-20b`, `deepseek-v4-flash`), pools unsized ([`scenario_groups`]
+    /// sizes them per run).
     pub fn group_templates(self) -> Option<PagedSettings> {
-        let groups = match self {
+        let preset = match self {
             Model::Dense | Model::MambaHybrid => return None,
-            Model::SlidingWindow => vec![GroupSpec::sliding(
-                "swa.kv",
-                SCENARIO_PAGE_SIZE,
-                1,
-                0,
-                128,
-                GroupRole::History,
-            )],
-            Model::CompressedState => vec![
-                GroupSpec::sliding("v4.swa_kv", 64, 1, 0, 128, GroupRole::State),
-                GroupSpec::sliding("v4.c4a.compressor_state", 4, 1, 0, 8, GroupRole::State),
-                GroupSpec::full_history("v4.c4a.compressed_kv", 64, 4, 0),
-                GroupSpec::sliding("v4.c128a.compressor_state", 8, 1, 0, 128, GroupRole::State),
-                GroupSpec::full_history("v4.c128a.compressed_kv", 2, 128, 0),
-                GroupSpec::sliding(
-                    "v4.c4a.indexer_compressor_state",
-                    4,
-                    1,
-                    0,
-                    8,
-                    GroupRole::State,
-                ),
-            ],
+            Model::SlidingWindow => "gpt-oss-20b",
+            Model::CompressedState => "deepseek-v4-flash",
         };
-        let required = groups.iter().map(|g| g.id.clone()).collect();
-        Some(PagedSettings { groups, required })
+        let spec = kvtier_model::ModelSpec::preset(preset);
+        debug_assert!(spec.is_ok(), "a built-in preset: {spec:?}");
+        spec.ok()?.paged_templates(SCENARIO_PAGE_SIZE)
     }
 }
 
