@@ -13,9 +13,8 @@ use kvtier_types::{
     SchedulerConfig,
 };
 
-/// Pages of 4 tokens, no host tier, budget 16, and two required groups of 4 tokens a
-/// page (A = 4): `fh` full history, `swa` a sliding state window of 8 tokens.
-fn windowed(fh_pages: u32, swa_pages: u32) -> SchedulerConfig {
+/// Pages of 4 tokens, no host tier, budget 16, batch 8, and `groups` with `required`.
+fn with_groups(groups: Vec<GroupSpec>, required: &[&str]) -> SchedulerConfig {
     SchedulerConfig {
         page_size: 4,
         device_pages: 64,
@@ -25,14 +24,26 @@ fn windowed(fh_pages: u32, swa_pages: u32) -> SchedulerConfig {
         max_batch_size: 8,
         decode_input_tokens: 1,
         paged: Some(PagedSettings {
-            groups: vec![
-                GroupSpec::full_history("fh", 4, 1, fh_pages),
-                GroupSpec::sliding("swa", 4, 1, swa_pages, 8, GroupRole::State),
-            ],
-            required: vec!["fh".into(), "swa".into()],
+            groups,
+            required: required.iter().map(|&id| id.to_owned()).collect(),
         }),
         ..SchedulerConfig::default()
     }
+}
+
+/// `fh`, a full history of 4 tokens a page (A = 4).
+fn fh(pages: u32) -> GroupSpec {
+    GroupSpec::full_history("fh", 4, 1, pages)
+}
+
+/// `swa`, a sliding state window of 8 tokens over pages of 4.
+fn swa(pages: u32) -> GroupSpec {
+    GroupSpec::sliding("swa", 4, 1, pages, 8, GroupRole::State)
+}
+
+/// The two groups, both required.
+fn windowed(fh_pages: u32, swa_pages: u32) -> SchedulerConfig {
+    with_groups(vec![fh(fh_pages), swa(swa_pages)], &["fh", "swa"])
 }
 
 fn report(s: &mut Scheduler) -> PagedReport {
@@ -180,11 +191,7 @@ fn a_short_group_pool_makes_requests_wait_not_fail() {
 fn a_refused_first_chunk_waits_without_rematching() {
     // One full-history group of 16-token pages (A = 16), 3 usable pages: a decode
     // takes pages but returns none, and commits nothing new before 32 tokens.
-    let mut config = windowed(4, 64);
-    if let Some(p) = config.paged.as_mut() {
-        p.groups = vec![GroupSpec::full_history("fh", 16, 1, 4)];
-        p.required = vec!["fh".into()];
-    }
+    let mut config = with_groups(vec![GroupSpec::full_history("fh", 16, 1, 4)], &["fh"]);
     config.max_scheduled_tokens = 64;
     let mut s = sched(config);
     let mut engine = Engine::with_max_new(10);
@@ -217,11 +224,7 @@ fn a_refused_first_chunk_waits_without_rematching() {
 /// forever — found by the property test with paged configs.)
 #[test]
 fn snapshots_below_a_request_are_not_pinned_by_it() {
-    let mut config = windowed(9, 64);
-    if let Some(p) = config.paged.as_mut() {
-        p.groups.truncate(1);
-        p.required.truncate(1);
-    }
+    let mut config = with_groups(vec![fh(9)], &["fh"]);
     config.max_scheduled_tokens = 64;
     let mut s = sched(config);
     let mut engine = Engine::with_max_new(1);
@@ -247,12 +250,8 @@ fn snapshots_below_a_request_are_not_pinned_by_it() {
 /// Groups for the coverage test: `fh` full history of 4 tokens a page, `swa` a window
 /// of 8 over pages of 4, and `c2` a compressed history (entries of 2 tokens, 2 a page).
 fn three_groups(pages: u32) -> SchedulerConfig {
-    let mut config = windowed(pages, pages);
-    if let Some(p) = config.paged.as_mut() {
-        p.groups.push(GroupSpec::full_history("c2", 2, 2, pages));
-        p.required.push("c2".into());
-    }
-    config
+    let c2 = GroupSpec::full_history("c2", 2, 2, pages);
+    with_groups(vec![fh(pages), swa(pages), c2], &["fh", "swa", "c2"])
 }
 
 /// Every row's group tables reach the entries it reads and writes: from where its
@@ -322,11 +321,7 @@ fn mixed_rows_group_tables_cover_their_tokens() {
 /// The window group is transport-only here, so no snapshot holds its pages.
 #[test]
 fn sliding_release_before_acquire_keeps_a_tiny_pool_enough() {
-    let mut config = windowed(64, 5);
-    if let Some(p) = config.paged.as_mut() {
-        p.required.truncate(1);
-    }
-    let mut s = sched(config);
+    let mut s = sched(with_groups(vec![fh(64), swa(5)], &["fh"]));
     let mut engine = Engine::with_max_new(100);
     submit(&mut s, "r1", tokens(1, 10));
     for _ in 0..200 {

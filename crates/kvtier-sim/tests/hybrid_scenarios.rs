@@ -2,26 +2,14 @@
 //! reference engine, and reuse must never change an answer — the cache on gives the
 //! tokens of the cache off, with zero integrity errors, on every path.
 
+mod common;
+
+use common::{clean, run_model};
 use kvtier_sim::Path;
-use kvtier_sim::scenario::{Model, Scenario, ScenarioOptions, ScenarioReport, run_scenario};
+use kvtier_sim::scenario::{Model, Scenario, ScenarioOptions, run_scenario};
 
-fn hybrid(scenario: Scenario, cache: bool, path: Path) -> ScenarioReport {
-    let options = ScenarioOptions {
-        model: Model::MambaHybrid,
-        cache,
-        path,
-        ..ScenarioOptions::new(scenario)
-    };
-    run_scenario(&options).expect("the scenario runs")
-}
-
-fn clean(r: &ScenarioReport, what: &str) {
-    assert_eq!(
-        r.integrity_errors, 0,
-        "{what}: first errors {:?}",
-        r.first_errors
-    );
-    assert_eq!(r.finished, r.requests, "{what}: every request answered");
+fn hybrid(scenario: Scenario, cache: bool, path: Path) -> kvtier_sim::scenario::ScenarioReport {
+    run_model(Model::MambaHybrid, scenario, cache, path)
 }
 
 #[test]

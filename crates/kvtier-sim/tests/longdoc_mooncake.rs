@@ -8,7 +8,7 @@ mod common;
 
 use common::{assert_later_questions_came_from_l3, cache_off, checked, longdoc, run_checked};
 use kvtier_l3::{MooncakeConfig, testing};
-use kvtier_sim::scenario::{L3Store, Model, ScenarioOptions, run_scenario_with};
+use kvtier_sim::scenario::{L3Store, Model, ScenarioOptions, ScenarioReport, run_scenario_with};
 
 /// The cluster the environment describes, or a loud skip (a failure under CI).
 fn cluster() -> Option<MooncakeConfig> {
@@ -44,25 +44,33 @@ fn documents_come_back_from_mooncake_with_the_answers_of_a_run_without_cache() {
     assert_later_questions_came_from_l3(&on, &off);
 }
 
+/// `longdoc` on `model` against a master of the test's own: the cache-off run, then the
+/// run with Mooncake as L3 (`test` names its objects).
+fn model_against_mooncake(
+    model: Model,
+    test: &str,
+    cluster: &MooncakeConfig,
+) -> (ScenarioReport, ScenarioReport) {
+    let on_model = |options: ScenarioOptions| ScenarioOptions { model, ..options };
+    let off = run_checked(&on_model(ScenarioOptions {
+        cache: false,
+        ..longdoc()
+    }));
+    let own = testing::LoopbackMaster::start(cluster).expect("start the test's own master");
+    let on = run_checked(&on_model(mooncake_options(test, own.config(cluster))));
+    assert_eq!(
+        (on.l3.as_str(), on.model.as_str()),
+        ("mooncake", model.name())
+    );
+    (on, off)
+}
+
 /// A hybrid model's documents come back with the recurrent states at their ends, stored
 /// in Mooncake as objects of their own from a second registered buffer.
 #[test]
 fn hybrid_documents_come_back_from_mooncake_with_their_states() {
     let Some(cluster) = cluster() else { return };
-    let hybrid = |options: ScenarioOptions| ScenarioOptions {
-        model: Model::MambaHybrid,
-        ..options
-    };
-    let off = run_checked(&hybrid(ScenarioOptions {
-        cache: false,
-        ..longdoc()
-    }));
-    let own = testing::LoopbackMaster::start(&cluster).expect("start the test's own master");
-    let on = run_checked(&hybrid(mooncake_options("hybrid", own.config(&cluster))));
-    assert_eq!(
-        (on.l3.as_str(), on.model.as_str()),
-        ("mooncake", "mamba-hybrid")
-    );
+    let (on, off) = model_against_mooncake(Model::MambaHybrid, "hybrid", &cluster);
     assert_later_questions_came_from_l3(&on, &off);
     assert_eq!(on.l3_prefetched_states, on.l3_prefetch_ops);
     assert!(on.l3_backed_up_states >= 4, "{on:#?}");
@@ -74,20 +82,7 @@ fn hybrid_documents_come_back_from_mooncake_with_their_states() {
 #[test]
 fn window_documents_come_back_from_mooncake_and_refill_their_windows() {
     let Some(cluster) = cluster() else { return };
-    let window = |options: ScenarioOptions| ScenarioOptions {
-        model: Model::SlidingWindow,
-        ..options
-    };
-    let off = run_checked(&window(ScenarioOptions {
-        cache: false,
-        ..longdoc()
-    }));
-    let own = testing::LoopbackMaster::start(&cluster).expect("start the test's own master");
-    let on = run_checked(&window(mooncake_options("window", own.config(&cluster))));
-    assert_eq!(
-        (on.l3.as_str(), on.model.as_str()),
-        ("mooncake", "sliding-window")
-    );
+    let (on, off) = model_against_mooncake(Model::SlidingWindow, "window", &cluster);
     assert_eq!(
         on.outputs, off.outputs,
         "answers differ from the cache-off run"

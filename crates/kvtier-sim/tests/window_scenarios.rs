@@ -3,28 +3,11 @@
 //! history, the compressor states), and reuse must never change an answer — the cache on
 //! gives the tokens of the cache off, with zero integrity errors, on every path.
 
+mod common;
+
+use common::{clean, run_model as run};
 use kvtier_sim::Path;
-use kvtier_sim::reference::IntegrityError;
-use kvtier_sim::scenario::{Model, Scenario, ScenarioOptions, ScenarioReport, run_scenario};
-
-fn run(model: Model, scenario: Scenario, cache: bool, path: Path) -> ScenarioReport {
-    let options = ScenarioOptions {
-        model,
-        cache,
-        path,
-        ..ScenarioOptions::new(scenario)
-    };
-    run_scenario(&options).expect("the scenario runs")
-}
-
-fn clean(r: &ScenarioReport, what: &str) {
-    assert_eq!(
-        r.integrity_errors, 0,
-        "{what}: first errors {:?}",
-        r.first_errors
-    );
-    assert_eq!(r.finished, r.requests, "{what}: every request answered");
-}
+use kvtier_sim::scenario::{Model, Scenario};
 
 const MODELS: [Model; 2] = [Model::SlidingWindow, Model::CompressedState];
 
@@ -144,5 +127,4 @@ fn a_misplaced_window_is_an_integrity_error() {
         memory.check_before(row(&request, &right), &prefix, 16, |_| true),
         None
     );
-    let _ = IntegrityError::WrongGroup(wrong);
 }

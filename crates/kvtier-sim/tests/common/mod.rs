@@ -1,10 +1,32 @@
-//! What the `longdoc` tests share: the default options, a checked run, and the cache-off
-//! run every answer is compared with.
+//! What the scenario tests share: a run of a model, the check every run passes, the
+//! `longdoc` defaults, and the cache-off run every answer is compared with.
 
 // Each test binary uses part of this module.
 #![allow(dead_code)]
 
-use kvtier_sim::scenario::{Scenario, ScenarioOptions, ScenarioReport, run_scenario};
+use kvtier_sim::Path;
+use kvtier_sim::scenario::{Model, Scenario, ScenarioOptions, ScenarioReport, run_scenario};
+
+/// `scenario` on `model`, the cache on or off, through `path`.
+pub fn run_model(model: Model, scenario: Scenario, cache: bool, path: Path) -> ScenarioReport {
+    let options = ScenarioOptions {
+        model,
+        cache,
+        path,
+        ..ScenarioOptions::new(scenario)
+    };
+    run_scenario(&options).expect("the scenario runs")
+}
+
+/// Asserts that a run read no wrong KV and answered every request (`what` names it).
+pub fn clean(r: &ScenarioReport, what: &str) {
+    assert_eq!(
+        r.integrity_errors, 0,
+        "{what}: first errors {:?}",
+        r.first_errors
+    );
+    assert_eq!(r.finished, r.requests, "{what}: every request answered");
+}
 
 /// `longdoc` on its defaults (the embedded L3 store).
 pub fn longdoc() -> ScenarioOptions {
@@ -13,8 +35,7 @@ pub fn longdoc() -> ScenarioOptions {
 
 /// Asserts that a run read no wrong KV and answered every question.
 pub fn checked(r: ScenarioReport) -> ScenarioReport {
-    assert_eq!(r.integrity_errors, 0, "{:?}", r.first_errors);
-    assert_eq!(r.finished, r.requests, "every question is answered");
+    clean(&r, "");
     r
 }
 
