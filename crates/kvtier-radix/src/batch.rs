@@ -833,24 +833,22 @@ impl RadixCore {
                         {
                             Outcome::Denied(*denied.expect("checked"))
                         }
-                        None if self.has_snapshots() => self.first_chunk_paged(
-                            &tokens,
-                            prefill_len,
-                            remaining,
-                            d,
-                            use_host,
-                            reuse,
-                        ),
-                        None if self.has_states() => self.first_chunk_hybrid(
-                            &tokens,
-                            prefill_len,
-                            remaining,
-                            d,
-                            use_host,
-                            reuse,
-                        ),
                         None => {
-                            self.first_chunk(&tokens, prefill_len, remaining, d, use_host, reuse)
+                            let ask = FirstChunkAsk {
+                                tokens: &tokens,
+                                prefill_len,
+                                remaining,
+                                d,
+                                use_host,
+                                reuse,
+                            };
+                            if self.has_snapshots() {
+                                self.first_chunk_paged(ask)
+                            } else if self.has_states() {
+                                self.first_chunk_hybrid(ask)
+                            } else {
+                                self.first_chunk(ask)
+                            }
                         }
                     }
                 }
@@ -1089,15 +1087,15 @@ impl RadixCore {
         })))
     }
 
-    fn first_chunk(
-        &mut self,
-        tokens: &[Token],
-        prefill_len: u32,
-        remaining: u32,
-        d: u32,
-        use_host: bool,
-        reuse: bool,
-    ) -> Outcome {
+    fn first_chunk(&mut self, ask: FirstChunkAsk<'_>) -> Outcome {
+        let FirstChunkAsk {
+            tokens,
+            prefill_len,
+            remaining,
+            d,
+            use_host,
+            reuse,
+        } = ask;
         if self.is_reference() {
             // The reference commits the match (split, touch) before it knows whether
             // the request fits.
@@ -1276,6 +1274,19 @@ impl RadixCore {
         self.unlock(guard);
         pinned
     }
+}
+
+/// What a first chunk asks of the cache: the prompt's full pages except the last
+/// token's, its length, the tokens left in the step's budget, the decode reserve, and
+/// whether host pages and prefix reuse may serve it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FirstChunkAsk<'a> {
+    pub tokens: &'a [Token],
+    pub prefill_len: u32,
+    pub remaining: u32,
+    pub d: u32,
+    pub use_host: bool,
+    pub reuse: bool,
 }
 
 /// A pinned path: the device lock, the host lock on a load-back source, and the

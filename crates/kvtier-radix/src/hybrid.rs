@@ -11,7 +11,9 @@
 use kvtier_mamba::{CappedMatch, RequestStates};
 use kvtier_types::{PageId, Tier, Token};
 
-use crate::batch::{ChunkCommit, ChunkShape, FinalStates, Outcome, Publication, StateGrant, grow};
+use crate::batch::{
+    ChunkCommit, ChunkShape, FinalStates, FirstChunkAsk, Outcome, Publication, StateGrant, grow,
+};
 use crate::{Match, NodeId, NodeLock, RadixCore};
 
 impl RadixCore {
@@ -33,16 +35,9 @@ impl RadixCore {
     /// A hybrid request's first chunk: its prefix capped at the deepest cached state, a
     /// host state loaded back when it is deeper than any device state, and a working and
     /// a checkpoint slot.
-    pub(crate) fn first_chunk_hybrid(
-        &mut self,
-        tokens: &[Token],
-        prefill_len: u32,
-        remaining: u32,
-        d: u32,
-        use_host: bool,
-        reuse: bool,
-    ) -> Outcome {
-        self.first_chunk_from(tokens, prefill_len, remaining, d, [use_host, reuse, true])
+    pub(crate) fn first_chunk_hybrid(&mut self, ask: FirstChunkAsk<'_>) -> Outcome {
+        let flags = [ask.use_host, ask.reuse, true];
+        self.first_chunk_from(ask.tokens, ask.prefill_len, ask.remaining, ask.d, flags)
     }
 
     /// [`Self::first_chunk_hybrid`]; `[use_host, reuse, host_states]`, the last false when

@@ -10,9 +10,9 @@
 
 use kvtier_host::Releaser;
 use kvtier_paged::{PagedFamily, PagedHit, RequestTables};
-use kvtier_types::{GroupTable, Token};
+use kvtier_types::GroupTable;
 
-use crate::batch::{ChunkShape, Outcome};
+use crate::batch::{ChunkShape, FirstChunkAsk, Outcome};
 use crate::{Match, NodeId, RadixCore};
 
 /// Names a request's group tables inside the cache (plain data: it travels in intents
@@ -59,15 +59,15 @@ impl RadixCore {
     /// is short) and their pages; then room for the chunk's KV. A window model whose KV
     /// match runs deeper than any snapshot (on device, or back from host or L3) computes
     /// its windows again instead ([`Self::first_chunk_refilling`]).
-    pub(crate) fn first_chunk_paged(
-        &mut self,
-        tokens: &[Token],
-        prefill_len: u32,
-        remaining: u32,
-        d: u32,
-        use_host: bool,
-        reuse: bool,
-    ) -> Outcome {
+    pub(crate) fn first_chunk_paged(&mut self, ask: FirstChunkAsk<'_>) -> Outcome {
+        let FirstChunkAsk {
+            tokens,
+            prefill_len,
+            remaining,
+            d,
+            use_host,
+            reuse,
+        } = ask;
         let ps = self.page_size();
         let kv = self.committed_match(tokens, reuse);
         let Some((hit, node)) =
