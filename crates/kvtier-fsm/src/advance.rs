@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use kvtier_radix::{CacheOp, TokenRef};
 use kvtier_types::{
-    AbortNotice, AbortReason, EngineEvent, OpId, PageId, RequestId, RequestSpec, Token,
+    AbortNotice, AbortReason, EngineEvent, LookupAsk, OpId, PageId, RequestId, RequestSpec, Token,
 };
 
 use crate::ops::{FailedLoad, WriteBackInFlight};
@@ -24,7 +24,9 @@ impl SchedulerCore {
         let mut rejected = Vec::new();
         for (index, spec) in specs.into_iter().enumerate() {
             match self.check_spec(&spec) {
-                Ok(()) => self.queue(spec),
+                Ok(()) => {
+                    self.queue(spec, State::Submitted);
+                }
                 Err(error) => rejected.push(Rejected { index, error }),
             }
         }
@@ -32,6 +34,71 @@ impl SchedulerCore {
             Ok(())
         } else {
             Err(BatchError { rejected })
+        }
+    }
+
+    /// Submits requests whose prompts the L3 store is to look up, checked as by
+    /// [`Self::submit`]. Prompts long enough to be prefetched
+    /// ([`SchedulerConfig::wants_l3_lookup`](kvtier_types::SchedulerConfig::wants_l3_lookup))
+    /// wait, looking up, until [`Self::looked_up`] brings the answer to the returned ask;
+    /// the others are queued at once. Nothing else waits: plans go on meanwhile.
+    pub fn submit_with_lookup(
+        &mut self,
+        specs: Vec<RequestSpec>,
+    ) -> (Option<LookupAsk>, Result<(), BatchError>) {
+        let ticket = self.next_lookup;
+        let (mut ids, mut prompts) = (Vec::new(), Vec::new());
+        let mut rejected = Vec::new();
+        for (index, mut spec) in specs.into_iter().enumerate() {
+            // The system's own store answers for L3, not the engine.
+            spec.storage_hit_pages = 0;
+            if let Err(error) = self.check_spec(&spec) {
+                rejected.push(Rejected { index, error });
+            } else if self.config.wants_l3_lookup(spec.tokens.len()) {
+                ids.push(spec.id.clone());
+                prompts.push(self.queue(spec, State::LookingUp { ticket }));
+            } else {
+                self.queue(spec, State::Submitted);
+            }
+        }
+        let ask = (!prompts.is_empty()).then(|| {
+            self.next_lookup += 1;
+            self.lookups.insert(ticket, ids);
+            LookupAsk { ticket, prompts }
+        });
+        let result = if rejected.is_empty() {
+            Ok(())
+        } else {
+            Err(BatchError { rejected })
+        };
+        (ask, result)
+    }
+
+    /// The answer to the lookup `ticket`: each of its prompts' hit pages, in order, or
+    /// `None` when the lookup was lost (no hits, counted). Its requests that are still
+    /// looking up are queued with their hits; those aborted meanwhile are gone.
+    pub fn looked_up(&mut self, ticket: u64, hit_pages: Option<Vec<u32>>) {
+        let Some(ids) = self.lookups.remove(&ticket) else {
+            return;
+        };
+        if hit_pages.is_none() {
+            self.stats.lost_lookups += 1;
+        }
+        let ps = self.config.page_size;
+        for (i, id) in ids.iter().enumerate() {
+            let Some(key) = self.requests.key_of(id) else {
+                continue;
+            };
+            let r = &mut self.requests[key];
+            if !matches!(r.state, State::LookingUp { ticket: t } if t == ticket) {
+                // Aborted meanwhile (and perhaps submitted again under the same id).
+                continue;
+            }
+            let hits = hit_pages.as_ref().and_then(|h| h.get(i).copied());
+            // A store's answer is never trusted past the prompt's full pages.
+            r.storage_hit_pages = hits.unwrap_or(0).min(r.full_pages_except_last(ps));
+            r.state = State::Submitted;
+            tracing::debug!(parent: &r.span, phase = "looked up", l3_pages = r.storage_hit_pages);
         }
     }
 
@@ -83,7 +150,8 @@ impl SchedulerCore {
         Ok(())
     }
 
-    fn queue(&mut self, spec: RequestSpec) {
+    /// Adds a request in `state` (Submitted or LookingUp); returns its prompt.
+    fn queue(&mut self, spec: RequestSpec, state: State) -> Arc<Vec<Token>> {
         let prefill_len = spec.tokens.len() as u32;
         let span = tracing::info_span!(
             "request",
@@ -93,15 +161,17 @@ impl SchedulerCore {
             generated_tokens = tracing::field::Empty,
         );
         tracing::debug!(parent: &span, phase = "queued");
+        let tokens = Arc::new(spec.tokens);
         self.requests.insert(Request {
             id: spec.id,
-            tokens: Arc::new(spec.tokens),
+            tokens: Arc::clone(&tokens),
             prefill_len,
-            state: State::Submitted,
+            state,
             storage_hit_pages: spec.storage_hit_pages,
             denied: None,
             span,
         });
+        tokens
     }
 
     // ----- advance -----------------------------------------------------------------

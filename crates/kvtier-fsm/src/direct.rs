@@ -3,7 +3,8 @@
 
 use kvtier_radix::RadixCore;
 use kvtier_types::{
-    EngineEvent, ExecutionPlan, KvEvent, PageId, RequestId, RequestSpec, SchedulerConfig, Token,
+    EngineEvent, ExecutionPlan, KvEvent, LookupAsk, PageId, RequestId, RequestSpec,
+    SchedulerConfig, Token,
 };
 
 use crate::{
@@ -75,6 +76,20 @@ impl Scheduler {
     /// Submits requests (see [`SchedulerCore::submit`]).
     pub fn submit(&mut self, specs: Vec<RequestSpec>) -> Result<(), BatchError> {
         self.core.submit(specs)
+    }
+
+    /// Submits requests whose long prompts wait for an L3 lookup (see
+    /// [`SchedulerCore::submit_with_lookup`]).
+    pub fn submit_with_lookup(
+        &mut self,
+        specs: Vec<RequestSpec>,
+    ) -> (Option<LookupAsk>, Result<(), BatchError>) {
+        self.core.submit_with_lookup(specs)
+    }
+
+    /// A lookup's answer (see [`SchedulerCore::looked_up`]).
+    pub fn looked_up(&mut self, ticket: u64, hit_pages: Option<Vec<u32>>) {
+        self.core.looked_up(ticket, hit_pages);
     }
 
     /// Applies engine events in order (see [`SchedulerCore::advance`]).

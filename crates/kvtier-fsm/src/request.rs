@@ -12,6 +12,8 @@ use crate::slots::Slot;
 /// The name of a request state (for errors, stats and tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum StateKind {
+    /// Its prompt is being looked up in L3; not scheduled until the answer comes.
+    LookingUp,
     /// Waiting for its first prefill chunk.
     Submitted,
     /// Host pages being filled from L3 (L3 tier).
@@ -198,6 +200,10 @@ pub(crate) struct Retracted {
 
 #[derive(Debug)]
 pub(crate) enum State {
+    /// Its L3 lookup (`ticket`) is under way; it holds nothing.
+    LookingUp {
+        ticket: u64,
+    },
     Submitted,
     Prefetching(Prefetch),
     PrefetchDone,
@@ -226,6 +232,7 @@ pub(crate) enum State {
 impl State {
     pub fn kind(&self) -> StateKind {
         match self {
+            State::LookingUp { .. } => StateKind::LookingUp,
             State::Submitted => StateKind::Submitted,
             State::Prefetching(_) => StateKind::Prefetching,
             State::PrefetchDone => StateKind::PrefetchDone,

@@ -2,7 +2,7 @@
 //! concern: `advance.rs` (submit and events), `step.rs` (plans), `mail.rs` (the cache's
 //! replies).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use kvtier_radix::CacheConfig;
 use kvtier_types::{AbortNotice, PageId, RequestId, SchedulerConfig, Token};
@@ -18,6 +18,8 @@ use crate::slots::SlotPool;
 /// Counters and gauges of the scheduler.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SchedulerStats {
+    /// Requests whose L3 lookup is under way (not scheduled until it answers).
+    pub looking_up: usize,
     /// Requests waiting for their first chunk.
     pub waiting: usize,
     /// Requests in prefill (Prefilling and PrefillDone).
@@ -54,6 +56,9 @@ pub struct SchedulerStats {
     pub failed_load_backs: u64,
     /// Requests scheduled again because a row of theirs read a failed load-back.
     pub load_back_requeues: u64,
+    /// L3 lookups that never answered (a failed delivery): their requests went on with
+    /// no L3 hits.
+    pub lost_lookups: u64,
     /// Cache batches sent (one per `advance` with cache work, one or two per plan).
     pub cache_batches: u64,
     /// Hybrid models: the recurrent-state slots and their counters.
@@ -115,6 +120,10 @@ pub struct SchedulerCore {
     pub(crate) voided: BTreeSet<RequestId>,
     /// Requests the scheduler gave up on between plans: told with the next plan.
     pub(crate) notices: Vec<AbortNotice>,
+    /// The ticket of the next L3 lookup.
+    pub(crate) next_lookup: u64,
+    /// L3 lookups under way: their requests, in the order of the ask's prompts.
+    pub(crate) lookups: BTreeMap<u64, Vec<RequestId>>,
 }
 
 impl SchedulerCore {
@@ -132,6 +141,8 @@ impl SchedulerCore {
             awaiting: Awaiting::Nothing,
             voided: BTreeSet::new(),
             notices: Vec::new(),
+            next_lookup: 0,
+            lookups: BTreeMap::new(),
         })
     }
 
@@ -222,6 +233,7 @@ impl SchedulerCore {
         s.idle = self.is_idle();
         for r in self.requests.iter() {
             match r.state.kind() {
+                StateKind::LookingUp => s.looking_up += 1,
                 StateKind::Submitted => s.waiting += 1,
                 StateKind::Prefilling | StateKind::PrefillDone => s.prefilling += 1,
                 StateKind::Decoding => s.decoding += 1,

@@ -50,7 +50,8 @@ fn class(kind: StateKind, mixed: bool) -> Option<u8> {
         StateKind::Submitted | StateKind::PrefetchDone => 2,
         StateKind::Retracted => 4,
         StateKind::Aborting => 9,
-        StateKind::Draining
+        StateKind::LookingUp
+        | StateKind::Draining
         | StateKind::Prefetching
         | StateKind::Retracting
         | StateKind::WritingBack

@@ -268,3 +268,95 @@ fn no_backup_without_l3_or_after_a_failed_write_back() {
     );
     check(&mut s);
 }
+
+// ----- lookups that do not block (issue 13) ---------------------------------------
+
+/// A long prompt waits, looking up, with no rows; a short one is queued at once; the
+/// answer puts the long one in line with its hits (the others ran meanwhile).
+#[test]
+fn a_request_waits_looking_up_while_others_run() {
+    let mut s = sched(l3_config());
+    let short = RequestSpec::new("short", tokens(1, 3)); // 1 full page: not looked up
+    let long = RequestSpec::new("long", tokens(100, 13)); // 6 full pages
+    let (ask, result) = s.submit_with_lookup(vec![short, long]);
+    result.expect("both valid");
+    let ask = ask.expect("the long prompt is looked up");
+    assert_eq!(ask.prompts.len(), 1);
+    assert_eq!(
+        *ask.prompts[0],
+        tokens(100, 13),
+        "the prompt itself, shared"
+    );
+    assert_eq!(s.request_state(&rid("long")), Some(StateKind::LookingUp));
+    assert_eq!(s.request_state(&rid("short")), Some(StateKind::Submitted));
+    assert_eq!(s.stats().looking_up, 1);
+    assert!(!s.is_idle());
+
+    let plan = s.next_plan();
+    assert!(row(&plan, "short").is_some());
+    assert!(row(&plan, "long").is_none(), "no row while looking up");
+
+    s.looked_up(ask.ticket, Some(vec![4]));
+    assert_eq!(s.request_state(&rid("long")), Some(StateKind::Submitted));
+    let plan = s.next_plan();
+    let fetched: Vec<_> = plan
+        .prefetches
+        .iter()
+        .map(|p| p.request_id.clone())
+        .collect();
+    assert_eq!(fetched, [rid("long")], "its 4 L3 pages are fetched");
+}
+
+/// A store's answer beyond the prompt's full pages is capped, and a lost lookup is a
+/// miss (counted), never a failure.
+#[test]
+fn lookup_answers_are_capped_and_lost_ones_are_misses() {
+    let mut s = sched(l3_config());
+    let (ask, _) = s.submit_with_lookup(vec![RequestSpec::new("a", tokens(1, 13))]);
+    s.looked_up(ask.expect("asked").ticket, Some(vec![1_000]));
+    let plan = s.next_plan();
+    assert_eq!(
+        plan.prefetches[0].dst_pages.len(),
+        6,
+        "6 full pages at most"
+    );
+
+    let (ask, _) = s.submit_with_lookup(vec![RequestSpec::new("b", tokens(500, 13))]);
+    s.looked_up(ask.expect("asked").ticket, None);
+    assert_eq!(s.request_state(&rid("b")), Some(StateKind::Submitted));
+    assert_eq!(s.stats().lost_lookups, 1);
+}
+
+/// Aborted while looking up: it is gone at once; its late answer changes nothing, not
+/// even for a new request under the same id waiting on a lookup of its own.
+#[test]
+fn a_late_answer_never_reaches_an_aborted_request_or_its_successor() {
+    let mut s = sched(l3_config());
+    let (first, _) = s.submit_with_lookup(vec![RequestSpec::new("r", tokens(1, 13))]);
+    s.abort(&rid("r")).expect("abort while looking up");
+    s.next_plan(); // forgets it
+    assert_eq!(s.request_state(&rid("r")), None);
+    let (second, _) = s.submit_with_lookup(vec![RequestSpec::new("r", tokens(1, 13))]);
+    let (first, second) = (first.expect("asked"), second.expect("asked"));
+    assert_ne!(first.ticket, second.ticket);
+    s.looked_up(first.ticket, Some(vec![6]));
+    assert_eq!(s.request_state(&rid("r")), Some(StateKind::LookingUp));
+    s.looked_up(second.ticket, Some(vec![0]));
+    let plan = s.next_plan();
+    assert!(plan.prefetches.is_empty(), "its own answer: no L3 pages");
+    assert!(row(&plan, "r").is_some());
+}
+
+/// A duplicate of a request that is looking up is refused like any duplicate.
+#[test]
+fn a_request_looking_up_counts_as_live() {
+    let mut s = sched(l3_config());
+    let (_, result) = s.submit_with_lookup(vec![RequestSpec::new("r", tokens(1, 13))]);
+    result.expect("valid");
+    let (ask, result) = s.submit_with_lookup(vec![RequestSpec::new("r", tokens(1, 13))]);
+    assert!(ask.is_none());
+    assert!(matches!(
+        single_error(result),
+        SchedError::DuplicateRequest(_)
+    ));
+}

@@ -1,8 +1,6 @@
 //! The L3 store actor's protocol.
 
-use kvtier_types::{
-    ActorCore, ActorName, BackupOp, EngineEvent, Placement, PrefetchOp, RequestSpec,
-};
+use kvtier_types::{ActorCore, ActorName, BackupOp, EngineEvent, LookupAsk, Placement, PrefetchOp};
 
 use crate::{L3Core, L3TierStats};
 
@@ -10,15 +8,10 @@ use crate::{L3Core, L3TierStats};
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum L3Msg {
-    /// Look each prompt up: the reply is the same specs with `storage_hit_pages` set
-    /// (consecutive stored pages from the first). Prompts with no more than `threshold`
-    /// full pages are not looked up.
-    L3Lookup {
-        /// The requests being submitted.
-        specs: Vec<RequestSpec>,
-        /// The prefetch threshold, in pages.
-        threshold: u32,
-    },
+    /// Look each prompt up: the reply is each prompt's stored pages (consecutive from
+    /// the first), under the same ticket. Sent outside any call: the scheduler goes on
+    /// planning while the store answers.
+    L3Lookup(LookupAsk),
     /// Run a plan's prefetches and backups.
     L3Transfer {
         /// L3 → host fills.
@@ -34,8 +27,13 @@ pub enum L3Msg {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum L3Reply {
-    /// The specs, looked up.
-    L3LookedUp(Vec<RequestSpec>),
+    /// A lookup's answer: its ticket and each prompt's hit pages, in order.
+    L3LookedUp {
+        /// The lookup's ticket.
+        ticket: u64,
+        /// Stored pages per prompt.
+        hit_pages: Vec<u32>,
+    },
     /// One `PrefetchDone` per prefetch, then one `BackupDone` per backup.
     L3Transferred(Vec<EngineEvent>),
     /// The counters.
@@ -51,13 +49,10 @@ impl ActorCore for L3Core {
 
     fn handle(&mut self, msg: L3Msg) -> L3Reply {
         match msg {
-            L3Msg::L3Lookup {
-                mut specs,
-                threshold,
-            } => {
-                self.lookup(&mut specs, threshold);
-                L3Reply::L3LookedUp(specs)
-            }
+            L3Msg::L3Lookup(ask) => L3Reply::L3LookedUp {
+                ticket: ask.ticket,
+                hit_pages: self.answer(&ask),
+            },
             L3Msg::L3Transfer {
                 prefetches,
                 backups,
@@ -68,7 +63,7 @@ impl ActorCore for L3Core {
 
     fn message_name(msg: &L3Msg) -> &'static str {
         match msg {
-            L3Msg::L3Lookup { .. } => "L3Lookup",
+            L3Msg::L3Lookup(_) => "L3Lookup",
             L3Msg::L3Transfer { .. } => "L3Transfer",
             L3Msg::L3StatsQuery => "L3StatsQuery",
         }
@@ -76,7 +71,7 @@ impl ActorCore for L3Core {
 
     fn reply_name(reply: &L3Reply) -> &'static str {
         match reply {
-            L3Reply::L3LookedUp(_) => "L3LookedUp",
+            L3Reply::L3LookedUp { .. } => "L3LookedUp",
             L3Reply::L3Transferred(_) => "L3Transferred",
             L3Reply::L3Stats(_) => "L3Stats",
         }

@@ -3,8 +3,9 @@
 //! It owns the backend and the key namespace and reaches the host arena, which it
 //! shares with the device actor. Three calls, each one batch:
 //!
-//! * [`L3Core::lookup`] at submit: how many of each prompt's pages, from the first, the
-//!   store holds (the scheduler's `storage_hit_pages`). Keys are derived here from the
+//! * [`L3Core::answer`] at submit: how many of each prompt's pages, from the first, the
+//!   store holds (the scheduler's `storage_hit_pages`); the scheduler does not wait for
+//!   it. Keys are derived here from the
 //!   tokens, 128 pages at a time, and the query stops at the first chunk that misses.
 //! * [`L3Core::transfer`] each step: a plan's prefetches (gets straight into the host
 //!   pages the scheduler allocated) and backups (puts straight from the pinned host
@@ -21,7 +22,7 @@ use std::sync::Arc;
 
 use kvtier_host::HostArena;
 use kvtier_types::hash::PageHash;
-use kvtier_types::{BackupOp, EngineEvent, PrefetchOp, RequestSpec, StateObject};
+use kvtier_types::{BackupOp, EngineEvent, LookupAsk, PrefetchOp, RequestSpec, StateObject, Token};
 
 use crate::backend::{L3Backend, L3Stats, PutOutcome};
 use crate::{L3Error, L3Key, Namespace};
@@ -186,50 +187,61 @@ impl L3Core {
     /// full pages before the last token that the store holds. Prompts with no more than
     /// `threshold` such pages could never be prefetched and are not looked up.
     pub fn lookup(&mut self, specs: &mut [RequestSpec], threshold: u32) {
-        let hint = self.backend.capabilities().prefetch_on_exist;
         for spec in specs {
-            let full = spec.tokens.len().saturating_sub(1) / self.page_size;
             spec.storage_hit_pages = 0;
-            if full <= threshold as usize {
-                continue;
-            }
-            self.stats.lookups += 1;
-            let mut prior: Option<PageHash> = None;
-            let mut hits = 0usize;
-            // Hybrid models: the hit pages' hashes, to look for their states.
-            let mut hit_hashes = Vec::new();
-            for chunk in spec.tokens[..full * self.page_size].chunks(LOOKUP_CHUNK * self.page_size)
+            if kvtier_types::lookup_pages(spec.tokens.len(), self.page_size as u32)
+                > threshold as usize
             {
-                let hashes =
-                    kvtier_types::hash::rolling_page_hashes(prior.as_ref(), chunk, self.page_size);
-                prior = hashes.last().copied();
-                let keys = self.namespace.keys(&hashes);
-                let found = self
-                    .faults
-                    .before_exists(&keys)
-                    .and_then(|()| self.backend.exists(&keys, hint));
-                match found {
-                    Ok(n) => {
-                        hits += n.min(keys.len());
-                        if self.states.is_some() {
-                            hit_hashes.extend_from_slice(&hashes[..n.min(keys.len())]);
-                        }
-                        if n < keys.len() {
-                            break;
-                        }
+                spec.storage_hit_pages = self.hit_pages(&spec.tokens);
+            }
+        }
+    }
+
+    /// Answers a scheduler's lookup: each prompt's hit pages, in order.
+    pub fn answer(&mut self, ask: &LookupAsk) -> Vec<u32> {
+        ask.prompts.iter().map(|p| self.hit_pages(p)).collect()
+    }
+
+    /// The consecutive pages, from the first, of the prompt's full pages before its last
+    /// token that the store holds.
+    fn hit_pages(&mut self, tokens: &[Token]) -> u32 {
+        let hint = self.backend.capabilities().prefetch_on_exist;
+        let full = kvtier_types::lookup_pages(tokens.len(), self.page_size as u32);
+        self.stats.lookups += 1;
+        let mut prior: Option<PageHash> = None;
+        let mut hits = 0usize;
+        // Hybrid models: the hit pages' hashes, to look for their states.
+        let mut hit_hashes = Vec::new();
+        for chunk in tokens[..full * self.page_size].chunks(LOOKUP_CHUNK * self.page_size) {
+            let hashes =
+                kvtier_types::hash::rolling_page_hashes(prior.as_ref(), chunk, self.page_size);
+            prior = hashes.last().copied();
+            let keys = self.namespace.keys(&hashes);
+            let found = self
+                .faults
+                .before_exists(&keys)
+                .and_then(|()| self.backend.exists(&keys, hint));
+            match found {
+                Ok(n) => {
+                    hits += n.min(keys.len());
+                    if self.states.is_some() {
+                        hit_hashes.extend_from_slice(&hashes[..n.min(keys.len())]);
                     }
-                    Err(_) => {
-                        self.stats.lookup_errors += 1;
+                    if n < keys.len() {
                         break;
                     }
                 }
+                Err(_) => {
+                    self.stats.lookup_errors += 1;
+                    break;
+                }
             }
-            if self.states.is_some() && hits > 0 {
-                hits = self.deepest_state(&hit_hashes);
-            }
-            spec.storage_hit_pages = hits as u32;
-            self.stats.lookup_hit_pages += hits as u64;
         }
+        if self.states.is_some() && hits > 0 {
+            hits = self.deepest_state(&hit_hashes);
+        }
+        self.stats.lookup_hit_pages += hits as u64;
+        hits as u32
     }
 
     /// Hybrid models: the deepest page count, at most that of `hashes` (the rolling hashes

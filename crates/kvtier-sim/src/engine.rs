@@ -110,6 +110,8 @@ pub struct StepDriver {
     kv_events: bool,
     /// Skip `advance` when the plan holds nothing for the engine (W3's rule).
     pub skip_empty_advance: bool,
+    /// Submissions start L3 lookups, settled before the next plan.
+    l3_lookups: bool,
     /// Route calls through the `measured_*` functions (callgrind counts only those).
     /// W2 turns this off outside its steady steps.
     pub measure: bool,
@@ -154,6 +156,7 @@ impl StepDriver {
             page_size,
             kv_events,
             skip_empty_advance: false,
+            l3_lookups: config.l3_prefetch_enabled(),
             measure: true,
         }
     }
@@ -177,6 +180,11 @@ impl StepDriver {
             measured_submit(&mut self.scheduler, specs)
         } else {
             self.scheduler.submit(specs)
+        };
+        // Plans on the virtual clock see every lookup, on every runtime.
+        let result = match result {
+            Ok(()) if self.l3_lookups => self.scheduler.settle_lookups(),
+            other => other,
         };
         let ns = t0.elapsed().as_nanos() as u64;
         self.measured_ns += ns;

@@ -160,6 +160,7 @@ impl Rig {
             }
             if !specs.is_empty() {
                 self.system.submit(specs).expect("submit");
+                self.system.settle_lookups().expect("lookups");
             }
             let plan = self.system.next_plan().expect("plan");
             if plan.is_empty()

@@ -232,6 +232,14 @@ impl SchedulerConfig {
             && self.paged.as_ref().is_none_or(PagedSettings::windows_only)
     }
 
+    /// Whether a prompt of `tokens` tokens is looked up in L3 at submission: prefetch is
+    /// on and the prompt has more full pages than the prefetch threshold (fewer could
+    /// never be prefetched).
+    pub fn wants_l3_lookup(&self, tokens: usize) -> bool {
+        self.l3_prefetch_enabled()
+            && crate::lookup_pages(tokens, self.page_size) > self.prefetch_threshold as usize
+    }
+
     /// Checks every field and every combination the scheduler relies on.
     pub fn validate(&self) -> Result<(), TypesError> {
         if self.page_size == 0 {

@@ -29,4 +29,4 @@ pub use plan::{
     LoadBackOp, MambaRow, PrefetchOp, RowKind, StateObject, TransferKind, TransferPair,
     WriteBackOp,
 };
-pub use request::RequestSpec;
+pub use request::{LookupAsk, RequestSpec, lookup_pages};

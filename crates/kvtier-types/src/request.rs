@@ -1,4 +1,6 @@
-//! What an engine submits.
+//! What an engine submits, and the L3 lookup a submission starts.
+
+use std::sync::Arc;
 
 use crate::{RequestId, Token, hash::PageHash};
 
@@ -28,4 +30,20 @@ impl RequestSpec {
             storage_hit_pages: 0,
         }
     }
+}
+
+/// The full pages of a prompt of `tokens` tokens before its last token: the pages an L3
+/// lookup can find (the last token is always computed).
+pub fn lookup_pages(tokens: usize, page_size: u32) -> usize {
+    tokens.saturating_sub(1) / page_size.max(1) as usize
+}
+
+/// Prompts whose L3 lookup is under way, under one ticket: the scheduler holds their
+/// requests (looking up) until the answer comes back with the same ticket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LookupAsk {
+    /// Names this lookup among those in flight.
+    pub ticket: u64,
+    /// The prompts, shared with the requests (no copy).
+    pub prompts: Vec<Arc<Vec<Token>>>,
 }

@@ -6,6 +6,13 @@
 //! queues it through the fault hooks, actix sends it to the actors' shells. The order of
 //! work (the scheduler's batches, "device, then L3" for a plan, shutdown's steps) lives
 //! here and nowhere else.
+//!
+//! One kind of mail belongs to no call: a submission's L3 lookup. Submit answers once
+//! its requests wait, looking up, in the core; the runtime sends the lookup on its own
+//! ([`Front::take_detached`]) and hands its answer back whenever it comes
+//! ([`Front::arrived`]). Answers are applied as the next call that uses the core opens,
+//! so a slow store holds its requests back, never the actor, and the same answers before
+//! the same calls give the same plans on every runtime.
 
 use std::any::Any;
 use std::collections::BTreeSet;
@@ -31,6 +38,9 @@ pub(crate) enum Call {
     NextPlan,
     Stats,
     TakeKvEvents,
+    /// Wait until every L3 lookup sent so far has answered (answers are applied as the
+    /// next call that uses the core opens). Runtimes serve it; it sends no mail.
+    SettleLookups,
     /// Run a plan's copies and forward rows on the device, and its L3 work on the L3
     /// store.
     Execute(Box<ExecutionPlan>, Vec<NewRequest>),
@@ -50,7 +60,10 @@ impl Call {
     /// Whether the call uses the scheduler core (so no other such call may interleave
     /// with it). The others only pass mail to other actors.
     pub fn uses_core(&self) -> bool {
-        !matches!(self, Call::Execute(..) | Call::TakeCore(_) | Call::Ask(_))
+        !matches!(
+            self,
+            Call::Execute(..) | Call::TakeCore(_) | Call::Ask(_) | Call::SettleLookups
+        )
     }
 }
 
@@ -93,8 +106,6 @@ pub(crate) struct Conversation {
 /// What a conversation knows while its mail is out; the answers complete it.
 #[derive(Debug)]
 enum Stage {
-    /// Submit: the L3 actor looks the prompts up.
-    Lookup,
     /// The scheduler core's family mail is out; `result` is what the call answers when
     /// the core is done.
     Family(Result<(), KvError>),
@@ -130,6 +141,12 @@ pub(crate) struct Front {
     /// Every actor of the system but the scheduler.
     actors: BTreeSet<ActorName>,
     shut_down: bool,
+    /// L3 lookups to send outside any call, by ticket.
+    detached: Vec<(u64, Mail)>,
+    /// Lookups sent and not yet answered.
+    lookups_in_flight: usize,
+    /// Lookup answers not yet applied (`None`: lost), in arrival order.
+    arrivals: Vec<(u64, Option<Vec<u32>>)>,
 }
 
 impl Front {
@@ -139,6 +156,46 @@ impl Front {
             failed: None,
             actors,
             shut_down: false,
+            detached: Vec::new(),
+            lookups_in_flight: 0,
+            arrivals: Vec::new(),
+        }
+    }
+
+    /// The L3 lookups to send now, outside any call, each under its ticket. The
+    /// runtime hands each one's answer (or delivery failure) to [`Self::arrived`].
+    pub fn take_detached(&mut self) -> Vec<(u64, Mail)> {
+        std::mem::take(&mut self.detached)
+    }
+
+    /// Lookups sent and not yet answered.
+    pub fn lookups_in_flight(&self) -> usize {
+        self.lookups_in_flight
+    }
+
+    /// A lookup's answer, or why none came: kept until the next call that uses the core.
+    /// A lost lookup is a miss, never a failure of the system.
+    pub fn arrived(&mut self, ticket: u64, answer: Result<Answer, KvError>) {
+        self.lookups_in_flight = self.lookups_in_flight.saturating_sub(1);
+        let hits = match answer.and_then(|a| a.reply::<L3Core>()) {
+            Ok(L3Reply::L3LookedUp {
+                ticket: answered,
+                hit_pages,
+            }) if answered == ticket => Some(hit_pages),
+            _ => None,
+        };
+        self.arrivals.push((ticket, hits));
+    }
+
+    /// Applies the lookup answers that arrived.
+    fn apply_arrivals(&mut self) {
+        if self.arrivals.is_empty() || self.failed.is_some() {
+            return;
+        }
+        if let Some(core) = self.core.as_mut() {
+            for (ticket, hits) in self.arrivals.drain(..) {
+                core.looked_up(ticket, hits);
+            }
         }
     }
 
@@ -171,6 +228,9 @@ impl Front {
         };
         let entered = conv.span.clone();
         let _entered = entered.enter();
+        if call.uses_core() {
+            self.apply_arrivals();
+        }
         let step = match self.start(&mut conv, call) {
             Ok(step) => step,
             Err(error) => self.finish(&mut conv, Err(error)),
@@ -238,16 +298,23 @@ impl Front {
         let span = conv.span.clone();
         match call {
             Call::Submit(specs) => {
-                let config = self.core()?.config();
-                let (lookup, threshold) = (config.l3_prefetch_enabled(), config.prefetch_threshold);
+                let lookup = self.core()?.config().l3_prefetch_enabled();
                 if !(lookup && self.has(ActorName::L3)) {
                     self.core()?.submit(specs)?;
                     return Ok(self.finish(conv, Ok(Outcome::Done)));
                 }
-                // The prompts are looked up in L3 first, then queued.
-                let mail = Mail::to::<L3Core>(L3Msg::L3Lookup { specs, threshold }, &span);
-                Ok(self.send(conv, Stage::Lookup, vec![mail]))
+                // Long prompts wait in the core while L3 looks them up.
+                let (ask, result) = self.core()?.submit_with_lookup(specs);
+                if let Some(ask) = ask {
+                    let ticket = ask.ticket;
+                    let mail = Mail::to::<L3Core>(L3Msg::L3Lookup(ask), &span);
+                    self.detached.push((ticket, mail));
+                    self.lookups_in_flight += 1;
+                }
+                result?;
+                Ok(self.finish(conv, Ok(Outcome::Done)))
             }
+            Call::SettleLookups => Ok(self.finish(conv, Ok(Outcome::Done))),
             Call::Advance(events) => {
                 let result = self.core()?.advance(events).map_err(KvError::from);
                 Ok(self.family(conv, result))
@@ -369,17 +436,6 @@ impl Front {
             answer: a.name,
         };
         let outcome = match stage {
-            Stage::Lookup => {
-                let answer = answers
-                    .next()
-                    .ok_or_else(super::runtime::nothing_to_wait_for)?;
-                let error = unexpected(&answer);
-                let L3Reply::L3LookedUp(specs) = answer.reply::<L3Core>()? else {
-                    return Err(error);
-                };
-                self.core()?.submit(specs)?;
-                Ok(Outcome::Done)
-            }
             Stage::Family(result) => {
                 let mut progress = None;
                 for answer in answers {

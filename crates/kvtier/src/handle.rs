@@ -110,8 +110,19 @@ impl Handle {
     }
 
     /// Queues requests. Invalid ones come back in [`KvError::Batch`]; the rest are queued.
+    /// With an L3 store, prompts long enough to be prefetched are looked up first: their
+    /// requests wait, looking up, while plans go on without them (a slow store holds
+    /// back its requests, not the system). Lookup answers take effect at the next call
+    /// that uses the scheduler (plan, advance, abort, stats).
     pub async fn submit(&self, specs: Vec<RequestSpec>) -> Result<(), KvError> {
         self.run(Call::Submit(specs)).await?.done()
+    }
+
+    /// Returns once every L3 lookup sent so far has answered, so that the next plan
+    /// sees them all. A replay on a virtual clock calls it after each submit to plan the
+    /// same on every runtime; a live engine has no need to.
+    pub async fn settle_lookups(&self) -> Result<(), KvError> {
+        self.run(Call::SettleLookups).await?.done()
     }
 
     /// Builds the next execution plan.
@@ -201,6 +212,11 @@ impl BlockingHandle {
     /// See [`Handle::submit`].
     pub fn submit(&self, specs: Vec<RequestSpec>) -> Result<(), KvError> {
         block_on(self.handle.submit(specs))
+    }
+
+    /// See [`Handle::settle_lookups`].
+    pub fn settle_lookups(&self) -> Result<(), KvError> {
+        block_on(self.handle.settle_lookups())
     }
 
     /// See [`Handle::next_plan`].

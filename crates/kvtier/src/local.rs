@@ -56,6 +56,11 @@ impl LocalSystem {
         self.call(Call::Submit(specs))?.done()
     }
 
+    /// See [`Handle::settle_lookups`].
+    pub fn settle_lookups(&mut self) -> Result<(), KvError> {
+        self.call(Call::SettleLookups)?.done()
+    }
+
     /// See [`Handle::next_plan`].
     pub fn next_plan(&mut self) -> Result<ExecutionPlan, KvError> {
         self.call(Call::NextPlan)?.plan()

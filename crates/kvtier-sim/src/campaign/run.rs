@@ -172,7 +172,9 @@ trait Sut {
 
 impl Sut for LocalSystem {
     fn submit(&mut self, specs: Vec<RequestSpec>) -> Result<(), KvError> {
-        LocalSystem::submit(self, specs)
+        // Every plan must equal the direct run's: lookups answer before the next one.
+        LocalSystem::submit(self, specs)?;
+        self.settle_lookups()
     }
 
     fn next_plan(&mut self) -> Result<ExecutionPlan, KvError> {

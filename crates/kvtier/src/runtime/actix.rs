@@ -8,6 +8,7 @@ use std::pin::Pin;
 
 use actix::prelude::*;
 use kvtier_types::{ActorName, Placement};
+use tokio::sync::oneshot;
 
 use super::{Driver, feed};
 use crate::KvError;
@@ -96,8 +97,18 @@ impl Message for PassMsg {
     type Result = Result<Outcome, KvError>;
 }
 
+/// Waits until every L3 lookup sent so far has answered.
+#[derive(Debug)]
+pub(crate) struct SettleMsg;
+
+impl Message for SettleMsg {
+    type Result = Result<Outcome, KvError>;
+}
+
 /// The Scheduler actor: the front of every call. Calls that use the scheduler core run
-/// inside an atomic response, so no other such call interleaves with them.
+/// inside an atomic response, so no other such call interleaves with them. An L3
+/// lookup runs beside them: its answer is a future of the actor's own, polled between
+/// calls.
 #[derive(Debug)]
 pub(crate) struct FrontActor {
     front: Front,
@@ -105,6 +116,8 @@ pub(crate) struct FrontActor {
     actors: BTreeMap<ActorName, Addr<Shell>>,
     /// The arbiters of actors on threads of their own.
     arbiters: Vec<Arbiter>,
+    /// Callers of `SettleLookups` waiting for the lookups in flight.
+    settling: Vec<oneshot::Sender<()>>,
 }
 
 impl FrontActor {
@@ -133,9 +146,48 @@ impl Actor for FrontActor {
 type Drive = Pin<Box<dyn ActorFuture<FrontActor, Output = Result<Outcome, KvError>>>>;
 
 impl FrontActor {
-    fn open(&mut self, msg: CallMsg) -> Drive {
+    fn open(&mut self, msg: CallMsg, ctx: &mut Context<Self>) -> Drive {
         let (conv, step) = self.front.open(msg.call, msg.span);
+        self.send_lookups(ctx);
         self.drive(conv, step)
+    }
+
+    /// Sends the lookups the last call left; each answer comes back as a future of the
+    /// actor's own.
+    fn send_lookups(&mut self, ctx: &mut Context<Self>) {
+        for (ticket, mail) in self.front.take_detached() {
+            let to = mail.to;
+            let request = match self.post.send(ActorName::SCHEDULER, to, mail.name) {
+                Ok(_) => self.actors.get(&to).map(|a| a.send(Deliver(mail))),
+                Err(error) => {
+                    self.lookup_answered(ticket, Err(error));
+                    continue;
+                }
+            };
+            let answer = async move {
+                match request {
+                    Some(request) => request.await.unwrap_or(Err(KvError::ActorGone(to))),
+                    None => Err(KvError::ActorGone(to)),
+                }
+            };
+            ctx.spawn(answer.into_actor(self).map(move |answer, act, _| {
+                let answer = answer.and_then(|a| {
+                    act.post.send(a.from, ActorName::SCHEDULER, a.name)?;
+                    Ok(a)
+                });
+                act.lookup_answered(ticket, answer);
+            }));
+        }
+    }
+
+    fn lookup_answered(&mut self, ticket: u64, answer: Result<Answer, KvError>) {
+        self.front.arrived(ticket, answer);
+        if self.front.lookups_in_flight() == 0 {
+            for waiting in self.settling.drain(..) {
+                // A caller that went away no longer waits.
+                let _ = waiting.send(());
+            }
+        }
     }
 
     /// Sends the step's mail, hands the answers to the conversation, and goes on until
@@ -188,15 +240,30 @@ impl FrontActor {
 
 impl Handler<CallMsg> for FrontActor {
     type Result = AtomicResponse<Self, Result<Outcome, KvError>>;
-    fn handle(&mut self, msg: CallMsg, _: &mut Context<Self>) -> Self::Result {
-        AtomicResponse::new(self.open(msg))
+    fn handle(&mut self, msg: CallMsg, ctx: &mut Context<Self>) -> Self::Result {
+        AtomicResponse::new(self.open(msg, ctx))
     }
 }
 
 impl Handler<PassMsg> for FrontActor {
     type Result = ResponseActFuture<Self, Result<Outcome, KvError>>;
-    fn handle(&mut self, msg: PassMsg, _: &mut Context<Self>) -> Self::Result {
-        self.open(msg.0)
+    fn handle(&mut self, msg: PassMsg, ctx: &mut Context<Self>) -> Self::Result {
+        self.open(msg.0, ctx)
+    }
+}
+
+impl Handler<SettleMsg> for FrontActor {
+    type Result = ResponseFuture<Result<Outcome, KvError>>;
+    fn handle(&mut self, _: SettleMsg, _: &mut Context<Self>) -> Self::Result {
+        if self.front.lookups_in_flight() == 0 {
+            return Box::pin(std::future::ready(Ok(Outcome::Done)));
+        }
+        let (tx, rx) = oneshot::channel();
+        self.settling.push(tx);
+        Box::pin(async move {
+            rx.await.map_err(|_| KvError::ShutDown)?;
+            Ok(Outcome::Done)
+        })
     }
 }
 
@@ -227,6 +294,7 @@ pub(crate) fn start(
         post,
         actors,
         arbiters,
+        settling: Vec::new(),
     }
     .start()
 }
@@ -237,6 +305,9 @@ pub(crate) async fn call(
     call: Call,
     span: tracing::Span,
 ) -> Result<Outcome, KvError> {
+    if matches!(call, Call::SettleLookups) {
+        return addr.send(SettleMsg).await.map_err(|_| KvError::ShutDown)?;
+    }
     let msg = CallMsg { call, span };
     let answer = if msg.call.uses_core() {
         addr.send(msg).await

@@ -1,5 +1,6 @@
 //! The direct path: each mail is handled in place, in sending order, on the caller's
-//! thread. No queue, no thread: the cheapest way to run the actors' cores together.
+//! thread. No queue, no thread: the cheapest way to run the actors' cores together. An
+//! L3 lookup is answered in place too, right after the submit that sent it.
 
 use kvtier_types::ActorName;
 
@@ -33,11 +34,23 @@ impl Direct {
             .ok_or(KvError::ActorGone(mail.to))?;
         actor.deliver(mail)
     }
+
+    /// Delivers the lookups the last call left, and hands their answers back.
+    fn lookups(&mut self) {
+        for (ticket, mail) in self.front.take_detached() {
+            let answer = self.deliver(mail).and_then(|a| {
+                self.post.send(a.from, ActorName::SCHEDULER, a.name)?;
+                Ok(a)
+            });
+            self.front.arrived(ticket, answer);
+        }
+    }
 }
 
 impl Driver for Direct {
     fn call(&mut self, call: Call, span: tracing::Span) -> Result<Outcome, KvError> {
         let (mut conv, mut step) = self.front.open(call, span);
+        self.lookups();
         loop {
             step = match step {
                 Step::Done(result) => return result,
