@@ -380,34 +380,50 @@ pub fn l3_header(options: &L3BenchOptions) {
     );
 }
 
-/// `bench l3`'s table.
+/// `bench l3`'s table: the plain file's write, the raw put (and its share of the plain
+/// write), the backup through the actor (and its share of the put); the same for reads.
 pub fn l3_table(r: &L3BenchReport) {
     println!(
-        "  {:>8} {:>6} {:>10} {:>9} {:>6} {:>11} {:>6} {:>9} {:>13} {:>6}",
+        "  {:>8} {:>6} {:>6} {:>6} {:>5} {:>7} {:>5} {:>6} {:>6} {:>5} {:>8} {:>5}",
         "page",
         "pages",
-        "plain GB/s",
-        "put GB/s",
+        "plain",
+        "put",
         "of it",
-        "backup GB/s",
+        "backup",
         "ratio",
-        "get GB/s",
-        "prefetch GB/s",
+        "plain",
+        "get",
+        "of it",
+        "prefetch",
         "ratio"
     );
+    println!(
+        "  {:>8} {:>6} {:>6} {:>6} {:>5} {:>7} {:>5} {:>6} {:>6} {:>5} {:>8} {:>5}",
+        "", "", "write", "GB/s", "", "GB/s", "", "read", "GB/s", "", "GB/s", ""
+    );
+    let share = |x: f64| {
+        if x > 0.0 {
+            format!("{:.0}%", 100.0 * x)
+        } else {
+            "-".to_string()
+        }
+    };
     for row in &r.rows {
         println!(
-            "  {:>4} KiB {:>6} {:>10.2} {:>9.2} {:>5.0}% {:>11.2} {:>5.0}% {:>9.2} {:>13.2} {:>5.0}%",
+            "  {:>4} KiB {:>6} {:>6.2} {:>6.2} {:>5} {:>7.2} {:>5} {:>6.2} {:>6.2} {:>5} {:>8.2} {:>5}",
             row.page_kib,
             row.pages,
             row.plain_write_gbps,
             row.raw_put_gbps,
-            100.0 * row.put_vs_plain,
+            share(row.put_vs_plain),
             row.actor_backup_gbps,
-            100.0 * row.backup_ratio,
+            share(row.backup_ratio),
+            row.plain_read_gbps,
             row.raw_get_gbps,
+            share(row.get_vs_plain),
             row.actor_prefetch_gbps,
-            100.0 * row.prefetch_ratio
+            share(row.prefetch_ratio)
         );
     }
 }
@@ -426,6 +442,8 @@ pub fn l3_json(r: &L3BenchReport) -> serde_json::Value {
             row.plain_write_gbps.into(),
         );
         out.insert(format!("p{k}k_put_vs_plain"), row.put_vs_plain.into());
+        out.insert(format!("p{k}k_plain_read_gbps"), row.plain_read_gbps.into());
+        out.insert(format!("p{k}k_get_vs_plain"), row.get_vs_plain.into());
         out.insert(format!("p{k}k_put_gbps"), row.raw_put_gbps.into());
         out.insert(format!("p{k}k_backup_gbps"), row.actor_backup_gbps.into());
         out.insert(format!("p{k}k_backup_ratio"), row.backup_ratio.into());

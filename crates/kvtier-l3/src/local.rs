@@ -13,7 +13,7 @@
 //! failed promotion clears its entry; a batch get waits for in-flight promotions with one
 //! deadline for the whole batch, blocking on the channel, never polling key by key.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -94,6 +94,8 @@ pub struct LocalStore {
     stats: L3Stats,
     /// Tests only: told each time a batch get starts waiting for promotions.
     waiting: Option<flume::Sender<()>>,
+    /// The envelope being read, kept between gets.
+    read_buf: Vec<u8>,
 }
 
 /// Tests only: holds promotions in flight, and says when a get waits for them.
@@ -163,6 +165,7 @@ impl LocalStore {
             workers,
             stats: L3Stats::default(),
             waiting,
+            read_buf: Vec::new(),
         };
         store.replay(records);
         Ok(store)
@@ -301,7 +304,6 @@ impl LocalStore {
             self.disk.insert(key.clone(), (len, self.tick, extent));
             self.disk_lru.insert(self.tick, key.clone());
             self.disk_used += len;
-            self.insert_memory(key.clone(), payload.to_vec());
             out[i] = PutOutcome::Stored;
         }
     }
@@ -348,15 +350,24 @@ impl LocalStore {
     }
 
     /// Reads and verifies an object from disk.
-    fn read_disk(&mut self, key: &L3Key) -> Option<Vec<u8>> {
-        let extent = self.disk.get(key)?.2;
-        let bytes = self.log.read(&extent);
-        let payload = bytes.and_then(|b| codec::decode(key.as_str(), &b));
-        if payload.is_none() {
+    /// Reads a disk object's payload into `out` (exactly its length); a corrupt object
+    /// is dropped. `out` is untouched unless it returns `true`.
+    fn read_disk_into(&mut self, key: &L3Key, out: &mut [u8]) -> bool {
+        let Some(&(len, _, extent)) = self.disk.get(key) else {
+            return false;
+        };
+        if len != out.len() as u64 {
+            return false;
+        }
+        let mut envelope = std::mem::take(&mut self.read_buf);
+        let read = self.log.read_into(&extent, &mut envelope)
+            && codec::decode_into(key.as_str(), &envelope, out);
+        self.read_buf = envelope;
+        if !read {
             self.stats.corrupt_objects += 1;
             self.drop_object(key);
         }
-        payload
+        read
     }
 }
 
@@ -444,13 +455,7 @@ impl L3Backend for LocalStore {
                     true
                 }
                 Some(_) => false,
-                None => match self.disk.contains_key(key).then(|| self.read_disk(key)) {
-                    Some(Some(payload)) if payload.len() == buffer.len() => {
-                        buffer.copy_from_slice(&payload);
-                        true
-                    }
-                    _ => false,
-                },
+                None => self.read_disk_into(key, buffer),
             };
             if hit {
                 self.stats.get_hits += 1;
@@ -470,9 +475,10 @@ impl L3Backend for LocalStore {
         // disk cannot hold the next one beside them are they written first, so that
         // they can be evicted like any stored object.
         let mut batch: Vec<usize> = Vec::new();
+        let mut seen = HashSet::with_capacity(keys.len());
         let mut pending = 0u64;
         for (i, (key, payload)) in keys.iter().zip(buffers).enumerate() {
-            let duplicate = batch.iter().any(|&j| keys[j] == *key);
+            let duplicate = !seen.insert(key);
             if duplicate || self.disk.contains_key(key) || self.memory.contains_key(key) {
                 out[i] = PutOutcome::AlreadyPresent;
                 continue;

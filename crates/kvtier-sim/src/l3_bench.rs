@@ -11,7 +11,9 @@
 //!   event building count.
 //!
 //! Objects are write-once, so every round uses fresh page hashes on both sides. Rounds
-//! alternate raw and actor; the figures are medians over rounds.
+//! alternate raw and actor; the figures are medians over rounds. For the local store,
+//! each round also appends the same bytes to one plain file and reads them back, the
+//! yardstick a store on this disk is held to.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -82,6 +84,11 @@ pub struct L3BenchRow {
     pub plain_write_gbps: f64,
     /// Raw put over the plain write, the median of each round's ratio.
     pub put_vs_plain: f64,
+    /// The same bytes read back from that file, page by page (`local` only; 0
+    /// otherwise).
+    pub plain_read_gbps: f64,
+    /// Raw get over the plain read, the median of each round's ratio.
+    pub get_vs_plain: f64,
     /// Prefetch through the actor over raw get.
     pub prefetch_ratio: f64,
 }
@@ -97,26 +104,68 @@ pub struct L3BenchReport {
     pub rows: Vec<L3BenchRow>,
 }
 
-/// Writes the batch's pages to a new file at `path` as one sequential stream (the page
-/// cache takes it, as it takes the store's segments), then removes the file; its GB/s.
-fn plain_write(
-    arena: &HostArena,
-    pages: &[PageId],
-    path: &std::path::Path,
-    batch: u64,
-) -> Result<f64, ScenarioError> {
-    use std::io::Write;
-    let io = |e: std::io::Error| ScenarioError::L3(format!("{}: {e}", path.display()));
-    let read = arena.read(pages).map_err(arena_error)?;
-    let t = Instant::now();
-    let mut file = std::fs::File::create(path).map_err(io)?;
-    for page in read.slices() {
-        file.write_all(page).map_err(io)?;
+/// The plain baseline: one file the run appends every batch to and reads every batch
+/// back from, page by page, as a simple program would, beside the store's segments (so
+/// both meet the same page cache and the same write-back of dirty pages).
+struct PlainFile {
+    file: std::fs::File,
+    path: std::path::PathBuf,
+    /// Where the last batch written begins.
+    last: u64,
+    len: u64,
+}
+
+impl PlainFile {
+    fn create(path: std::path::PathBuf) -> Result<Self, ScenarioError> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| ScenarioError::L3(format!("{}: {e}", path.display())))?;
+        Ok(Self {
+            file,
+            path,
+            last: 0,
+            len: 0,
+        })
     }
-    drop(file);
-    let rate = gbps(batch, t.elapsed().as_secs_f64());
-    std::fs::remove_file(path).map_err(io)?;
-    Ok(rate)
+
+    fn io(&self, e: std::io::Error) -> ScenarioError {
+        ScenarioError::L3(format!("{}: {e}", self.path.display()))
+    }
+
+    /// Appends the batch's pages; its GB/s.
+    fn write(
+        &mut self,
+        arena: &HostArena,
+        pages: &[PageId],
+        batch: u64,
+    ) -> Result<f64, ScenarioError> {
+        use std::io::Write;
+        let read = arena.read(pages).map_err(arena_error)?;
+        let t = Instant::now();
+        for page in read.slices() {
+            self.file.write_all(page).map_err(|e| self.io(e))?;
+        }
+        let rate = gbps(batch, t.elapsed().as_secs_f64());
+        (self.last, self.len) = (self.len, self.len + batch);
+        Ok(rate)
+    }
+
+    /// Reads the last batch written back into the pages; its GB/s.
+    fn read(&self, arena: &HostArena, pages: &[PageId], batch: u64) -> Result<f64, ScenarioError> {
+        use std::os::unix::fs::FileExt;
+        let mut write = arena.write(pages).map_err(arena_error)?;
+        let t = Instant::now();
+        let mut at = self.last;
+        for page in write.slices_mut() {
+            self.file.read_exact_at(page, at).map_err(|e| self.io(e))?;
+            at += page.len() as u64;
+        }
+        Ok(gbps(batch, t.elapsed().as_secs_f64()))
+    }
 }
 
 /// A store of the bench's kind over `arena`; the scratch directory must outlive it.
@@ -262,12 +311,16 @@ fn measure_page_size(o: &L3BenchOptions, kib: u32, run: u64) -> Result<L3BenchRo
     )?;
     let actor = L3Service::start(core)?;
     let mut samples = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
-    // The plain sequential write of the same bytes, beside the local store's files.
+    // The same bytes through one plain file, beside the local store's files.
     let plain_dir = match o.store {
         L3Store::Local => Some(scratch_dir("bench-l3-plain")?),
         _ => None,
     };
-    let mut plain = Vec::new();
+    let mut plain_file = match &plain_dir {
+        Some(dir) => Some(PlainFile::create(dir.path().join("plain.log"))?),
+        None => None,
+    };
+    let (mut plain, mut plain_reads) = (Vec::new(), Vec::new());
     for round in 0..o.rounds as u64 {
         // Fresh keys each round (objects are write-once); the raw side's are formatted
         // beforehand, the actor formats its own from the ops' hashes.
@@ -310,13 +363,8 @@ fn measure_page_size(o: &L3BenchOptions, kib: u32, run: u64) -> Result<L3BenchRo
                 }
             }
         }
-        if let Some(dir) = &plain_dir {
-            plain.push(plain_write(
-                &raw_arena,
-                &ids,
-                &dir.path().join(format!("{round}")),
-                batch,
-            )?);
+        if let Some(file) = &mut plain_file {
+            plain.push(file.write(&raw_arena, &ids, batch)?);
         }
         // The last round's gets land in zeroed pages and are checked, so a get that
         // writes nothing or the wrong bytes cannot pass. (Not every round: touching the
@@ -368,21 +416,26 @@ fn measure_page_size(o: &L3BenchOptions, kib: u32, run: u64) -> Result<L3BenchRo
         if last && (!intact(&raw_arena, &ids)? || !intact(&actor_arena, &ids)?) {
             return Err(ScenarioError::L3("a get returned different bytes".into()));
         }
+        if let Some(file) = &plain_file {
+            plain_reads.push(file.read(&raw_arena, &ids, batch)?);
+        }
     }
     let [raw_put, actor_backup, raw_get, actor_prefetch] = samples;
     let ratios =
         |actor: &[f64], raw: &[f64]| median(actor.iter().zip(raw).map(|(a, r)| a / r).collect());
-    let (plain_write_gbps, put_vs_plain) = if plain.is_empty() {
-        (0.0, 0.0)
+    let (plain_write_gbps, put_vs_plain, plain_read_gbps, get_vs_plain) = if plain.is_empty() {
+        (0.0, 0.0, 0.0, 0.0)
     } else {
-        let vs = ratios(&raw_put, &plain);
-        (median(plain), vs)
+        let (put_vs, get_vs) = (ratios(&raw_put, &plain), ratios(&raw_get, &plain_reads));
+        (median(plain), put_vs, median(plain_reads), get_vs)
     };
     Ok(L3BenchRow {
         page_kib: kib,
         pages,
         plain_write_gbps,
         put_vs_plain,
+        plain_read_gbps,
+        get_vs_plain,
         backup_ratio: ratios(&actor_backup, &raw_put),
         prefetch_ratio: ratios(&actor_prefetch, &raw_get),
         raw_put_gbps: median(raw_put),
