@@ -13,7 +13,7 @@
 //! failed promotion clears its entry; a batch get waits for in-flight promotions with one
 //! deadline for the whole batch, blocking on the channel, never polling key by key.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -88,6 +88,8 @@ pub struct LocalStore {
     disk_used: u64,
     tick: u64,
     promotions: HashMap<L3Key, Promotion>,
+    /// Finished promotions in the order they finished, for the throttle's expiry.
+    finished: VecDeque<(Instant, L3Key)>,
     jobs: Option<flume::Sender<Job>>,
     results: flume::Receiver<JobResult>,
     workers: Vec<std::thread::JoinHandle<()>>,
@@ -160,6 +162,7 @@ impl LocalStore {
             disk_used: 0,
             tick: 0,
             promotions: HashMap::new(),
+            finished: VecDeque::new(),
             jobs: Some(job_tx),
             results: res_rx,
             workers,
@@ -215,18 +218,29 @@ impl LocalStore {
         while let Ok(result) = self.results.try_recv() {
             self.finish_promotion(result);
         }
-        let ttl = self.cfg.prefetch_ttl;
-        self.promotions.retain(|_, p| match p {
-            Promotion::InFlight => true,
-            Promotion::Done(at) => at.elapsed() < ttl,
-        });
+        // Done entries expire in the order they finished: only the expired ones are
+        // visited (a sweep of every entry read the clock once per entry, every call).
+        let now = Instant::now();
+        while let Some((at, _)) = self.finished.front()
+            && now.duration_since(*at) >= self.cfg.prefetch_ttl
+        {
+            let Some((at, key)) = self.finished.pop_front() else {
+                break;
+            };
+            // Only if it was not promoted again (or removed) since.
+            if matches!(self.promotions.get(&key), Some(Promotion::Done(t)) if *t == at) {
+                self.promotions.remove(&key);
+            }
+        }
     }
 
     fn finish_promotion(&mut self, (key, payload): JobResult) {
         match payload {
             Some(payload) if self.disk.contains_key(&key) => {
                 self.insert_memory(key.clone(), payload);
-                self.promotions.insert(key, Promotion::Done(Instant::now()));
+                let now = Instant::now();
+                self.promotions.insert(key.clone(), Promotion::Done(now));
+                self.finished.push_back((now, key));
             }
             _ => {
                 // Failed (absent, corrupt, or removed meanwhile): clear the entry so a

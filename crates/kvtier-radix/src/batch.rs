@@ -29,6 +29,11 @@ pub struct TokenRef {
 }
 
 impl TokenRef {
+    /// The whole token vector it is a prefix of (one allocation per request's tokens).
+    pub(crate) fn whole(&self) -> &Arc<Vec<Token>> {
+        &self.tokens
+    }
+
     /// The first `len` tokens of `tokens` (clamped to its length).
     pub fn new(tokens: &Arc<Vec<Token>>, len: usize) -> Self {
         Self {
@@ -1052,9 +1057,11 @@ impl RadixCore {
     fn try_prefetch(&mut self, check: &PrefetchCheck) -> Option<Outcome> {
         let ps = self.page_size();
         let hit = (check.tokens.len() / ps as usize) as u32;
-        let host = self.probe(&check.tokens).host_pages;
+        let (probe, reached) = self.probe_marked(&check.tokens);
+        let host = probe.host_pages;
         let n = hit.saturating_sub(host);
         if n <= check.threshold {
+            self.mark(&check.tokens, reached);
             return None;
         }
         let m = self.match_prefix(&check.tokens);
@@ -1111,10 +1118,10 @@ impl RadixCore {
             );
             return self.admit_first_chunk(m, shape, use_host);
         }
-        let probe = if reuse {
-            self.probe(tokens)
+        let (probe, reached) = if reuse {
+            self.probe_marked(tokens)
         } else {
-            crate::Probe::default()
+            (crate::Probe::default(), self.root())
         };
         let host = if use_host { probe.host_pages } else { 0 };
         let shape = ChunkShape::new(
@@ -1126,8 +1133,10 @@ impl RadixCore {
             self.page_size(),
         );
         if !self.can_free(Tier::Device, shape.need, probe.device_unlocked_pages) {
+            self.mark(tokens, reached);
             return Outcome::waits();
         }
+        self.unmark(tokens);
         let m = self.committed_match(tokens, reuse);
         debug_assert_eq!(
             (m.device_pages, if use_host { m.host_pages } else { 0 }),
@@ -1204,7 +1213,17 @@ impl RadixCore {
         if reserve_pages > 0 && !self.can_free(Tier::Device, reserve_pages, 0) {
             return Outcome::Waits { held, commit: None };
         }
-        let probe = self.probe(tokens);
+        // Its prefix lock ends where its published tokens do: the path is read from the
+        // nodes, not matched token by token (a history of 12,000 tokens, every step).
+        let locked = held
+            .first()
+            .map(NodeLock::node)
+            .filter(|&node| self.ends_at(node, tokens));
+        let probe = match locked {
+            Some(node) => self.probe_path(node),
+            None => self.probe(tokens),
+        };
+        debug_assert_eq!(probe, self.probe(tokens), "the locked path is the tokens'");
         let load_back = probe.host_pages.saturating_sub(probe.device_pages);
         // Exact need: the kept tail page may still have room for the reserved slots.
         let need = load_back + reserve_pages;
@@ -1217,7 +1236,10 @@ impl RadixCore {
         if !self.can_free(Tier::Device, need, probe.device_unlocked_pages) {
             return Outcome::Waits { held, commit: None };
         }
-        let m = self.match_prefix(tokens);
+        let m = match locked {
+            Some(node) => self.match_path(node),
+            None => self.match_prefix(tokens),
+        };
         let Some(pinned) = self.pin_prefix(m, need, true) else {
             return Outcome::Waits { held, commit: None };
         };
@@ -1281,7 +1303,7 @@ impl RadixCore {
 /// whether host pages and prefix reuse may serve it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct FirstChunkAsk<'a> {
-    pub tokens: &'a [Token],
+    pub tokens: &'a TokenRef,
     pub prefill_len: u32,
     pub remaining: u32,
     pub d: u32,

@@ -90,3 +90,46 @@ fn host_cache_match_after_direct_attach_resource() {
     assert_eq!(cache.nodes_without(Tier::Device, m.host), vec![m.host]);
     assert_invariants(&mut cache);
 }
+
+/// A retracted request's recovery reads its locked path from the nodes
+/// (`probe_path`, `match_path`) instead of matching its history token by token: the
+/// answers must be the token match's, whatever tiers the path's nodes keep and
+/// whatever is locked along it.
+#[test]
+fn a_locked_path_reads_like_a_token_match() {
+    use common::{concat, insert_after_prefix, make_aligned_tokens};
+    // 4 usable device pages, plenty of host.
+    let mut cache = new_cache(PS, 5, 32);
+    let x = make_aligned_tokens(2, PS, 1);
+    let y = concat(&x, &make_aligned_tokens(2, PS, 100));
+    let z = concat(&y, &make_aligned_tokens(2, PS, 200));
+    insert_fresh(&mut cache, Tier::Host, &z);
+    insert_fresh(&mut cache, Tier::Device, &x);
+    insert_after_prefix(&mut cache, Tier::Device, &y, 2);
+    // Three nodes: x (device + host), y's suffix (device + host), z's suffix (host).
+    let end = cache.match_prefix(&z).host;
+    let mid = cache.match_prefix(&y).device;
+    assert_eq!(cache.depth_pages(end), 6);
+    let probe = |cache: &kvtier_radix::RadixCore, node, tokens: &[i32]| {
+        assert_eq!(cache.probe_path(node), cache.probe(tokens));
+        cache.probe(tokens)
+    };
+    let p = probe(&cache, end, &z);
+    assert_eq!(
+        (p.device_pages, p.host_pages, p.device_unlocked_pages),
+        (4, 6, 4)
+    );
+    // Locks along the path count as they do for the token match.
+    let lock = cache.lock(mid, Tier::Device);
+    let p = probe(&cache, end, &z);
+    assert_eq!(p.device_unlocked_pages, 0);
+    probe(&cache, mid, &y);
+    cache.unlock(lock);
+    // A device eviction under the path: the device prefix now ends higher up.
+    assert!(cache.ensure_free(Tier::Device, 4));
+    let p = probe(&cache, end, &z);
+    assert_eq!((p.device_pages, p.host_pages), (0, 6));
+    assert_eq!(cache.match_path(end), cache.match_prefix(&z));
+    assert_eq!(cache.match_path(mid), cache.match_prefix(&y));
+    assert_invariants(&mut cache);
+}

@@ -9,6 +9,7 @@ mod insert;
 mod invariants;
 mod locks;
 mod lru;
+mod marks;
 mod paths;
 mod residency;
 mod snapshots;
@@ -118,6 +119,8 @@ pub struct RadixCore {
     /// Nodes whose last device lock went, over the cache's life: a snapshot below them
     /// may have become prunable (part of a refused admission's version).
     device_unpinned: u64,
+    /// Where waiting prompts' last probes got to.
+    marks: marks::PromptMarks,
 }
 
 impl RadixCore {
@@ -185,6 +188,7 @@ impl RadixCore {
             free_tables: Vec::new(),
             table_releases: ReleaseQueue::new(),
             device_unpinned: 0,
+            marks: marks::PromptMarks::default(),
         }
     }
 

@@ -35,11 +35,29 @@ pub struct Match {
 impl RadixCore {
     /// Read-only prefix match of whole pages: no split, no LRU touch.
     pub fn probe(&self, tokens: &[Token]) -> Probe {
+        self.probe_resumed(tokens, None).0
+    }
+
+    /// [`Self::probe`], resumed where an earlier probe of the same tokens got to:
+    /// `mark` is the deepest node whose whole label they matched then (labels never
+    /// change and a split keeps a node's end, so while it lives its path is still theirs
+    /// and is read from the nodes; only what lies below it is matched token by token).
+    /// Returns the probe and the mark to resume from next time. A waiting request's
+    /// prompt is probed every step: at a production trace's queue lengths, matching
+    /// every prompt from the root was a quarter of the replay.
+    pub(crate) fn probe_resumed(&self, tokens: &[Token], mark: Option<NodeId>) -> (Probe, NodeId) {
         let ps = self.page_size;
-        let mut probe = Probe::default();
-        let (mut dev_alive, mut host_alive) = (true, true);
-        let mut node = self.root;
-        let mut pos = 0;
+        let whole = (tokens.len() / ps) as u32;
+        let mut start = mark.filter(|&m| self.is_live(m)).unwrap_or(self.root);
+        while start != self.root && self.depth_pages(start) > whole {
+            start = self.node(start).parent.expect("non-root");
+        }
+        let mut probe = self.probe_path(start);
+        let depth = self.depth_pages(start);
+        let (mut dev_alive, mut host_alive) =
+            (probe.device_pages == depth, probe.host_pages == depth);
+        let mut node = start;
+        let mut pos = depth as usize * ps;
         while pos + ps <= tokens.len() && (dev_alive || host_alive) {
             let Some(child) = self.find_child(node, &tokens[pos..pos + ps]) else {
                 break;
@@ -65,7 +83,81 @@ impl RadixCore {
             pos += matched as usize * ps;
             node = child;
         }
-        probe
+        debug_assert!(
+            mark.is_none() || probe == self.probe_resumed(tokens, None).0,
+            "a resumed probe is the probe"
+        );
+        (probe, node)
+    }
+
+    /// [`Self::probe`] of the tokens whose path ends exactly at `end` (a node locked for
+    /// them, so it cannot have gone), read from the nodes alone: no token is compared.
+    /// A retracted request's recovery asks this every step it waits.
+    pub fn probe_path(&self, end: NodeId) -> Probe {
+        let ps = self.page_size;
+        // Each tier's prefix stops at the start of the shallowest node without it.
+        let (mut device_end, mut host_end) = (self.depth_pages(end), self.depth_pages(end));
+        let mut cur = end;
+        while cur != self.root {
+            let c = self.node(cur);
+            if !c.tiers[0].present() {
+                device_end = c.start_page;
+            }
+            if !c.tiers[1].usable() {
+                host_end = c.start_page;
+            }
+            cur = c.parent.expect("non-root");
+        }
+        let mut unlocked = 0;
+        let mut cur = end;
+        while cur != self.root {
+            let c = self.node(cur);
+            if c.end_page(ps) <= device_end && c.tiers[0].refs == 0 {
+                unlocked += c.pages(ps);
+            }
+            cur = c.parent.expect("non-root");
+        }
+        Probe {
+            device_pages: device_end,
+            host_pages: host_end,
+            device_unlocked_pages: unlocked,
+        }
+    }
+
+    /// [`Self::match_prefix`] of the tokens whose path ends exactly at `end` (a node
+    /// locked for them), from the nodes alone: touches the path, and no token is
+    /// compared (nothing is split: the path ends on a node boundary).
+    pub fn match_path(&mut self, end: NodeId) -> Match {
+        self.drain_releases();
+        self.clock += 1;
+        // Each tier's match is the parent of the shallowest node without it.
+        let (mut device, mut host) = (end, end);
+        let mut cur = end;
+        while cur != self.root {
+            self.touch(cur);
+            let c = self.node(cur);
+            let parent = c.parent.expect("non-root");
+            if !c.tiers[0].present() {
+                device = parent;
+            }
+            if !c.tiers[1].usable() {
+                host = parent;
+            }
+            cur = parent;
+        }
+        Match {
+            device,
+            device_pages: self.depth_pages(device),
+            host,
+            host_pages: self.depth_pages(host),
+        }
+    }
+
+    /// Whether `node`'s path is exactly the whole pages of `tokens` (it was locked for
+    /// them): [`Self::probe_path`] and [`Self::match_path`] may then stand for
+    /// [`Self::probe`] and [`Self::match_prefix`].
+    pub(crate) fn ends_at(&self, node: NodeId, tokens: &[Token]) -> bool {
+        self.is_live(node) && self.depth_pages(node) as usize * self.page_size == tokens.len()
     }
 
     /// Page hashes stored along the longest cached prefix of `tokens` (whole pages, any
