@@ -466,6 +466,52 @@ impl DeviceView<'_> {
         let at = (row * self.pages as usize + page as usize) * item;
         Ok(&mut self.bytes[at..at + item])
     }
+
+    /// One token's slot of `page` (its `index`-th of the page) in every layer and
+    /// plane, layer by layer: the bytes a reader of that position sees, with the page
+    /// checked once rather than per item.
+    pub fn token_slots(
+        &self,
+        page: PageId,
+        index: u32,
+    ) -> Result<impl Iterator<Item = &[u8]> + '_, DeviceError> {
+        let (at, slot, row) = self.token_slot_at(page, index)?;
+        Ok(self.bytes.chunks_exact(row).map(move |r| &r[at..at + slot]))
+    }
+
+    /// [`Self::token_slots`] for writing.
+    pub fn token_slots_mut(
+        &mut self,
+        page: PageId,
+        index: u32,
+    ) -> Result<impl Iterator<Item = &mut [u8]> + '_, DeviceError> {
+        let (at, slot, row) = self.token_slot_at(page, index)?;
+        Ok(self
+            .bytes
+            .chunks_exact_mut(row)
+            .map(move |r| &mut r[at..at + slot]))
+    }
+
+    /// Where a token's slot lies in each (layer, plane) row, the slot's bytes, and a
+    /// row's bytes.
+    fn token_slot_at(
+        &self,
+        page: PageId,
+        index: u32,
+    ) -> Result<(usize, usize, usize), DeviceError> {
+        let g = &self.geometry;
+        if page == 0 || page >= self.pages || index >= g.page_size {
+            return Err(DeviceError::PageOutOfRange {
+                tier: Tier::Device,
+                page,
+                pages: self.pages,
+            });
+        }
+        let item = g.item_bytes() as usize;
+        let slot = item / g.page_size as usize;
+        let at = page as usize * item + index as usize * slot;
+        Ok((at, slot, self.pages as usize * item))
+    }
 }
 
 /// One item's bytes (see [`KvArenas::item_mut`]).

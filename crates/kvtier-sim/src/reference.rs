@@ -600,23 +600,6 @@ impl ReferenceEngine {
         Ok(delta)
     }
 
-    /// The slot of position `pos` in (`layer`, `plane`); the table must reach `pos`.
-    fn slot<'a>(
-        &self,
-        view: &'a mut DeviceView<'_>,
-        table: &[PageId],
-        pos: u32,
-        layer: u32,
-        plane: u32,
-    ) -> Result<(PageId, &'a mut [u8]), DeviceError> {
-        let ps = self.geometry.page_size;
-        let page = table[(pos / ps) as usize];
-        let bytes = slot_bytes(&self.geometry);
-        let item = view.item(page, layer, plane)?;
-        let at = (pos % ps) as usize * bytes;
-        Ok((page, &mut item[at..at + bytes]))
-    }
-
     fn write_slot(
         &mut self,
         view: &mut DeviceView<'_>,
@@ -626,17 +609,15 @@ impl ReferenceEngine {
         pos: u32,
     ) -> Result<(), DeviceError> {
         let h = track.prefix[pos as usize];
-        let mut written = 0;
-        for layer in 0..self.geometry.layers {
-            for plane in 0..self.geometry.planes {
-                let (page, slot) = self.slot(view, table, pos, layer, plane)?;
-                for (w, chunk) in slot.chunks_exact_mut(8).enumerate() {
-                    chunk.copy_from_slice(&kv_word(h, layer, plane, w).to_le_bytes());
-                }
-                written = page;
+        let (ps, planes) = (self.geometry.page_size, self.geometry.planes);
+        let page = table[(pos / ps) as usize];
+        for (row, slot) in view.token_slots_mut(page, pos % ps)?.enumerate() {
+            let (layer, plane) = (row as u32 / planes, row as u32 % planes);
+            for (w, chunk) in slot.chunks_exact_mut(8).enumerate() {
+                chunk.copy_from_slice(&kv_word(h, layer, plane, w).to_le_bytes());
             }
         }
-        self.device_sources[written as usize] = DeviceSource::Computed(request.clone());
+        self.device_sources[page as usize] = DeviceSource::Computed(request.clone());
         Ok(())
     }
 
@@ -669,31 +650,33 @@ impl ReferenceEngine {
             Verify::Sparse(n) => (n.max(1) as usize, end.saturating_sub(4)),
             _ => (1, end),
         };
+        let ps = self.geometry.page_size;
+        let planes = self.geometry.planes;
         for pos in (0..tail).step_by(step).chain(tail..end) {
             let check = wrong.is_none() && self.verified(pos, end);
             let h = track.prefix[pos as usize];
-            for layer in 0..self.geometry.layers {
-                for plane in 0..self.geometry.planes {
-                    let (page, slot) = self.slot(view, table, pos, layer, plane)?;
-                    let mut good = true;
-                    for (w, chunk) in slot.chunks_exact(8).enumerate() {
-                        let word = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
-                        digest = (digest ^ word)
-                            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                            .rotate_left(29);
-                        good &= !check || word == kv_word(h, layer, plane, w);
-                    }
-                    if !good && wrong.is_none() {
-                        wrong = Some(WrongKv {
-                            request: request.clone(),
-                            position: pos,
-                            page,
-                            tier: Tier::Device,
-                            layer,
-                            plane,
-                            provenance: self.device_sources[page as usize].seen_by(request),
-                        });
-                    }
+            let page = table[(pos / ps) as usize];
+            // Every layer and plane of the position, layer by layer.
+            for (row, slot) in view.token_slots(page, pos % ps)?.enumerate() {
+                let (layer, plane) = (row as u32 / planes, row as u32 % planes);
+                let mut good = true;
+                for (w, chunk) in slot.chunks_exact(8).enumerate() {
+                    let word = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+                    digest = (digest ^ word)
+                        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                        .rotate_left(29);
+                    good &= !check || word == kv_word(h, layer, plane, w);
+                }
+                if !good && wrong.is_none() {
+                    wrong = Some(WrongKv {
+                        request: request.clone(),
+                        position: pos,
+                        page,
+                        tier: Tier::Device,
+                        layer,
+                        plane,
+                        provenance: self.device_sources[page as usize].seen_by(request),
+                    });
                 }
             }
         }
