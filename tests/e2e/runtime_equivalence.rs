@@ -127,8 +127,8 @@ fn random_workloads_are_identical_on_every_runtime() {
         assert!(core_counters.finished > 0, "seed {seed}: requests finished");
         let c = core_counters;
         assert!(
-            c.retractions > 0 && c.loadback_ops > 0 && c.finish_writeback_ops > 0 && c.aborts > 0,
-            "seed {seed}: the workload exercises retraction, load-back, write-back and aborts: {c:?}"
+            c.retractions > 0 && c.loadback_ops > 0 && c.finish_writeback_ops > 0,
+            "seed {seed}: the workload exercises retraction, load-back and write-back: {c:?}"
         );
         for (path, (plans, counters)) in PATHS.iter().zip(&runs).skip(1) {
             assert_eq!(plans, core_plans, "seed {seed}: plans on {path:?}");

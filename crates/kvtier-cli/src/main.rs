@@ -107,7 +107,7 @@ struct ReplayArgs {
     /// Traces: arrivals come this many times faster than in the trace (default 1).
     #[arg(long)]
     time_scale: Option<f64>,
-    /// Traces: replay at most this many requests (a bare `replay`: 300).
+    /// Traces: replay at most this many requests (a bare `replay`: 2000).
     #[arg(long)]
     limit: Option<usize>,
     /// Traces: replay the requests arriving in START..END (seconds from the trace's

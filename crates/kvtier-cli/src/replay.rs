@@ -176,9 +176,10 @@ fn replay_path(args: &ReplayArgs) -> Path {
 const CONVERSATION_TRACE: &str =
     include_str!("../../../data/mooncake-traces/conversation_trace.jsonl");
 
-/// Requests a bare `kvtier replay` takes from the conversation trace: its first minute
-/// and a half, about half a minute of wall time on 2 cores.
-pub const DEFAULT_TRACE_REQUESTS: usize = 300;
+/// Requests a bare `kvtier replay` takes from the conversation trace: its first 27
+/// million prompt tokens, about 20 s of wall time on 2 cores (the whole trace takes
+/// minutes; docs/traces.md).
+pub const DEFAULT_TRACE_REQUESTS: usize = 2000;
 
 /// The trace at `path`, or the embedded conversation trace, sliced by `slice`.
 pub fn load_trace(

@@ -169,6 +169,7 @@ impl SchedulerCore {
             state,
             storage_hit_pages: spec.storage_hit_pages,
             denied: None,
+            recomputing: false,
             span,
         });
         tokens
@@ -285,6 +286,16 @@ impl SchedulerCore {
                         }
                         Ok(())
                     }
+                    // Its last row's token, a step late: the history it will compute
+                    // grows by it.
+                    StateKind::Submitted if self.requests[key].recomputing => {
+                        let r = &mut self.requests[key];
+                        Arc::make_mut(&mut r.tokens).extend_from_slice(&tokens);
+                        r.prefill_len = r.tokens.len() as u32;
+                        // The next plan checks that it still fits (a `Finish` may follow).
+                        self.regrown.push(request_id);
+                        Ok(())
+                    }
                     _ => Err(self.invalid(key, name)),
                 }
             }
@@ -305,12 +316,14 @@ impl SchedulerCore {
                 let Some(key) = self.lookup(&request_id)? else {
                     return Ok(());
                 };
-                match &mut self.requests[key].state {
+                let r = &mut self.requests[key];
+                match &mut r.state {
                     State::Decoding(run) => {
                         run.reserve = tokens;
                         Ok(())
                     }
                     State::Retracting { .. } | State::Retracted(_) | State::Finished => Ok(()),
+                    State::Submitted if r.recomputing => Ok(()),
                     _ => Err(self.invalid(key, name)),
                 }
             }
@@ -521,7 +534,7 @@ impl SchedulerCore {
     // ----- finish -------------------------------------------------------------------
 
     /// Records the end of a request's life in its span.
-    fn trace_end(&self, key: usize, phase: &'static str) {
+    pub(crate) fn trace_end(&self, key: usize, phase: &'static str) {
         let r = &self.requests[key];
         let generated = r.tokens.len().saturating_sub(r.prefill_len as usize);
         r.span.record("generated_tokens", generated);
@@ -547,6 +560,11 @@ impl SchedulerCore {
             }
             State::Retracted(held) => {
                 drop(held);
+                State::Finished
+            }
+            // Its last row finished it, a step late: there is nothing to compute.
+            State::Submitted if self.requests[key].recomputing => {
+                self.trace_end(key, "finished");
                 State::Finished
             }
             other => {

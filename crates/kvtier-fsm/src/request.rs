@@ -291,6 +291,10 @@ pub(crate) struct Request {
     pub storage_hit_pages: u32,
     /// Paged models: the groups' last refusal of its first chunk.
     pub denied: Option<kvtier_radix::Denial>,
+    /// Queued again to compute its whole history (`requeue`): until its first chunk, the
+    /// results of its last row (an engine that overlaps steps sends them a step late)
+    /// still count.
+    pub recomputing: bool,
     /// The request's lifecycle span: opened at submit, closed when it is forgotten.
     pub span: tracing::Span,
 }

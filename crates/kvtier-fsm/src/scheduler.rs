@@ -120,6 +120,9 @@ pub struct SchedulerCore {
     pub(crate) voided: BTreeSet<RequestId>,
     /// Requests the scheduler gave up on between plans: told with the next plan.
     pub(crate) notices: Vec<AbortNotice>,
+    /// Requests queued to recompute whose history a late result grew since the last
+    /// plan: it checks they still fit the device pool.
+    pub(crate) regrown: Vec<RequestId>,
     /// The ticket of the next L3 lookup.
     pub(crate) next_lookup: u64,
     /// L3 lookups under way: their requests, in the order of the ask's prompts.
@@ -141,6 +144,7 @@ impl SchedulerCore {
             awaiting: Awaiting::Nothing,
             voided: BTreeSet::new(),
             notices: Vec::new(),
+            regrown: Vec::new(),
             next_lookup: 0,
             lookups: BTreeMap::new(),
         })

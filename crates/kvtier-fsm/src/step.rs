@@ -78,6 +78,7 @@ impl SchedulerCore {
         self.issue_finish_write_backs(&mut plan, &mut seen);
         self.ops.issue_backups(&mut plan.backups);
         let released = self.requests.erase_finished(self.stats.plans) > 0;
+        self.give_up_regrown(&mut plan);
         match (&self.config.mamba, self.config.policy) {
             // The reference commits a paged request's chunk when its next op is
             // admitted, as a hybrid one's.
@@ -1015,9 +1016,16 @@ impl SchedulerCore {
                 });
             }
             RetractOutcome::HostExhausted => {
-                // The host pool cannot take the prefix: give up on the request, and say so.
+                // The host pool cannot take the prefix. The reference gives up on the
+                // request (kvtier says so in the plan); by default it computes its
+                // history again instead, like the deadlock breaker's victim: its tail
+                // pages go, its prefix stays as evictable cache, nothing is lost.
                 drop(local_kv);
-                self.abort_notice(id, AbortReason::HostPoolExhausted, &mut draft.plan);
+                if self.config.policy == kvtier_types::Policy::Reference {
+                    self.abort_notice(id, AbortReason::HostPoolExhausted, &mut draft.plan);
+                } else {
+                    self.requeue(key, &mut draft.plan);
+                }
             }
         }
     }
@@ -1055,16 +1063,8 @@ impl SchedulerCore {
     /// cached prefix is reused; the last prefill chunk yields its next token) — or gives
     /// it up when that prompt, with its decode slot, no longer fits the device pool.
     fn requeue(&mut self, key: usize, plan: &mut ExecutionPlan) {
-        let ps = u64::from(self.config.page_size);
         let history = self.requests[key].tokens.len() as u64;
-        let need = (history + u64::from(self.config.decode_input_tokens)).div_ceil(ps);
-        let reason = if need > u64::from(self.config.usable_device_pages()) {
-            Some(AbortReason::ExceedsDevicePool)
-        } else {
-            self.short_group(history)
-                .map(|_| AbortReason::ExceedsGroupPool)
-        };
-        if let Some(reason) = reason {
+        if let Some(reason) = self.cannot_recompute(history) {
             let state = std::mem::replace(&mut self.requests[key].state, State::Finished);
             drop(state);
             let id = self.requests[key].id.clone();
@@ -1075,8 +1075,41 @@ impl SchedulerCore {
         drop(state);
         let r = &mut self.requests[key];
         r.prefill_len = r.tokens.len() as u32;
+        r.recomputing = true;
         self.stats.recomputes += 1;
         tracing::debug!(parent: &self.requests[key].span, phase = "recomputing");
+    }
+
+    /// Requests queued to recompute that a late result grew past what the device pool
+    /// can compute are given up (told with this plan).
+    fn give_up_regrown(&mut self, plan: &mut ExecutionPlan) {
+        for id in std::mem::take(&mut self.regrown) {
+            let Some(key) = self.requests.key_of(&id) else {
+                continue;
+            };
+            let r = &self.requests[key];
+            if !(r.recomputing && matches!(r.state, State::Submitted)) {
+                continue;
+            }
+            if let Some(reason) = self.cannot_recompute(r.tokens.len() as u64) {
+                self.trace_end(key, "aborted");
+                self.requests[key].state = State::Finished;
+                self.abort_notice(id, reason, plan);
+            }
+        }
+    }
+
+    /// Why a history of `history` tokens could never be computed again as a prompt
+    /// (with its decode slot), if it could not.
+    pub(crate) fn cannot_recompute(&self, history: u64) -> Option<AbortReason> {
+        let ps = u64::from(self.config.page_size);
+        let need = (history + u64::from(self.config.decode_input_tokens)).div_ceil(ps);
+        if need > u64::from(self.config.usable_device_pages()) {
+            Some(AbortReason::ExceedsDevicePool)
+        } else {
+            self.short_group(history)
+                .map(|_| AbortReason::ExceedsGroupPool)
+        }
     }
 
     /// Paged models: the group whose pool can never hold a request of `tokens` tokens

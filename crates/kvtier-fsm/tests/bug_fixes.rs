@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use kvtier_fsm::{SchedError, StateKind};
-use kvtier_types::{AbortReason, EngineEvent, ExecutionPlan, RequestSpec, SchedulerConfig};
+use kvtier_types::{AbortReason, EngineEvent, ExecutionPlan, Policy, RequestSpec, SchedulerConfig};
 
 /// P11: a second spec with a live id was silently dropped. Now it is refused with a
 /// typed error naming its index, and the first request is untouched.
@@ -44,12 +44,15 @@ fn duplicate_request_ids_dropped_silently() {
 }
 
 /// P4: a retraction whose prefix does not fit the host pool aborted the request without
-/// telling the engine, which kept waiting for it. Now the plan carries an abort notice.
+/// telling the engine, which kept waiting for it. Under the reference's policy the plan
+/// now carries an abort notice; by default the request is not given up at all
+/// (`a_retraction_the_host_cannot_take_recomputes_the_request`).
 #[test]
 fn requests_aborted_without_telling_the_engine() {
     let config = SchedulerConfig {
         device_pages: 6,
         host_pages: 2,
+        policy: Policy::Reference,
         ..fixture()
     };
     let mut s = sched(config);
@@ -77,6 +80,44 @@ fn requests_aborted_without_telling_the_engine() {
     let plan = step(&mut s, &mut engine);
     assert!(row(&plan, survivor).is_some(), "{survivor} still decodes");
     check(&mut s);
+}
+
+/// P4, by default: the victim of a retraction whose prefix the host pool cannot take
+/// computes its history again (its tail pages freed, its prefix left as evictable
+/// cache) instead of being aborted: both requests finish, nothing is aborted, and the
+/// pages add up after every plan.
+#[test]
+fn a_retraction_the_host_cannot_take_recomputes_the_request() {
+    let config = SchedulerConfig {
+        device_pages: 6,
+        host_pages: 2,
+        ..fixture()
+    };
+    let mut s = sched(config);
+    submit(&mut s, "r1", tokens(1, 3));
+    submit(&mut s, "r2", tokens(100, 3));
+    let mut engine = Engine::with_max_new(4);
+    let plans = run_until(&mut s, &mut engine, 100, |s, _| {
+        check(s);
+        s.is_idle()
+    });
+    assert!(
+        plans.iter().all(|p| p.aborted.is_empty()),
+        "nobody is given up"
+    );
+    let stats = s.stats();
+    assert!(
+        stats.retractions >= 1,
+        "the host pool could not take a prefix"
+    );
+    assert!(
+        stats.recomputes >= 1,
+        "its request computed its history again"
+    );
+    assert_eq!(stats.scheduler_aborts, 0);
+    let mut finished = engine.finished.clone();
+    finished.sort();
+    assert_eq!(finished, ["r1", "r2"]);
 }
 
 /// Finishes `r1` (prompt 1..=8) with the L2 cache on and returns the plan that carries

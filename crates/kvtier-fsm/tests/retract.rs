@@ -1,13 +1,15 @@
 //! Port of `tests/cpp/test_retract.cpp` (scheduler and cache parts), plus our fixes:
-//! a retraction that cannot get host pages aborts the request *and reports it* in
-//! `plan.aborted` (P4), and a failed retract write-back keeps the device copy
-//! authoritative (P8).
+//! a retraction that cannot get host pages recomputes the request (by default) or, under
+//! the reference's policy, aborts it *and reports it* in `plan.aborted` (P4), and a
+//! failed retract write-back keeps the device copy authoritative (P8).
 
 mod common;
 
 use common::*;
 use kvtier_fsm::{Scheduler, StateKind};
-use kvtier_types::{AbortNotice, AbortReason, ExecutionPlan, RowKind, SchedulerConfig, Tier};
+use kvtier_types::{
+    AbortNotice, AbortReason, ExecutionPlan, Policy, RowKind, SchedulerConfig, Tier,
+};
 
 #[test]
 fn retract_triggered_when_device_full() {
@@ -273,12 +275,13 @@ fn no_retraction_when_something_was_scheduled() {
     assert_eq!(s.stats().retractions, 0);
 }
 
-/// P4 fixed: when the host pool cannot take the victim's prefix, the victim is aborted
-/// and the plan says so.
+/// P4 fixed: when the host pool cannot take the victim's prefix, the reference's policy
+/// aborts the victim and the plan says so.
 #[test]
 fn retract_without_host_pages_aborts_and_reports() {
     let mut s = sched(SchedulerConfig {
         host_pages: 2, // 1 usable host page, the prefix needs 2
+        policy: Policy::Reference,
         ..d0_device3()
     });
     let plan = retract_r1(&mut s);
@@ -304,6 +307,29 @@ fn retract_without_host_pages_aborts_and_reports() {
     s.next_plan();
     assert_eq!(s.request_state(&rid("r1")), None);
     advance(&mut s, vec![extend("r1", &[8])]);
+    check(&mut s);
+}
+
+/// By default the victim whose prefix the host pool cannot take is queued again to
+/// compute its whole history — unless, as here, that history (6 tokens, 3 pages) can
+/// no longer fit the device pool (2 usable pages): then it is given up for that reason,
+/// and the plan says so.
+#[test]
+fn retract_without_host_pages_recomputes_or_reports_what_cannot_fit() {
+    let mut s = sched(SchedulerConfig {
+        host_pages: 2, // 1 usable host page, the prefix needs 2
+        ..d0_device3()
+    });
+    let plan = retract_r1(&mut s);
+    assert_eq!(
+        plan.aborted,
+        [AbortNotice {
+            request_id: rid("r1"),
+            reason: AbortReason::ExceedsDevicePool,
+        }]
+    );
+    assert_eq!(state(&s, "r1"), StateKind::Finished);
+    assert_eq!(locked_pages(&mut s, Tier::Device), 0);
     check(&mut s);
 }
 

@@ -11,13 +11,13 @@ use super::spec::ABORT_STATES;
 
 /// The scheduler's and the data plane's paths, in table order (client aborts and faults
 /// follow them).
-pub const PATHS: [&str; 19] = [
+pub const PATHS: [&str; 18] = [
     "prefix hit",
     "host hit (load-back)",
     "load-back on recovery",
     "load-back failed, readers requeued",
     "retraction",
-    "recompute (deadlock breaker)",
+    "recompute (no host room at retraction, or deadlock breaker)",
     "device eviction",
     "host eviction",
     "finish write-back",
@@ -29,7 +29,6 @@ pub const PATHS: [&str; 19] = [
     "L3 failed backup",
     "submit refused (prompt too long)",
     "scheduler abort: exceeds device pool",
-    "scheduler abort: host pool exhausted",
     "stale events ignored",
 ];
 

@@ -384,7 +384,10 @@ fn run_direct(spec: &RunSpec) -> Result<RunRecord, Stop> {
     let stats = s.stats();
     let coverage = &mut record.coverage;
     coverage.add("retraction", stats.retractions);
-    coverage.add("recompute (deadlock breaker)", stats.recomputes);
+    coverage.add(
+        "recompute (no host room at retraction, or deadlock breaker)",
+        stats.recomputes,
+    );
     coverage.add("stale events ignored", stats.stale_events);
     coverage.add(
         "load-back failed, readers requeued",
