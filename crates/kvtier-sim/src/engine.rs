@@ -181,10 +181,11 @@ impl StepDriver {
         } else {
             self.scheduler.submit(specs)
         };
-        // Plans on the virtual clock see every lookup, on every runtime.
-        let result = match result {
-            Ok(()) if self.l3_lookups => self.scheduler.settle_lookups(),
-            other => other,
+        // Plans on the virtual clock see every lookup, on every runtime (also when
+        // some specs were refused: the valid ones' lookups are out).
+        let result = match (result, self.l3_lookups) {
+            (result, true) => self.scheduler.settle_lookups().and(result),
+            (result, false) => result,
         };
         let ns = t0.elapsed().as_nanos() as u64;
         self.measured_ns += ns;

@@ -211,8 +211,9 @@ fn scenarios_are_identical_on_every_path() {
 /// load-back's discarded one (bug D); 9069, a host copy orphaned by a write-back
 /// rollback (bug C); 21788 and 78329, a request requeued to recompute that outgrew the
 /// device pool (bug A); 87256 and 93004, a failed write-back's shared pairs read as
-/// written (bug B).
-const REGRESSION_SEEDS: &[u64] = &[1064, 9069, 21788, 78329, 87256, 93004];
+/// written (bug B); 8561, the valid specs' L3 lookups of a batch with a refused one not
+/// settled before the next plan (issue 13).
+const REGRESSION_SEEDS: &[u64] = &[1064, 8561, 9069, 21788, 78329, 87256, 93004];
 
 /// Those of `REGRESSION_SEEDS` that still fail because their scheduler bug is open, with
 /// the check they fail (docs/campaign.md#bugs-found). A fixed bug makes its seeds pass:

@@ -306,3 +306,38 @@ fn a_lost_lookup_is_a_miss_on_every_runtime() {
         assert!(report.conservation.is_ok(), "{path:?}");
     }
 }
+
+/// A batch with a refused spec still queues the valid ones, and their lookups are out:
+/// the submit answers with the refusal, and once the lookups are settled the next plan
+/// sees the valid request (a replay that skipped the settle on the error planned
+/// without it: campaign seed 8561).
+#[test]
+fn a_refused_spec_does_not_hold_back_the_others_lookups() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    store_document(dir.path());
+    let mut s = system(
+        Path::Deterministic,
+        dir.path(),
+        &Arc::default(),
+        LateAnswers,
+    );
+    let (spec, new) = announce("question", question(), 4);
+    let refused = RequestSpec::new("empty", Vec::new());
+    let error = s.submit(vec![refused, spec]).expect_err("the empty prompt");
+    assert!(matches!(error, kvtier::KvError::Batch(_)), "{error}");
+    assert_eq!(s.stats().expect("stats").scheduler.looking_up, 1);
+    s.settle_lookups().expect("settled");
+    let plan = step(&mut s, vec![new]);
+    let fetched: Vec<&str> = plan
+        .prefetches
+        .iter()
+        .map(|p| p.request_id.as_str())
+        .collect();
+    assert_eq!(
+        fetched,
+        ["question"],
+        "the valid request is in the next plan"
+    );
+    drain(&mut s);
+    s.shutdown().expect("shutdown");
+}

@@ -17,7 +17,7 @@ pub const PATHS: [&str; 18] = [
     "load-back on recovery",
     "load-back failed, readers requeued",
     "retraction",
-    "recompute (no host room at retraction, or deadlock breaker)",
+    "recompute (host full, or deadlock)",
     "device eviction",
     "host eviction",
     "finish write-back",

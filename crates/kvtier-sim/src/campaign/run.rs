@@ -173,8 +173,10 @@ trait Sut {
 impl Sut for LocalSystem {
     fn submit(&mut self, specs: Vec<RequestSpec>) -> Result<(), KvError> {
         // Every plan must equal the direct run's: lookups answer before the next one.
-        LocalSystem::submit(self, specs)?;
-        self.settle_lookups()
+        // Also when some specs were refused: the valid ones' lookups are out.
+        let submitted = LocalSystem::submit(self, specs);
+        self.settle_lookups()?;
+        submitted
     }
 
     fn next_plan(&mut self) -> Result<ExecutionPlan, KvError> {
@@ -384,10 +386,7 @@ fn run_direct(spec: &RunSpec) -> Result<RunRecord, Stop> {
     let stats = s.stats();
     let coverage = &mut record.coverage;
     coverage.add("retraction", stats.retractions);
-    coverage.add(
-        "recompute (no host room at retraction, or deadlock breaker)",
-        stats.recomputes,
-    );
+    coverage.add("recompute (host full, or deadlock)", stats.recomputes);
     coverage.add("stale events ignored", stats.stale_events);
     coverage.add(
         "load-back failed, readers requeued",
