@@ -42,6 +42,7 @@ mod outcome;
 mod report;
 mod runtime;
 mod service;
+pub mod vllm_events;
 
 use std::collections::BTreeSet;
 
