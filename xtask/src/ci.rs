@@ -216,6 +216,18 @@ fn ensure_nextest(root: &Path) -> Result<()> {
 /// Without CI a failed setup is reported and the Mooncake tests skip loudly; under CI
 /// (`CI=true`) it fails the step, so a missing install cannot hide.
 fn run_with_mooncake(root: &Path, command: &mut Command) -> Result<()> {
+    // The metrics test checks the Prometheus text with the real `promtool`.
+    match crate::promtool::prepare(root) {
+        Ok(promtool) => {
+            command.env("KVTIER_PROMTOOL", promtool);
+        }
+        Err(err) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            return Err(err.context("fetching promtool for the metrics test"));
+        }
+        Err(err) => {
+            eprintln!("WARNING: promtool setup failed, the metrics test will skip: {err:#}")
+        }
+    }
     match crate::mooncake::prepare(root) {
         Ok(installed) => crate::mooncake::run_isolated(&installed, command),
         Err(err) if std::env::var("CI").is_ok_and(|v| v == "true") => {

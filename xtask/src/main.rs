@@ -7,6 +7,7 @@ mod campaign;
 mod ci;
 mod cuda;
 mod mooncake;
+mod promtool;
 mod tidy;
 
 use std::ffi::OsString;

@@ -38,6 +38,7 @@ mod faults;
 mod handle;
 mod local;
 mod mail;
+pub mod metrics;
 mod outcome;
 mod report;
 mod runtime;
