@@ -170,6 +170,8 @@ impl SchedulerCore {
             storage_hit_pages: spec.storage_hit_pages,
             denied: None,
             recomputing: false,
+            queried: false,
+            prefetched_pages: 0,
             span,
         });
         tokens
@@ -491,6 +493,7 @@ impl SchedulerCore {
                 // A hybrid prefetch's state slot holds the state after exactly its
                 // completed pages (the L3 actor's contract).
                 let done = if success { completed } else { 0 };
+                self.requests[key].prefetched_pages = done;
                 match (done > 0, pages.take_first(done as usize)) {
                     (true, Ok(taken)) => {
                         let end = ((start_page + done) * self.config.page_size) as usize;

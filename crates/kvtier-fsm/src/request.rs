@@ -295,6 +295,10 @@ pub(crate) struct Request {
     /// results of its last row (an engine that overlaps steps sends them a step late)
     /// still count.
     pub recomputing: bool,
+    /// Its first chunk was counted in the hit counters (a recompute is not a new query).
+    pub queried: bool,
+    /// Pages its L3 prefetch brought (its host hits of them are L3 hits).
+    pub prefetched_pages: u32,
     /// The request's lifecycle span: opened at submit, closed when it is forgotten.
     pub span: tracing::Span,
 }

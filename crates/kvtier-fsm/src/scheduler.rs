@@ -59,6 +59,16 @@ pub struct SchedulerStats {
     /// L3 lookups that never answered (a failed delivery): their requests went on with
     /// no L3 hits.
     pub lost_lookups: u64,
+    /// Prompt tokens of the requests admitted so far (each counted at its first chunk
+    /// only: `prefix_cache_queries`).
+    pub prompt_query_tokens: u64,
+    /// Of those, the tokens its first chunk reused from the cache, any tier
+    /// (`prefix_cache_hits`).
+    pub hit_tokens: u64,
+    /// Of the hits, the tokens loaded back from host (L3's included).
+    pub hit_tokens_host: u64,
+    /// Of the host hits, the tokens the request's own prefetch brought from L3.
+    pub hit_tokens_l3: u64,
     /// Cache batches sent (one per `advance` with cache work, one or two per plan).
     pub cache_batches: u64,
     /// Hybrid models: the recurrent-state slots and their counters.

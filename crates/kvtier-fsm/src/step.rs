@@ -846,6 +846,7 @@ impl SchedulerCore {
             .rows
             .push_prefill_row(&self.requests[key], &run, 0, cow_src, branching);
         draft.rows.set_groups(true, admission.groups);
+        self.count_hits(key, run.window_begin, &admission.load_back);
         let r = &self.requests[key];
         r.span.record("cached_tokens", run.window_begin);
         tracing::debug!(parent: &r.span, phase = "prefilling", cached_tokens = run.window_begin);
@@ -1078,6 +1079,26 @@ impl SchedulerCore {
         r.recomputing = true;
         self.stats.recomputes += 1;
         tracing::debug!(parent: &self.requests[key].span, phase = "recomputing");
+    }
+
+    /// Counts a request's first chunk in the prefix-cache counters: its prompt queried,
+    /// `hit` tokens reused, those `load_back` brings from host, and of those the pages
+    /// its own L3 prefetch brought. Once per request: a recompute is not a new query.
+    fn count_hits(&mut self, key: usize, hit: u32, load_back: &[TransferPair]) {
+        let ps = u64::from(self.config.page_size);
+        let r = &mut self.requests[key];
+        if std::mem::replace(&mut r.queried, true) {
+            return;
+        }
+        let from_host = load_back
+            .iter()
+            .filter(|pair| pair.kind == TransferKind::Kv)
+            .count() as u64;
+        let from_l3 = u64::from(r.prefetched_pages).min(from_host);
+        self.stats.prompt_query_tokens += u64::from(r.prefill_len);
+        self.stats.hit_tokens += u64::from(hit);
+        self.stats.hit_tokens_host += from_host * ps;
+        self.stats.hit_tokens_l3 += from_l3 * ps;
     }
 
     /// Requests queued to recompute that a late result grew past what the device pool

@@ -492,6 +492,9 @@ pub struct ScenarioReport {
     /// Prompt tokens served from pages prefetched from L3 (part of `hit_tokens_host`:
     /// they reach the device by load-back).
     pub hit_tokens_l3: u64,
+    /// The scheduler's own hit counters at the end (`SchedulerStats`: all, from host,
+    /// from L3), which must equal the three above that the replay counts from the plans.
+    pub scheduler_hit_tokens: [u64; 3],
     /// Pages the submit-time L3 lookups found.
     pub l3_lookup_hit_pages: u64,
     /// Prefetch ops (L3 → host).
@@ -887,6 +890,7 @@ pub fn run_scenario_with(
         void_rows: 0,
         l3: if o.l3_on() { o.l3.name() } else { "off" }.into(),
         hit_tokens_l3: 0,
+        scheduler_hit_tokens: [0; 3],
         l3_lookup_hit_pages: 0,
         l3_prefetch_ops: 0,
         l3_prefetched_pages: 0,
@@ -1197,6 +1201,8 @@ pub fn run_scenario_with(
         }
     }
     let stats = s.stats()?;
+    let sched = &stats.scheduler;
+    r.scheduler_hit_tokens = [sched.hit_tokens, sched.hit_tokens_host, sched.hit_tokens_l3];
     r.evicted_device_pages = stats.scheduler.evicted_device_pages;
     r.evicted_host_pages = stats.scheduler.evicted_host_pages;
     if let Some(l3) = stats.l3 {

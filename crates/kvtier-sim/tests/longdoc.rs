@@ -40,6 +40,15 @@ fn longdoc_is_identical_on_every_path() {
     for path in [Path::Core, Path::Deterministic, Path::ActorsThreaded] {
         let r = run(&ScenarioOptions { path, ..options() });
         assert_eq!(r.outputs, base.outputs, "{}", path.name());
+        // The scheduler's hit counters (the metrics' source) agree with what the
+        // replay counted from the plans, tier by tier.
+        assert!(r.hit_tokens_l3 > 0);
+        assert_eq!(
+            r.scheduler_hit_tokens,
+            [r.hit_tokens, r.hit_tokens_host, r.hit_tokens_l3],
+            "{}",
+            path.name()
+        );
         assert_eq!(
             (
                 r.steps,

@@ -207,6 +207,11 @@ fn with_room_for_everything_the_replay_reaches_the_unbounded_bound() {
         assert_eq!(on.unbounded_hit_tokens, bound);
         assert_eq!(on.hit_tokens, bound, "{l3:?}");
         assert_eq!(on.ideal_hit_tokens, bound, "{l3:?}");
+        assert_eq!(
+            on.scheduler_hit_tokens,
+            [on.hit_tokens, on.hit_tokens_host, on.hit_tokens_l3],
+            "{l3:?}: the scheduler's counters are the replay's"
+        );
         assert_eq!(on.integrity_errors, 0, "{:?}", on.first_errors);
         assert_eq!(on.outputs, off.outputs, "{l3:?}: answers");
         assert_eq!(on.finished, 5);

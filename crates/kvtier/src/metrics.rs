@@ -69,6 +69,19 @@ pub fn prometheus_text(stats: &SystemStats) -> String {
         "Requests retracted to make room.",
         s.retractions,
     );
+    // The prefix cache as a queries/hits counter pair (never a ratio gauge).
+    counter(
+        &mut f,
+        "tokenspeed:prefix_cache_queries_total",
+        "Prompt tokens of admitted requests, each at its first chunk.",
+        s.prompt_query_tokens,
+    );
+    counter(
+        &mut f,
+        "tokenspeed:prefix_cache_hits_total",
+        "Of those, tokens reused from the cache (any tier).",
+        s.hit_tokens,
+    );
 
     // kvtier's own.
     per_tier(
@@ -95,6 +108,19 @@ pub fn prometheus_text(stats: &SystemStats) -> String {
         "Pages the prefix cache evicted to make room, per tier.",
         [s.evicted_device_pages, s.evicted_host_pages],
     );
+    // The hits by the tier they came from: device only, loaded back from host, and
+    // of those the ones the request's own prefetch brought from L3.
+    let host_only = s.hit_tokens_host.saturating_sub(s.hit_tokens_l3);
+    let device_only = s.hit_tokens.saturating_sub(s.hit_tokens_host);
+    let hits = "kvtier_prefix_hit_tokens_total";
+    f.header(
+        hits,
+        "counter",
+        "Prompt tokens reused at first chunks, by the tier they came from.",
+    )
+    .sample(hits, "tier=\"device\"", device_only)
+    .sample(hits, "tier=\"host\"", host_only)
+    .sample(hits, "tier=\"l3\"", s.hit_tokens_l3);
     counter(
         &mut f,
         "kvtier_plans_total",
@@ -190,6 +216,8 @@ mod tests {
         stats.scheduler.decoding = 3;
         stats.scheduler.waiting = 2;
         stats.scheduler.evicted_host_pages = 7;
+        (stats.scheduler.hit_tokens, stats.scheduler.hit_tokens_host) = (100, 40);
+        stats.scheduler.hit_tokens_l3 = 16;
         let text = prometheus_text(&stats);
         assert!(
             text.contains("tokenspeed:num_requests_running 3\n"),
@@ -197,6 +225,9 @@ mod tests {
         );
         assert!(text.contains("tokenspeed:num_requests_waiting 2\n"));
         assert!(text.contains("kvtier_evicted_pages_total{tier=\"host\"} 7\n"));
+        assert!(text.contains("kvtier_prefix_hit_tokens_total{tier=\"device\"} 60\n"));
+        assert!(text.contains("kvtier_prefix_hit_tokens_total{tier=\"host\"} 24\n"));
+        assert!(text.contains("kvtier_prefix_hit_tokens_total{tier=\"l3\"} 16\n"));
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let name = line.split(['{', ' ']).next().unwrap_or_default();
             assert!(
