@@ -120,6 +120,10 @@ struct ReplayArgs {
     /// Host pool in pages of 16 tokens (page 0 included) instead of the workload's.
     #[arg(long)]
     host_pages: Option<u32>,
+    /// Serve the run's metrics (Prometheus text, refreshed every 64 steps) at
+    /// http://ADDR/metrics; a loopback address (127.0.0.1:PORT or [::1]:PORT).
+    #[arg(long)]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Clone, clap::Args)]

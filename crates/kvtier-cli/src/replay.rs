@@ -303,9 +303,27 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     if l3_dir.is_some() && l3 != L3Store::Local {
         bail!("--l3-dir applies to the local L3 store (--l3 local)");
     }
+    // The endpoint lives as long as the run; its text is refreshed by the replay.
+    let metrics = args
+        .metrics_addr
+        .map(|_| kvtier_sim::scenario::MetricsSink::default());
+    let _server = match (args.metrics_addr, &metrics) {
+        (Some(addr), Some(text)) => {
+            if !addr.ip().is_loopback() {
+                bail!("--metrics-addr must be a loopback address, not {addr}");
+            }
+            let server =
+                kvtier_sim::scenario::MetricsServer::serve(addr, std::sync::Arc::clone(&text.0))
+                    .with_context(|| format!("serving metrics at {addr}"))?;
+            eprintln!("metrics: http://{}/metrics", server.addr());
+            Some(server)
+        }
+        _ => None,
+    };
     let options = ScenarioOptions {
         l3,
         l3_dir,
+        metrics,
         ..options
     };
     let bar = indicatif::ProgressBar::new(0).with_style(

@@ -324,6 +324,9 @@ impl CostModel {
 pub struct ScenarioOptions {
     /// Which scenario.
     pub scenario: Scenario,
+    /// Where to keep the system's metrics text during the run (refreshed every
+    /// [`METRICS_EVERY`] steps and at the end), for a `/metrics` endpoint.
+    pub metrics: Option<MetricsSink>,
     /// The model served.
     pub model: Model,
     /// Prefix cache and host tier on (off: every request computes its whole prompt).
@@ -417,6 +420,7 @@ impl ScenarioOptions {
             model_label: None,
             state_chunk: None,
             groups: None,
+            metrics: None,
         }
     }
 
@@ -766,6 +770,33 @@ struct Turn {
 /// Runs a scenario to completion.
 pub fn run_scenario(o: &ScenarioOptions) -> Result<ScenarioReport, ScenarioError> {
     run_scenario_with_progress(o, |_, _| {})
+}
+
+/// Steps between refreshes of a run's metrics text.
+pub const METRICS_EVERY: u64 = 64;
+
+pub use kvtier::metrics::MetricsServer;
+
+/// Where a run keeps its metrics text (options compare it by identity).
+#[derive(Debug, Clone, Default)]
+pub struct MetricsSink(pub kvtier::metrics::MetricsText);
+
+impl PartialEq for MetricsSink {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// Writes the system's current metrics text into `metrics`.
+fn refresh_metrics(
+    s: &mut kvtier::LocalSystem,
+    metrics: &MetricsSink,
+) -> Result<(), ScenarioError> {
+    let text = kvtier::metrics::prometheus_text(&s.stats()?);
+    if let Ok(mut shared) = metrics.0.lock() {
+        *shared = text;
+    }
+    Ok(())
 }
 
 /// Runs a scenario to completion, reporting (requests finished, requests in all) after
@@ -1179,6 +1210,11 @@ pub fn run_scenario_with(
         s.advance(events)?;
         r.scheduler_ns += t.elapsed().as_nanos() as u64;
         between_steps(r.steps);
+        if let Some(metrics) = &o.metrics
+            && r.steps.is_multiple_of(METRICS_EVERY)
+        {
+            refresh_metrics(&mut s, metrics)?;
+        }
         let total = match o.scenario {
             Scenario::Chat => (CONVERSATIONS * TURNS) as u64,
             Scenario::Rollout => PROMPTS * SAMPLES,
@@ -1199,6 +1235,9 @@ pub fn run_scenario_with(
                 h.extend_from_slice(&outputs[&id]);
             }
         }
+    }
+    if let Some(metrics) = &o.metrics {
+        refresh_metrics(&mut s, metrics)?;
     }
     let stats = s.stats()?;
     let sched = &stats.scheduler;

@@ -202,6 +202,25 @@ fn with_room_for_everything_the_replay_reaches_the_unbounded_bound() {
         run_scenario(&options).expect("replay runs")
     };
     let off = run(false, L3Store::Off);
+    // The run's metrics text, as a `/metrics` endpoint would serve it, says the same.
+    let metrics = kvtier_sim::scenario::MetricsSink::default();
+    let on = run_scenario(&ScenarioOptions {
+        metrics: Some(metrics.clone()),
+        ..ScenarioOptions::trace(workload(requests.clone()))
+    })
+    .expect("replay runs");
+    let text = metrics.0.lock().expect("metrics").clone();
+    assert!(
+        text.contains(&format!(
+            "tokenspeed:prefix_cache_hits_total {}\n",
+            on.hit_tokens
+        )),
+        "{text}"
+    );
+    assert!(text.contains(&format!(
+        "tokenspeed:prefix_cache_queries_total {}\n",
+        on.prompt_tokens
+    )));
     for l3 in [L3Store::Off, L3Store::Local] {
         let on = run(true, l3);
         assert_eq!(on.unbounded_hit_tokens, bound);

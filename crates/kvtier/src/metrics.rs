@@ -1,5 +1,5 @@
-//! The system's counters and gauges as Prometheus text (exposition format 0.0.4), for
-//! an embedder's `/metrics` endpoint.
+//! The system's counters and gauges as Prometheus text (exposition format 0.0.4), and
+//! a small `/metrics` endpoint that serves it ([`MetricsServer`]).
 //!
 //! Where a dashboard already keys on a name, the series carries TokenSpeed's
 //! (`tokenspeed:` mirrors vLLM's `vllm:`); every other series is `kvtier_…` with
@@ -8,6 +8,11 @@
 //! by design, and the only thing it flags.
 
 use std::fmt::Write;
+use std::io::{Read, Write as _};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 
 use crate::SystemStats;
 
@@ -206,6 +211,89 @@ pub fn prometheus_text(stats: &SystemStats) -> String {
     out
 }
 
+/// The latest metrics text, shared between whoever updates it and a [`MetricsServer`].
+pub type MetricsText = Arc<Mutex<String>>;
+
+/// A `/metrics` endpoint: answers `GET /metrics` with the latest text of a
+/// [`MetricsText`] (Prometheus exposition 0.0.4), anything else with 404. Plain HTTP/1.1
+/// on one thread, one connection at a time: a scraper's load. Stops when dropped.
+#[derive(Debug)]
+pub struct MetricsServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl MetricsServer {
+    /// Binds `addr` (port 0 picks a free one) and serves `text` from a thread.
+    pub fn serve(addr: SocketAddr, text: MetricsText) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(addr)?;
+        let addr = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("kvtier-metrics".into())
+            .spawn(move || {
+                for stream in listener.incoming() {
+                    if stopping.load(Ordering::Acquire) {
+                        break;
+                    }
+                    // A client that goes away mid-answer only loses its answer.
+                    if let Ok(stream) = stream {
+                        let _ = answer(stream, &text);
+                    }
+                }
+            })?;
+        Ok(Self {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wake the accept; the thread sees the flag and ends.
+        drop(TcpStream::connect(self.addr));
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Answers one request.
+fn answer(mut stream: TcpStream, text: &MetricsText) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+    let mut request = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 16 * 1024 {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        request.extend_from_slice(&buf[..n]);
+    }
+    let line = request.split(|&b| b == b'\r').next().unwrap_or_default();
+    let (status, body) = if line.starts_with(b"GET /metrics ") {
+        let body = text.lock().map(|t| t.clone()).unwrap_or_default();
+        ("200 OK", body)
+    } else {
+        ("404 Not Found", "not found\n".to_string())
+    };
+    write!(
+        stream,
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,5 +328,36 @@ mod tests {
             !text.contains("kvtier_l3_"),
             "no L3 series without an L3 actor"
         );
+    }
+
+    fn get(addr: SocketAddr, path: &str) -> String {
+        let mut stream = TcpStream::connect(addr).expect("connect");
+        write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").expect("request");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).expect("response");
+        response
+    }
+
+    /// The endpoint answers the latest text on loopback, 404 elsewhere, and stops when
+    /// dropped (its port then refuses connections).
+    #[test]
+    fn the_endpoint_serves_the_latest_text() {
+        let text = MetricsText::default();
+        let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+        let server = MetricsServer::serve(loopback, Arc::clone(&text)).expect("serve");
+        let addr = server.addr();
+        *text.lock().expect("lock") = "kvtier_plans_total 3\n".into();
+        let response = get(addr, "/metrics");
+        assert!(response.starts_with("HTTP/1.1 200 OK\r\n"), "{response}");
+        assert!(response.contains("version=0.0.4"));
+        assert!(
+            response.ends_with("\r\n\r\nkvtier_plans_total 3\n"),
+            "{response}"
+        );
+        *text.lock().expect("lock") = "kvtier_plans_total 4\n".into();
+        assert!(get(addr, "/metrics").ends_with("kvtier_plans_total 4\n"));
+        assert!(get(addr, "/").starts_with("HTTP/1.1 404"));
+        drop(server);
+        assert!(TcpStream::connect(addr).is_err(), "stopped");
     }
 }
