@@ -7,6 +7,7 @@ mod example;
 mod fault_hooks;
 mod fault_parity;
 mod handle_release;
+mod kv_events;
 mod metrics;
 mod runtime_equivalence;
 mod toy_actor;

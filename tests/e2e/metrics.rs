@@ -9,21 +9,7 @@ use std::process::{Command, Stdio};
 use kvtier::Runtime;
 use kvtier::metrics::prometheus_text;
 
-use crate::common::{Engine, requests, start};
-
-/// `promtool`, or `None` after saying loudly that the test skipped (an error under CI).
-fn promtool() -> Option<String> {
-    if let Ok(path) = std::env::var("KVTIER_PROMTOOL") {
-        return Some(path);
-    }
-    let msg = "promtool is not set up (KVTIER_PROMTOOL unset): run `cargo xtask ci`";
-    assert!(
-        !std::env::var("CI").is_ok_and(|v| v == "true"),
-        "{msg} (CI must not skip it)"
-    );
-    eprintln!("SKIPPED: {msg}");
-    None
-}
+use crate::common::{Engine, requests, start, tool_from_env};
 
 /// `promtool check metrics` on `text`: its exit status and its complaints.
 fn check(promtool: &str, text: &str) -> (bool, Vec<String>) {
@@ -52,7 +38,9 @@ fn check(promtool: &str, text: &str) -> (bool, Vec<String>) {
 
 #[test]
 fn promtool_accepts_the_metrics_of_a_run() {
-    let Some(promtool) = promtool() else { return };
+    let Some(promtool) = tool_from_env("KVTIER_PROMTOOL", "promtool") else {
+        return;
+    };
     let handle = start(Runtime::Direct);
     handle.submit(requests(6)).expect("submit");
     let mut engine = Engine::new(3);

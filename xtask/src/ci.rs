@@ -216,16 +216,21 @@ fn ensure_nextest(root: &Path) -> Result<()> {
 /// Without CI a failed setup is reported and the Mooncake tests skip loudly; under CI
 /// (`CI=true`) it fails the step, so a missing install cannot hide.
 fn run_with_mooncake(root: &Path, command: &mut Command) -> Result<()> {
-    // The metrics test checks the Prometheus text with the real `promtool`.
-    match crate::promtool::prepare(root) {
-        Ok(promtool) => {
-            command.env("KVTIER_PROMTOOL", promtool);
-        }
-        Err(err) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            return Err(err.context("fetching promtool for the metrics test"));
-        }
-        Err(err) => {
-            eprintln!("WARNING: promtool setup failed, the metrics test will skip: {err:#}")
+    // Tests check kvtier's output with third-party tools: the Prometheus text with the
+    // real `promtool`, the KV event wire with libzmq's own Python bindings.
+    let tools: [(&str, &str, crate::tools::Prepare); 2] = [
+        ("KVTIER_PROMTOOL", "promtool", crate::tools::promtool),
+        ("KVTIER_PYZMQ_PYTHON", "pyzmq", crate::tools::pyzmq_python),
+    ];
+    for (var, what, prepare) in tools {
+        match prepare(root) {
+            Ok(path) => {
+                command.env(var, path);
+            }
+            Err(err) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+                return Err(err.context(format!("setting up {what} for the tests")));
+            }
+            Err(err) => eprintln!("WARNING: {what} setup failed, its tests will skip: {err:#}"),
         }
     }
     match crate::mooncake::prepare(root) {

@@ -7,8 +7,8 @@ mod campaign;
 mod ci;
 mod cuda;
 mod mooncake;
-mod promtool;
 mod tidy;
+mod tools;
 
 use std::ffi::OsString;
 use std::fmt;

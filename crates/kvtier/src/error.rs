@@ -106,6 +106,9 @@ pub enum SetupError {
         /// The scheduler's host pages.
         host_pages: u32,
     },
+    /// The KV event publisher could not bind its socket.
+    #[error("the KV event publisher: {0}")]
+    Publisher(String),
     /// The host allocator could not lease the cache its host tier.
     #[error("the radix cache's host lease: {0}")]
     HostLease(HostError),

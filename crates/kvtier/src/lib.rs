@@ -36,6 +36,7 @@ mod conversation;
 mod error;
 mod faults;
 mod handle;
+pub mod kv_publisher;
 mod local;
 mod mail;
 pub mod metrics;

@@ -136,24 +136,29 @@ fn hashes(out: &mut Vec<u8>, block_hashes: &[u64]) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn hex(bytes: &[u8]) -> String {
         bytes.iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    /// One `BlockStored` (hash 111, tokens 1–4, block size 4, medium `GPU`, ts 1.5, dp
-    /// rank 0) as vLLM's own encoder writes it (the vector issue 14 gives).
-    #[test]
-    fn block_stored_is_byte_for_byte_vllms() {
-        let event = KvEvent::BlockStored {
+    /// The `BlockStored` of issue 14's vector: hash 111, tokens 1–4, block size 4, on
+    /// the device.
+    pub(crate) fn vector_event() -> KvEvent {
+        KvEvent::BlockStored {
             block_hashes: vec![111],
             parent_block_hash: None,
             token_ids: vec![1, 2, 3, 4],
             block_size: 4,
             medium: Tier::Device,
-        };
+        }
+    }
+
+    /// That event at ts 1.5, dp rank 0, as vLLM's own encoder writes it.
+    #[test]
+    fn block_stored_is_byte_for_byte_vllms() {
+        let event = vector_event();
         let bytes = encode_batch(1.5, &[WireEvent::Cache(&event)], Some(0));
         assert_eq!(
             hex(&bytes),

@@ -1,0 +1,75 @@
+//! Third-party tools the tests check kvtier's output with, fetched into `target/tools`:
+//!
+//! * `promtool` (the metrics test): Debian's `prometheus` package, downloaded with apt
+//!   and unpacked (the binary only; no service is installed or started); the tests find
+//!   it through `KVTIER_PROMTOOL`;
+//! * a Python with `pyzmq` (libzmq's own bindings: the KV event subscriber test), in a
+//!   venv; the tests find it through `KVTIER_PYZMQ_PYTHON`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+use crate::run_command;
+
+/// Fetches a tool (on first use) and answers the path the tests get.
+pub type Prepare = fn(&Path) -> Result<PathBuf>;
+
+/// The pinned pyzmq.
+const PYZMQ: &str = "pyzmq==27.2.0";
+
+/// The unpacked `promtool`, fetched on first use.
+pub fn promtool(root: &Path) -> Result<PathBuf> {
+    let dir = root.join("target/tools/prometheus");
+    let promtool = dir.join("usr/bin/promtool");
+    if promtool.is_file() {
+        return Ok(promtool);
+    }
+    let downloads = root.join("target/tools/downloads");
+    std::fs::create_dir_all(&downloads).context("creating target/tools/downloads")?;
+    let mut download = Command::new("apt-get");
+    download
+        .args(["download", "prometheus"])
+        .current_dir(&downloads);
+    run_command(&mut download).context("apt-get download prometheus")?;
+    let deb = std::fs::read_dir(&downloads)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("prometheus_") && n.ends_with(".deb"))
+        })
+        .context("no prometheus .deb after apt-get download")?;
+    let mut unpack = Command::new("dpkg-deb");
+    unpack.arg("-x").arg(&deb).arg(&dir);
+    run_command(&mut unpack).context("dpkg-deb -x prometheus")?;
+    if !promtool.is_file() {
+        bail!("{} is not in the prometheus package", promtool.display());
+    }
+    Ok(promtool)
+}
+
+/// A Python with pyzmq, installed into a venv on first use.
+pub fn pyzmq_python(root: &Path) -> Result<PathBuf> {
+    let venv = root.join("target/tools/pyzmq-venv");
+    let python = venv.join("bin/python");
+    let ready = |python: &Path| {
+        Command::new(python)
+            .args(["-c", "import zmq"])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if ready(&python) {
+        return Ok(python);
+    }
+    run_command(Command::new("python3").args(["-m", "venv"]).arg(&venv))
+        .context("python3 -m venv")?;
+    run_command(Command::new(venv.join("bin/pip")).args(["install", "-q", PYZMQ]))
+        .context("pip install pyzmq")?;
+    if !ready(&python) {
+        bail!("pyzmq does not import in {}", venv.display());
+    }
+    Ok(python)
+}
