@@ -28,11 +28,18 @@ pub fn promtool(root: &Path) -> Result<PathBuf> {
     }
     let downloads = root.join("target/tools/downloads");
     std::fs::create_dir_all(&downloads).context("creating target/tools/downloads")?;
-    let mut download = Command::new("apt-get");
-    download
-        .args(["download", "prometheus"])
-        .current_dir(&downloads);
-    run_command(&mut download).context("apt-get download prometheus")?;
+    let download = || {
+        let mut download = Command::new("apt-get");
+        download
+            .args(["download", "prometheus"])
+            .current_dir(&downloads);
+        run_command(&mut download)
+    };
+    // A fresh machine may have no package lists yet: fetch them once and try again.
+    if download().is_err() {
+        run_command(Command::new("apt-get").args(["update", "-qq"])).context("apt-get update")?;
+        download().context("apt-get download prometheus")?;
+    }
     let deb = std::fs::read_dir(&downloads)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| {
