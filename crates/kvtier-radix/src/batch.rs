@@ -1097,25 +1097,17 @@ impl RadixCore {
     fn first_chunk(&mut self, ask: FirstChunkAsk<'_>) -> Outcome {
         let FirstChunkAsk {
             tokens,
-            prefill_len,
-            remaining,
-            d,
             use_host,
             reuse,
+            ..
         } = ask;
+        let ps = self.page_size();
         if self.is_reference() {
             // The reference commits the match (split, touch) before it knows whether
             // the request fits.
             let m = self.committed_match(tokens, reuse);
             let host = if use_host { m.host_pages } else { 0 };
-            let shape = ChunkShape::new(
-                m.device_pages,
-                host,
-                prefill_len,
-                remaining,
-                d,
-                self.page_size(),
-            );
+            let shape = ask.shape(m.device_pages, host, ps);
             return self.admit_first_chunk(m, shape, use_host);
         }
         let (probe, reached) = if reuse {
@@ -1124,14 +1116,7 @@ impl RadixCore {
             (crate::Probe::default(), self.root())
         };
         let host = if use_host { probe.host_pages } else { 0 };
-        let shape = ChunkShape::new(
-            probe.device_pages,
-            host,
-            prefill_len,
-            remaining,
-            d,
-            self.page_size(),
-        );
+        let shape = ask.shape(probe.device_pages, host, ps);
         if !self.can_free(Tier::Device, shape.need, probe.device_unlocked_pages) {
             self.mark(tokens, reached);
             return Outcome::waits();
@@ -1309,6 +1294,14 @@ pub(crate) struct FirstChunkAsk<'a> {
     pub d: u32,
     pub use_host: bool,
     pub reuse: bool,
+}
+
+impl FirstChunkAsk<'_> {
+    /// The chunk's page arithmetic over a prefix matched `device` pages deep on device
+    /// and `host` pages deep on host.
+    pub(crate) fn shape(&self, device: u32, host: u32, ps: u32) -> ChunkShape {
+        ChunkShape::new(device, host, self.prefill_len, self.remaining, self.d, ps)
+    }
 }
 
 /// A pinned path: the device lock, the host lock on a load-back source, and the

@@ -36,28 +36,26 @@ impl RadixCore {
     /// host state loaded back when it is deeper than any device state, and a working and
     /// a checkpoint slot.
     pub(crate) fn first_chunk_hybrid(&mut self, ask: FirstChunkAsk<'_>) -> Outcome {
-        let flags = [ask.use_host, ask.reuse, true];
-        self.first_chunk_from(ask.tokens, ask.prefill_len, ask.remaining, ask.d, flags)
+        self.first_chunk_from(ask, true)
     }
 
-    /// [`Self::first_chunk_hybrid`]; `[use_host, reuse, host_states]`, the last false when
-    /// the device pool cannot take a host state beside the request's pair.
-    fn first_chunk_from(
-        &mut self,
-        tokens: &[Token],
-        prefill_len: u32,
-        remaining: u32,
-        d: u32,
-        [use_host, reuse, host_states]: [bool; 3],
-    ) -> Outcome {
+    /// [`Self::first_chunk_hybrid`]; `host_states` false when the device pool cannot
+    /// take a host state beside the request's pair.
+    fn first_chunk_from(&mut self, ask: FirstChunkAsk<'_>, host_states: bool) -> Outcome {
+        let FirstChunkAsk {
+            tokens,
+            use_host,
+            reuse,
+            ..
+        } = ask;
         let ps = self.page_size();
-        if !self.is_reference() && !self.could_admit(tokens, prefill_len, remaining, d, reuse) {
+        if !self.is_reference() && !self.could_admit(ask) {
             return Outcome::waits();
         }
         let kv = self.committed_match(tokens, reuse);
         let (m, capped) = self.capped(kv, host_states);
         let host_pages = if use_host { m.host_pages } else { 0 };
-        let shape = ChunkShape::new(m.device_pages, host_pages, prefill_len, remaining, d, ps);
+        let shape = ask.shape(m.device_pages, host_pages, ps);
         let branching = capped.branching.or_else(|| {
             let aligned = self.states().map_or(0, |s| s.align(shape.tokens));
             (aligned > 0).then_some(aligned)
@@ -87,15 +85,14 @@ impl RadixCore {
             // deepest device state instead. Too small to keep the device source: give
             // it up and start from whatever state is left. (The reference would wait
             // forever in both cases.)
-            let flags = [use_host, reuse, false];
             if load_node.is_some() {
-                return self.first_chunk_from(tokens, prefill_len, remaining, d, flags);
+                return self.first_chunk_from(ask, false);
             }
             let room = source.is_some()
                 && self.with_states(|states, tree| states.ensure_device(tree, need, None))
                     == Some(true);
             if room {
-                return self.first_chunk_from(tokens, prefill_len, remaining, d, flags);
+                return self.first_chunk_from(ask, false);
             }
             return Outcome::waits();
         }
@@ -146,25 +143,18 @@ impl RadixCore {
     /// waiting request would commit a match (split, touch) every step only to be refused.
     /// Whatever the states cap the match to, the chunk needs at least the pages of the
     /// deepest KV match's chunk, and two state slots.
-    fn could_admit(
-        &mut self,
-        tokens: &[Token],
-        prefill_len: u32,
-        remaining: u32,
-        d: u32,
-        reuse: bool,
-    ) -> bool {
+    fn could_admit(&mut self, ask: FirstChunkAsk<'_>) -> bool {
         // Any chunk needs a page (before walking the prompt for a better bound).
         if !self.can_free(Tier::Device, 1, 0) {
             return false;
         }
-        let probe = if reuse {
-            self.probe(tokens)
+        let probe = if ask.reuse {
+            self.probe(ask.tokens)
         } else {
             crate::Probe::default()
         };
         let deepest = probe.device_pages.max(probe.host_pages);
-        let least = ChunkShape::new(deepest, 0, prefill_len, remaining, d, self.page_size());
+        let least = ask.shape(deepest, 0, self.page_size());
         self.can_free(Tier::Device, least.own_pages, 0)
             && self.with_states(|states, tree| states.could_free(tree, 2)) == Some(true)
     }

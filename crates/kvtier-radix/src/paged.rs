@@ -62,11 +62,9 @@ impl RadixCore {
     pub(crate) fn first_chunk_paged(&mut self, ask: FirstChunkAsk<'_>) -> Outcome {
         let FirstChunkAsk {
             tokens,
-            prefill_len,
-            remaining,
-            d,
             use_host,
             reuse,
+            ..
         } = ask;
         let ps = self.page_size();
         let kv = self.committed_match(tokens, reuse);
@@ -79,7 +77,7 @@ impl RadixCore {
         debug_assert_eq!(hit.prefix_len, pages * ps, "a hit ends on its snapshot");
         let host_pages = if use_host { kv.host_pages } else { 0 };
         if self.windows_only() && kv.device_pages.max(host_pages) > pages {
-            return self.first_chunk_refilling(kv, host_pages, prefill_len, remaining, d, use_host);
+            return self.first_chunk_refilling(ask, kv, host_pages);
         }
         let m = Match {
             device: node,
@@ -87,7 +85,7 @@ impl RadixCore {
             host: node,
             host_pages: 0,
         };
-        let shape = ChunkShape::new(pages, 0, prefill_len, remaining, d, ps);
+        let shape = ask.shape(pages, 0, ps);
         // The groups first, before the KV room locks the hit: a prune may take any
         // snapshot but those of the hit's path, and the request's own lock must not
         // pin the snapshots below its hit that it needs to prune.
@@ -99,7 +97,7 @@ impl RadixCore {
             let version = self.group_version();
             return Outcome::Denied(Denial {
                 version,
-                budget: remaining,
+                budget: ask.remaining,
             });
         };
         self.admit_with_tables(m, &shape, false, tables, None)
@@ -116,15 +114,13 @@ impl RadixCore {
     /// row computes again first (`GroupTable::fill_from`), then the chunk.
     fn first_chunk_refilling(
         &mut self,
+        ask: FirstChunkAsk<'_>,
         m: Match,
         host_pages: u32,
-        prefill_len: u32,
-        remaining: u32,
-        d: u32,
-        use_host: bool,
     ) -> Outcome {
         let ps = self.page_size();
-        let shape = ChunkShape::new(m.device_pages, host_pages, prefill_len, remaining, d, ps);
+        let use_host = ask.use_host;
+        let shape = ask.shape(m.device_pages, host_pages, ps);
         let depth = shape.begin_pages * ps;
         let windows: Vec<u32> = self.snapshots().map_or_else(Vec::new, |f| {
             let groups = f.adjunct().groups();
