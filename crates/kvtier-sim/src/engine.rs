@@ -119,8 +119,16 @@ pub struct StepDriver {
 
 /// Submits, timed. Never inlined so callgrind can toggle on it.
 #[inline(never)]
-pub fn measured_submit(s: &mut LocalSystem, specs: Vec<RequestSpec>) -> Result<(), KvError> {
-    s.submit(specs)
+pub fn measured_submit(
+    s: &mut LocalSystem,
+    specs: Vec<RequestSpec>,
+    settle_lookups: bool,
+) -> Result<(), KvError> {
+    if settle_lookups {
+        s.submit_settled(specs)
+    } else {
+        s.submit(specs)
+    }
 }
 
 /// Builds the next plan, timed. Never inlined so callgrind can toggle on it.
@@ -176,16 +184,11 @@ impl StepDriver {
             specs.push(spec);
         }
         let t0 = Instant::now();
-        let result = if self.measure {
-            measured_submit(&mut self.scheduler, specs)
-        } else {
-            self.scheduler.submit(specs)
-        };
-        // Plans on the virtual clock see every lookup, on every runtime (also when
-        // some specs were refused: the valid ones' lookups are out).
-        let result = match (result, self.l3_lookups) {
-            (result, true) => self.scheduler.settle_lookups().and(result),
-            (result, false) => result,
+        // Plans on the virtual clock see every lookup, on every runtime.
+        let result = match (self.measure, self.l3_lookups) {
+            (true, settle) => measured_submit(&mut self.scheduler, specs, settle),
+            (false, true) => self.scheduler.submit_settled(specs),
+            (false, false) => self.scheduler.submit(specs),
         };
         let ns = t0.elapsed().as_nanos() as u64;
         self.measured_ns += ns;

@@ -1068,9 +1068,8 @@ pub fn run_scenario_with(
             }
             let ids: Vec<RequestId> = specs.iter().map(|spec| spec.id.clone()).collect();
             let t = Instant::now();
-            let submitted = s.submit(specs);
             // Plans on the virtual clock see every lookup, on every runtime.
-            s.settle_lookups()?;
+            let submitted = s.submit_settled(specs);
             r.scheduler_ns += t.elapsed().as_nanos() as u64;
             match submitted {
                 // A trace may hold a prompt no pool of this size can take: it is refused

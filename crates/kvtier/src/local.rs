@@ -61,6 +61,16 @@ impl LocalSystem {
         self.call(Call::SettleLookups)?.done()
     }
 
+    /// [`Self::submit`], then [`Self::settle_lookups`] whatever the submit answered (a
+    /// batch with a refused spec still queued the others, and their lookups are out):
+    /// the next plan sees every answer, on every runtime. What a replay on a virtual
+    /// clock calls. The submit's answer is returned.
+    pub fn submit_settled(&mut self, specs: Vec<RequestSpec>) -> Result<(), KvError> {
+        let submitted = self.submit(specs);
+        self.settle_lookups()?;
+        submitted
+    }
+
     /// See [`Handle::next_plan`].
     pub fn next_plan(&mut self) -> Result<ExecutionPlan, KvError> {
         self.call(Call::NextPlan)?.plan()

@@ -173,10 +173,7 @@ trait Sut {
 impl Sut for LocalSystem {
     fn submit(&mut self, specs: Vec<RequestSpec>) -> Result<(), KvError> {
         // Every plan must equal the direct run's: lookups answer before the next one.
-        // Also when some specs were refused: the valid ones' lookups are out.
-        let submitted = LocalSystem::submit(self, specs);
-        self.settle_lookups()?;
-        submitted
+        self.submit_settled(specs)
     }
 
     fn next_plan(&mut self) -> Result<ExecutionPlan, KvError> {
