@@ -12,7 +12,8 @@ use tracing::{Event, Subscriber};
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 
-/// Events seen: (message field, names of the spans in scope, innermost first).
+/// Events and new spans seen: (message field, or `span NAME`; names of the spans in
+/// scope, innermost first).
 type Seen = Arc<Mutex<Vec<(String, Vec<String>)>>>;
 
 struct Message(String);
@@ -28,7 +29,17 @@ impl Visit for Message {
 struct Capture(Seen);
 
 impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
-    fn on_new_span(&self, _: &Attributes<'_>, _: &Id, _: Context<'_, S>) {}
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let scope = ctx
+            .span_scope(id)
+            .map(|scope| scope.skip(1).map(|span| span.name().to_owned()).collect())
+            .unwrap_or_default();
+        let mut seen = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        seen.push((format!("span {}", attrs.metadata().name()), scope));
+    }
 
     fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
         let mut message = Message(String::new());
@@ -103,14 +114,14 @@ fn the_callers_span_reaches_the_scheduler_actor() {
             slow.iter().any(|(_, scope)| in_step(scope)),
             "{runtime:?}: the step was recorded outside the caller's span: {slow:?}"
         );
+        // The request's phases are spans under its `request` span.
         let queued: Vec<_> = seen
             .iter()
-            .filter(|(_, scope)| scope.first().is_some_and(|s| s == "request"))
+            .filter(|(what, scope)| {
+                what == "span phase" && scope.first().is_some_and(|s| s == "request")
+            })
             .collect();
-        assert!(
-            !queued.is_empty(),
-            "{runtime:?}: no request lifecycle event"
-        );
+        assert!(!queued.is_empty(), "{runtime:?}: no request lifecycle span");
         assert!(
             queued.iter().any(|(_, scope)| in_step(scope)),
             "{runtime:?}: the request span does not descend from the caller's: {queued:?}"

@@ -217,10 +217,21 @@ fn ensure_nextest(root: &Path) -> Result<()> {
 /// (`CI=true`) it fails the step, so a missing install cannot hide.
 fn run_with_mooncake(root: &Path, command: &mut Command) -> Result<()> {
     // Tests check kvtier's output with third-party tools: the Prometheus text with the
-    // real `promtool`, the KV event wire with libzmq's own Python bindings.
-    let tools: [(&str, &str, crate::tools::Prepare); 2] = [
+    // real `promtool`, the KV event wire with libzmq's own Python bindings and with
+    // Dynamo's KV indexer, the spans with a real OTLP receiver.
+    let tools: [(&str, &str, crate::tools::Prepare); 4] = [
         ("KVTIER_PROMTOOL", "promtool", crate::tools::promtool),
         ("KVTIER_PYZMQ_PYTHON", "pyzmq", crate::tools::pyzmq_python),
+        (
+            "KVTIER_OTELTAP_PYTHON",
+            "oteltap",
+            crate::tools::oteltap_python,
+        ),
+        (
+            "KVTIER_DYNAMO_PYTHON",
+            "Dynamo's KV indexer",
+            crate::tools::dynamo_python,
+        ),
     ];
     for (var, what, prepare) in tools {
         match prepare(root) {

@@ -4,7 +4,11 @@
 //!   and unpacked (the binary only; no service is installed or started); the tests find
 //!   it through `KVTIER_PROMTOOL`;
 //! * a Python with `pyzmq` (libzmq's own bindings: the KV event subscriber test), in a
-//!   venv; the tests find it through `KVTIER_PYZMQ_PYTHON`.
+//!   venv; the tests find it through `KVTIER_PYZMQ_PYTHON`;
+//! * a Python with `oteltap` (a real OTLP/HTTP receiver: the span export test), through
+//!   `KVTIER_OTELTAP_PYTHON`;
+//! * a Python with Dynamo's KV indexer (`ai-dynamo-runtime`: a real router index reading
+//!   a replay's KV events), through `KVTIER_DYNAMO_PYTHON`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -59,11 +63,43 @@ pub fn promtool(root: &Path) -> Result<PathBuf> {
 
 /// A Python with pyzmq, installed into a venv on first use.
 pub fn pyzmq_python(root: &Path) -> Result<PathBuf> {
-    let venv = root.join("target/tools/pyzmq-venv");
+    venv_python(root, "pyzmq-venv", &[PYZMQ], "zmq")
+}
+
+/// A Python with oteltap (a real OTLP/HTTP receiver, `tools/otel/receive.py`) and the
+/// OTLP protobuf classes, in a venv on first use.
+pub fn oteltap_python(root: &Path) -> Result<PathBuf> {
+    venv_python(
+        root,
+        "oteltap-venv",
+        &[
+            "oteltap==1.0.0",
+            "opentelemetry-proto==1.45.2",
+            "protobuf==7.36.2",
+        ],
+        "oteltap, opentelemetry.proto",
+    )
+}
+
+/// A Python with Dynamo's standalone KV indexer (`python -m dynamo.indexer`), in a
+/// venv on first use.
+pub fn dynamo_python(root: &Path) -> Result<PathBuf> {
+    venv_python(
+        root,
+        "dynamo-venv",
+        &["ai-dynamo-runtime==1.6.1"],
+        "dynamo.llm",
+    )
+}
+
+/// `target/tools/{name}/bin/python`, with `pins` installed (once: the venv is kept
+/// while `modules` import).
+fn venv_python(root: &Path, name: &str, pins: &[&str], modules: &str) -> Result<PathBuf> {
+    let venv = root.join("target/tools").join(name);
     let python = venv.join("bin/python");
     let ready = |python: &Path| {
         Command::new(python)
-            .args(["-c", "import zmq"])
+            .args(["-c", &format!("import {modules}")])
             .stderr(std::process::Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
@@ -73,10 +109,14 @@ pub fn pyzmq_python(root: &Path) -> Result<PathBuf> {
     }
     run_command(Command::new("python3").args(["-m", "venv"]).arg(&venv))
         .context("python3 -m venv")?;
-    run_command(Command::new(venv.join("bin/pip")).args(["install", "-q", PYZMQ]))
-        .context("pip install pyzmq")?;
+    run_command(
+        Command::new(venv.join("bin/pip"))
+            .args(["install", "-q"])
+            .args(pins),
+    )
+    .with_context(|| format!("pip install {}", pins.join(" ")))?;
     if !ready(&python) {
-        bail!("pyzmq does not import in {}", venv.display());
+        bail!("{modules} does not import in {}", venv.display());
     }
     Ok(python)
 }

@@ -124,6 +124,10 @@ struct ReplayArgs {
     /// http://ADDR/metrics; a loopback address (127.0.0.1:PORT or [::1]:PORT).
     #[arg(long)]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Export the run's spans and metrics over OTLP/HTTP to this collector (a base URL,
+    /// e.g. http://127.0.0.1:4318); default: $OTEL_EXPORTER_OTLP_ENDPOINT, if set.
+    #[arg(long)]
+    otlp_endpoint: Option<String>,
 }
 
 #[derive(Debug, Clone, clap::Args)]

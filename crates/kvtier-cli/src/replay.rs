@@ -303,6 +303,19 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     if l3_dir.is_some() && l3 != L3Store::Local {
         bail!("--l3-dir applies to the local L3 store (--l3 local)");
     }
+    // Spans and metrics go out while the run lasts; dropping the exporters flushes them.
+    let otlp = args
+        .otlp_endpoint
+        .clone()
+        .map(kvtier::telemetry::TelemetryConfig::new)
+        .or_else(kvtier::telemetry::TelemetryConfig::from_env);
+    let _telemetry = match otlp {
+        Some(config) => {
+            eprintln!("exporting spans and metrics to {}", config.endpoint);
+            Some(kvtier::telemetry::init(&config)?)
+        }
+        None => None,
+    };
     // The endpoint lives as long as the run; its text is refreshed by the replay.
     let metrics = args
         .metrics_addr

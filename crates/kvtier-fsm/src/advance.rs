@@ -98,7 +98,9 @@ impl SchedulerCore {
             // A store's answer is never trusted past the prompt's full pages.
             r.storage_hit_pages = hits.unwrap_or(0).min(r.full_pages_except_last(ps));
             r.state = State::Submitted;
-            tracing::debug!(parent: &r.span, phase = "looked up", l3_pages = r.storage_hit_pages);
+            r.span
+                .record("kvtier.l3.hit_pages", i64::from(r.storage_hit_pages));
+            r.enter_phase("queued");
         }
     }
 
@@ -153,16 +155,27 @@ impl SchedulerCore {
     /// Adds a request in `state` (Submitted or LookingUp); returns its prompt.
     fn queue(&mut self, spec: RequestSpec, state: State) -> Arc<Vec<Token>> {
         let prefill_len = spec.tokens.len() as u32;
+        let empty = tracing::field::Empty;
         let span = tracing::info_span!(
             "request",
-            id = %spec.id,
-            prompt_tokens = prefill_len,
-            cached_tokens = tracing::field::Empty,
-            generated_tokens = tracing::field::Empty,
+            gen_ai.request.id = %spec.id,
+            gen_ai.usage.prompt_tokens = i64::from(prefill_len),
+            gen_ai.usage.cached_tokens = empty,
+            gen_ai.usage.completion_tokens = empty,
+            kvtier.cached_tokens.device = empty,
+            kvtier.cached_tokens.host = empty,
+            kvtier.cached_tokens.l3 = empty,
+            kvtier.l3.hit_pages = empty,
+            kvtier.recomputed = empty,
+            kvtier.outcome = empty,
         );
-        tracing::debug!(parent: &span, phase = "queued");
+        let phase = if matches!(state, State::LookingUp { .. }) {
+            "looking_up"
+        } else {
+            "queued"
+        };
         let tokens = Arc::new(spec.tokens);
-        self.requests.insert(Request {
+        let mut request = Request {
             id: spec.id,
             tokens: Arc::clone(&tokens),
             prefill_len,
@@ -173,7 +186,10 @@ impl SchedulerCore {
             queried: false,
             prefetched_pages: 0,
             span,
-        });
+            phase: tracing::Span::none(),
+        };
+        request.enter_phase(phase);
+        self.requests.insert(request);
         tokens
     }
 
@@ -404,7 +420,8 @@ impl SchedulerCore {
                 continue;
             }
             r.prefill_len = history as u32;
-            tracing::debug!(parent: &r.span, phase = "requeued", reason = "load-back failed");
+            r.span.record("kvtier.recomputed", true);
+            r.enter_phase("queued");
         }
         self.outbox
             .push(CacheOp::DiscardLoadBack { pages, states }, Target::Ignore);
@@ -536,12 +553,14 @@ impl SchedulerCore {
 
     // ----- finish -------------------------------------------------------------------
 
-    /// Records the end of a request's life in its span.
-    pub(crate) fn trace_end(&self, key: usize, phase: &'static str) {
-        let r = &self.requests[key];
+    /// Records the end of a request's life (`finished` or `aborted`) in its span.
+    pub(crate) fn trace_end(&mut self, key: usize, outcome: &'static str) {
+        let r = &mut self.requests[key];
         let generated = r.tokens.len().saturating_sub(r.prefill_len as usize);
-        r.span.record("generated_tokens", generated);
-        tracing::debug!(parent: &r.span, phase, generated_tokens = generated);
+        r.span
+            .record("gen_ai.usage.completion_tokens", generated as i64);
+        r.span.record("kvtier.outcome", outcome);
+        r.enter_phase(outcome);
     }
 
     fn finish(&mut self, key: usize, name: &'static str) -> Result<(), SchedError> {

@@ -301,9 +301,21 @@ pub(crate) struct Request {
     pub prefetched_pages: u32,
     /// The request's lifecycle span: opened at submit, closed when it is forgotten.
     pub span: tracing::Span,
+    /// The span of the phase of its life it is in, a child of `span`.
+    pub phase: tracing::Span,
 }
 
 impl Request {
+    /// Ends the current phase's span and opens the next one's (`queued`, `looking_up`,
+    /// `prefetching`, `prefilling`, `decoding`, `retracted`, `recomputing`, `finished`,
+    /// `aborted`). Nothing is made when no subscriber wants the request's span.
+    pub fn enter_phase(&mut self, phase: &'static str) {
+        self.phase = tracing::Span::none();
+        if !self.span.is_disabled() {
+            self.phase = tracing::info_span!(parent: &self.span, "phase", otel.name = phase);
+        }
+    }
+
     /// Full pages of the token container except the newest token (which has no KV yet).
     pub fn full_pages_except_last(&self, page_size: u32) -> u32 {
         (self.tokens.len().saturating_sub(1) / page_size as usize) as u32

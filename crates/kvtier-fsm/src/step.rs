@@ -804,7 +804,7 @@ impl SchedulerCore {
             page_hashes,
             state,
         });
-        tracing::debug!(parent: &self.requests[key].span, phase = "prefetching", pages = n);
+        self.requests[key].enter_phase("prefetching");
         self.requests[key].state = State::Prefetching(fetch);
     }
 
@@ -847,9 +847,7 @@ impl SchedulerCore {
             .push_prefill_row(&self.requests[key], &run, 0, cow_src, branching);
         draft.rows.set_groups(true, admission.groups);
         self.count_hits(key, run.window_begin, &admission.load_back);
-        let r = &self.requests[key];
-        r.span.record("cached_tokens", run.window_begin);
-        tracing::debug!(parent: &r.span, phase = "prefilling", cached_tokens = run.window_begin);
+        self.requests[key].enter_phase("prefilling");
         let done = run.window_end() == prefill_len;
         self.requests[key].state = if done {
             State::PrefillDone(run)
@@ -918,7 +916,7 @@ impl SchedulerCore {
             rows.push_decode_row(r, run, RowKind::Decode, begin, d, None);
         }
         if from_prefill_done {
-            tracing::debug!(parent: &r.span, phase = "decoding");
+            self.requests[key].enter_phase("decoding");
             let state = &mut self.requests[key].state;
             if let State::PrefillDone(run) = std::mem::replace(state, State::Finished) {
                 *state = State::Decoding(run);
@@ -953,7 +951,7 @@ impl SchedulerCore {
             }
         };
         self.stats.retractions += 1;
-        tracing::debug!(parent: &self.requests[key].span, phase = "retracted");
+        self.requests[key].enter_phase("retracted");
         let Settled {
             states,
             publication,
@@ -1078,7 +1076,8 @@ impl SchedulerCore {
         r.prefill_len = r.tokens.len() as u32;
         r.recomputing = true;
         self.stats.recomputes += 1;
-        tracing::debug!(parent: &self.requests[key].span, phase = "recomputing");
+        self.requests[key].span.record("kvtier.recomputed", true);
+        self.requests[key].enter_phase("recomputing");
     }
 
     /// Counts a request's first chunk in the prefix-cache counters: its prompt queried,
@@ -1095,6 +1094,19 @@ impl SchedulerCore {
             .filter(|pair| pair.kind == TransferKind::Kv)
             .count() as u64;
         let from_l3 = u64::from(r.prefetched_pages).min(from_host);
+        if !r.span.is_disabled() {
+            // Integers as i64: OpenTelemetry has no unsigned attributes.
+            let (hit, host, l3) = (
+                i64::from(hit),
+                (from_host * ps) as i64,
+                (from_l3 * ps) as i64,
+            );
+            r.span.record("gen_ai.usage.cached_tokens", hit);
+            r.span
+                .record("kvtier.cached_tokens.device", (hit - host).max(0));
+            r.span.record("kvtier.cached_tokens.host", host - l3);
+            r.span.record("kvtier.cached_tokens.l3", l3);
+        }
         self.stats.prompt_query_tokens += u64::from(r.prefill_len);
         self.stats.hit_tokens += u64::from(hit);
         self.stats.hit_tokens_host += from_host * ps;

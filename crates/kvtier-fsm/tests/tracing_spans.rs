@@ -1,5 +1,5 @@
-//! Tracing: each request's lifecycle is a span with phase events and cached-token
-//! counts; steps slower than the threshold are recorded.
+//! Tracing: each request's lifecycle is a span with a child span per phase and its
+//! cached tokens per tier; steps slower than the threshold are recorded.
 
 mod common;
 
@@ -17,10 +17,12 @@ use tracing_subscriber::registry::LookupSpan;
 /// Recorded fields: (name, value) in recording order.
 type FieldList = Vec<(String, String)>;
 
-/// What the test layer saw: span fields by span, and events with their parent span.
+/// What the test layer saw: span fields by span (and each span's parent), and events
+/// with their parent span.
 #[derive(Default)]
 struct Seen {
     spans: Vec<(String, FieldList)>,
+    parents: Vec<(String, Option<String>)>,
     events: Vec<(Option<String>, FieldList)>,
     closed: usize,
 }
@@ -39,11 +41,16 @@ impl Visit for Fields {
 struct Capture(Arc<Mutex<Seen>>);
 
 impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
-    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, _: Context<'_, S>) {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
         let mut fields = Fields(Vec::new());
         attrs.record(&mut fields);
+        let parent = ctx
+            .span_scope(id)
+            .and_then(|mut scope| scope.nth(1))
+            .map(|s| format!("{}#{}", s.name(), s.id().into_u64()));
         let mut seen = self.0.lock().expect("lock");
         let name = format!("{}#{}", attrs.metadata().name(), id.into_u64());
+        seen.parents.push((name.clone(), parent));
         seen.spans.push((name, fields.0));
     }
 
@@ -99,24 +106,41 @@ fn request_lifecycle_and_slow_steps_are_traced() {
     let span_of = |id: &str| {
         seen.spans
             .iter()
-            .find(|(n, f)| n.starts_with("request#") && field(f, "id") == Some(id))
+            .find(|(n, f)| n.starts_with("request#") && field(f, "gen_ai.request.id") == Some(id))
             .unwrap_or_else(|| panic!("no span for {id}"))
     };
     let (r1, r1_fields) = span_of("r1");
     let (r2, r2_fields) = span_of("r2");
-    assert_eq!(field(r1_fields, "prompt_tokens"), Some("9"));
-    assert_eq!(field(r1_fields, "cached_tokens"), Some("0"));
+    assert_eq!(field(r1_fields, "gen_ai.usage.prompt_tokens"), Some("9"));
+    assert_eq!(field(r1_fields, "gen_ai.usage.cached_tokens"), Some("0"));
     assert_eq!(
-        field(r2_fields, "cached_tokens"),
+        field(r2_fields, "gen_ai.usage.cached_tokens"),
         Some("8"),
         "r2 reuses r1's 4 pages"
     );
-    assert_eq!(field(r1_fields, "generated_tokens"), Some("3"));
+    let tier =
+        |name: &str| -> u32 { field(r2_fields, name).map_or(0, |v| v.parse().expect("a number")) };
+    assert_eq!(
+        tier("kvtier.cached_tokens.device")
+            + tier("kvtier.cached_tokens.host")
+            + tier("kvtier.cached_tokens.l3"),
+        8,
+        "the tiers split the cached tokens"
+    );
+    assert_eq!(
+        field(r1_fields, "gen_ai.usage.completion_tokens"),
+        Some("3")
+    );
+    assert_eq!(field(r1_fields, "kvtier.outcome"), Some("finished"));
+    // The phases are child spans of the request's, named by `otel.name`, in order.
     let phases = |span: &str| -> Vec<String> {
-        seen.events
+        seen.parents
             .iter()
-            .filter(|(p, _)| p.as_deref() == Some(span))
-            .filter_map(|(_, f)| field(f, "phase").map(str::to_owned))
+            .filter(|(_, p)| p.as_deref() == Some(span))
+            .filter_map(|(child, _)| {
+                let (_, fields) = seen.spans.iter().find(|(n, _)| n == child)?;
+                field(fields, "otel.name").map(str::to_owned)
+            })
             .collect()
     };
     assert_eq!(phases(r1), ["queued", "prefilling", "decoding", "finished"]);

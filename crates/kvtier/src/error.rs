@@ -109,6 +109,15 @@ pub enum SetupError {
     /// The KV event publisher could not bind its socket.
     #[error("the KV event publisher: {0}")]
     Publisher(String),
+    /// The OTLP endpoint is not an `http://` URL.
+    #[error("OTLP endpoint {0:?} is not an http:// URL (OTLP/HTTP, e.g. http://127.0.0.1:4318)")]
+    OtlpEndpoint(String),
+    /// An OpenTelemetry exporter could not be built.
+    #[error("cannot build the OTLP exporter: {0}")]
+    OtlpExporter(String),
+    /// A global `tracing` subscriber was installed already.
+    #[error("a global tracing subscriber is already installed")]
+    SubscriberInstalled,
     /// The host allocator could not lease the cache its host tier.
     #[error("the radix cache's host lease: {0}")]
     HostLease(HostError),

@@ -44,6 +44,7 @@ mod outcome;
 mod report;
 mod runtime;
 mod service;
+pub mod telemetry;
 pub mod vllm_events;
 
 use std::collections::BTreeSet;

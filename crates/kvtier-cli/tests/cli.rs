@@ -1,0 +1,181 @@
+//! The `kvtier` command against real consumers of what it emits: its spans received by
+//! a real OTLP/HTTP receiver (oteltap, through `tools/otel/receive.py`).
+//!
+//! `cargo xtask ci` installs the tools and names them in the environment; without one
+//! a test says loudly that it skipped, and under `CI=true` it fails instead.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use kvtier_tests::tool_from_env;
+use serde_json::Value;
+
+const KVTIER: &str = env!("CARGO_BIN_EXE_kvtier");
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A loopback port nothing listens on now.
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("binds");
+    listener.local_addr().expect("an address").port()
+}
+
+/// `kvtier replay` of the conversation trace's first `limit` requests, with `extra`
+/// flags; answers its JSON report.
+fn replay(limit: usize, extra: &[&str], dir: &Path, name: &str) -> Value {
+    let report = dir.join(format!("{name}.json"));
+    let status = Command::new(KVTIER)
+        .current_dir(repo())
+        .args([
+            "replay",
+            "--trace",
+            "data/mooncake-traces/conversation_trace.jsonl",
+        ])
+        .args(["--limit", &limit.to_string(), "--json"])
+        .arg(&report)
+        .args(extra)
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .stdout(Stdio::null())
+        .status()
+        .expect("kvtier runs");
+    assert!(status.success(), "kvtier replay {extra:?} failed");
+    serde_json::from_slice(&std::fs::read(&report).expect("the report")).expect("JSON")
+}
+
+/// The counters two runs must agree on, whatever is exported.
+fn counters(report: &Value) -> Value {
+    let mut report = report.clone();
+    if let Some(map) = report.as_object_mut() {
+        map.retain(|key, _| !key.contains("ns") && !key.contains("wall") && !key.contains("µs"));
+    }
+    report
+}
+
+fn attr<'a>(span: &'a Value, key: &str) -> Option<&'a Value> {
+    span["attributes"].get(key)
+}
+
+fn number(span: &Value, key: &str) -> u64 {
+    attr(span, key).and_then(Value::as_u64).unwrap_or(0)
+}
+
+#[test]
+fn a_replays_spans_reach_a_real_otlp_receiver() {
+    let Some(python) = tool_from_env("KVTIER_OTELTAP_PYTHON", "oteltap") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    let port = free_port();
+    let spans_file = dir.path().join("spans.jsonl");
+    let mut receiver = Command::new(python)
+        .arg(repo().join("tools/otel/receive.py"))
+        .arg(port.to_string())
+        .arg(&spans_file)
+        .args(["--idle", "3", "--max", "300"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("the receiver starts");
+    let mut ready = String::new();
+    BufReader::new(receiver.stdout.take().expect("stdout"))
+        .read_line(&mut ready)
+        .expect("the receiver says it is ready");
+    assert_eq!(ready.trim(), "READY");
+
+    const REQUESTS: usize = 40;
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let exported = replay(
+        REQUESTS,
+        &["--otlp-endpoint", &endpoint],
+        dir.path(),
+        "live",
+    );
+    assert!(receiver.wait().expect("the receiver ends").success());
+    // A receiver that is down loses spans, never requests: the same run, same counters.
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let lost = replay(REQUESTS, &["--otlp-endpoint", &dead], dir.path(), "dead");
+    let plain = replay(REQUESTS, &[], dir.path(), "plain");
+    assert_eq!(counters(&exported), counters(&plain));
+    assert_eq!(counters(&lost), counters(&plain));
+
+    let spans: Vec<Value> = std::fs::read_to_string(&spans_file)
+        .expect("the receiver wrote its spans")
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON span"))
+        .collect();
+    let by_id: BTreeMap<&str, &Value> = spans
+        .iter()
+        .map(|s| (s["span_id"].as_str().expect("an id"), s))
+        .collect();
+    let requests: Vec<&Value> = spans.iter().filter(|s| s["name"] == "request").collect();
+    assert_eq!(requests.len(), REQUESTS, "one request span per request");
+    let mut traces = std::collections::BTreeSet::new();
+    let mut cached = 0;
+    let mut looked_up = 0;
+    for request in &requests {
+        let id = attr(request, "gen_ai.request.id").expect("gen_ai.request.id");
+        assert!(
+            request["parent_span_id"].is_null(),
+            "{id}: a trace of its own"
+        );
+        assert!(
+            traces.insert(request["trace_id"].as_str()),
+            "{id}: one trace each"
+        );
+        assert!(number(request, "gen_ai.usage.prompt_tokens") > 0, "{id}");
+        assert!(
+            attr(request, "gen_ai.usage.completion_tokens").is_some(),
+            "{id}"
+        );
+        assert_eq!(
+            attr(request, "kvtier.outcome").and_then(Value::as_str),
+            Some("finished")
+        );
+        let hit = number(request, "gen_ai.usage.cached_tokens");
+        let tiers: u64 = ["device", "host", "l3"]
+            .iter()
+            .map(|t| number(request, &format!("kvtier.cached_tokens.{t}")))
+            .sum();
+        assert_eq!(tiers, hit, "{id}: the tiers split the cached tokens");
+        cached += hit;
+        // Its phases: child spans in the same trace, in the order of its life.
+        let mut phases: Vec<&Value> = spans
+            .iter()
+            .filter(|s| s["parent_span_id"] == request["span_id"])
+            .collect();
+        phases.sort_by_key(|s| s["start_ns"].as_u64());
+        assert!(phases.iter().all(|p| p["trace_id"] == request["trace_id"]));
+        let names: Vec<&str> = phases.iter().filter_map(|p| p["name"].as_str()).collect();
+        // Long prompts wait for their L3 lookup first.
+        let start = usize::from(names.first() == Some(&"looking_up"));
+        assert_eq!(names.get(start), Some(&"queued"), "{id}: {names:?}");
+        looked_up += start;
+        assert_eq!(names.last(), Some(&"finished"), "{id}: {names:?}");
+        assert!(names.contains(&"prefilling"), "{id}: {names:?}");
+        // One token comes with the prefill; more need decode steps.
+        if number(request, "gen_ai.usage.completion_tokens") > 1 {
+            assert!(names.contains(&"decoding"), "{id}: {names:?}");
+        }
+    }
+    assert!(cached > 0, "the conversation trace reuses prefixes");
+    assert!(
+        looked_up > 0,
+        "some prompts are long enough for an L3 lookup"
+    );
+    // Every span's parent was exported, and its resource names the service.
+    for span in &spans {
+        if let Some(parent) = span["parent_span_id"].as_str() {
+            assert!(by_id.contains_key(parent), "{span}");
+        }
+    }
+    assert!(
+        spans
+            .iter()
+            .any(|s| s["resource"]["service.name"] == "kvtier"),
+        "service.name"
+    );
+}
