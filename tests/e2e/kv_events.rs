@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use kvtier::kv_publisher::KvEventPublisher;
 use kvtier::vllm_events::{WireEvent, encode_batch};
-use kvtier_types::{KvEvent, Tier};
+use kvtier_types::{KvEvent, Medium};
 
 use crate::common::tool_from_env;
 
@@ -53,12 +53,12 @@ fn libzmq_reads_the_published_batches() {
         parent_block_hash: None,
         token_ids: vec![1, 2, 3, 4],
         block_size: 4,
-        medium: Tier::Device,
+        medium: Medium::Device,
     };
     // A subscriber misses what was sent before it joined: publish until two arrive.
     let mut received = Vec::new();
     for _ in 0..400 {
-        publisher.publish(1.5, &[WireEvent::Cache(&event)], Some(0));
+        publisher.publish(1.5, &[WireEvent::Cache(&event)]);
         if let Ok(line) = lines.recv_timeout(Duration::from_millis(50)) {
             received.push(line);
             if received.len() == 2 {

@@ -128,6 +128,18 @@ struct ReplayArgs {
     /// e.g. http://127.0.0.1:4318); default: $OTEL_EXPORTER_OTLP_ENDPOINT, if set.
     #[arg(long)]
     otlp_endpoint: Option<String>,
+    /// Publish the run's KV events, every tier's, as vLLM does (ZeroMQ PUB, msgpack
+    /// batches) on this loopback endpoint (tcp://127.0.0.1:PORT).
+    #[arg(long)]
+    kv_events: Option<String>,
+    /// With --kv-events: replay kept batches to late subscribers on this ROUTER
+    /// endpoint (tcp://127.0.0.1:PORT).
+    #[arg(long, requires = "kv_events")]
+    kv_events_replay: Option<String>,
+    /// Traces: report in --json how much of the first N prompts each tier holds at the
+    /// end (what a router's index should answer for them).
+    #[arg(long)]
+    residency: Option<usize>,
 }
 
 #[derive(Debug, Clone, clap::Args)]

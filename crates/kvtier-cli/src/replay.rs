@@ -333,10 +333,33 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         }
         _ => None,
     };
+    let kv_events = match &args.kv_events {
+        Some(endpoint) => {
+            for endpoint in std::iter::once(endpoint).chain(&args.kv_events_replay) {
+                if !is_loopback_endpoint(endpoint) {
+                    bail!("KV event endpoints must be tcp:// on loopback, not {endpoint}");
+                }
+            }
+            let publisher = kvtier::kv_publisher::KvEventPublisher::start(
+                kvtier::kv_publisher::PublisherConfig {
+                    replay_endpoint: args.kv_events_replay.clone(),
+                    data_parallel_rank: Some(0),
+                    ..kvtier::kv_publisher::PublisherConfig::new(endpoint.as_str(), "kv-events")
+                },
+            )?;
+            eprintln!("KV events: {}", publisher.endpoint());
+            Some(kvtier_sim::scenario::KvEventsSink(std::sync::Arc::new(
+                publisher,
+            )))
+        }
+        None => None,
+    };
     let options = ScenarioOptions {
         l3,
         l3_dir,
         metrics,
+        kv_events,
+        residency: args.residency.unwrap_or(0),
         ..options
     };
     let bar = indicatif::ProgressBar::new(0).with_style(
@@ -373,6 +396,19 @@ pub fn run(args: ReplayArgs) -> Result<()> {
 /// the family (dense, Mamba hybrid with its scan chunk, or paged groups), the KV bytes
 /// per token of the virtual clock and the mid-flight gate; the reference engine keeps
 /// its small checked geometry.
+/// `tcp://` on a loopback address (`127.0.0.1`, `[::1]`, `localhost`).
+fn is_loopback_endpoint(endpoint: &str) -> bool {
+    let Some(address) = endpoint.strip_prefix("tcp://") else {
+        return false;
+    };
+    let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
+    host == "localhost"
+        || host
+            .trim_matches(['[', ']'])
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 fn served_model(
     name: Option<&str>,
     config: Option<&std::path::Path>,

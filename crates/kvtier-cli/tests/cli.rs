@@ -1,5 +1,6 @@
 //! The `kvtier` command against real consumers of what it emits: its spans received by
-//! a real OTLP/HTTP receiver (oteltap, through `tools/otel/receive.py`).
+//! a real OTLP/HTTP receiver (oteltap, through `tools/otel/receive.py`), its KV events
+//! indexed by a real router index (Dynamo's, through `tools/dynamo/indexer_check.py`).
 //!
 //! `cargo xtask ci` installs the tools and names them in the environment; without one
 //! a test says loudly that it skipped, and under `CI=true` it fails instead.
@@ -178,4 +179,96 @@ fn a_replays_spans_reach_a_real_otlp_receiver() {
             .any(|s| s["resource"]["service.name"] == "kvtier"),
         "service.name"
     );
+}
+
+/// Whether this process is root (then `unshare -n` needs no user namespace).
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| out.stdout.trim_ascii() == b"0")
+}
+
+/// A replay's KV events, every tier's, read by Dynamo's standalone KV indexer (PyPI
+/// `ai-dynamo-runtime` 1.6.1), which subscribes to the PUB socket and asks the ROUTER
+/// socket for what it missed while joining. At the end its per-tier answers for the
+/// first prompts equal kvtier's own cache state (the radix cache's probe, the L3
+/// store's lookup), in the indexer's cumulative terms: `gpu` the leading tokens on
+/// device; `cpu` those and the host run after them; `disk` those and the L3 run after.
+/// Everything runs in a private network namespace: the indexer's HTTP server binds
+/// every interface.
+#[test]
+fn dynamos_indexer_sees_kvtiers_cache() {
+    let Some(python) = tool_from_env("KVTIER_DYNAMO_PYTHON", "Dynamo's KV indexer") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    // A roomy host tier (the device copies go once written back), and a small one
+    // (device copies stay, host evicts).
+    for (name, host) in [("roomy", None), ("small-host", Some("3000"))] {
+        let report = dir.path().join(format!("{name}.json"));
+        let answers = dir.path().join(format!("{name}-answers.json"));
+        let mut replay = vec![
+            "--trace".to_string(),
+            "data/mooncake-traces/conversation_trace.jsonl".into(),
+            "--limit".into(),
+            "120".into(),
+            "--residency".into(),
+            "24".into(),
+        ];
+        if let Some(pages) = host {
+            replay.extend(["--host-pages".into(), pages.into()]);
+        }
+        let script = format!(
+            "ip link set lo up && exec {python} tools/dynamo/indexer_check.py {KVTIER} {} {} -- {}",
+            report.display(),
+            answers.display(),
+            replay.join(" ")
+        );
+        let unshare = if is_root() { "-n" } else { "-rn" };
+        let status = Command::new("unshare")
+            .arg(unshare)
+            .args(["sh", "-c", &script])
+            .current_dir(repo())
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .status()
+            .expect("unshare runs");
+        assert!(status.success(), "{name}: the indexer check failed");
+        let report: Value =
+            serde_json::from_slice(&std::fs::read(&report).expect("the report")).expect("JSON");
+        let answers: Value =
+            serde_json::from_slice(&std::fs::read(&answers).expect("answers")).expect("JSON");
+        let residency = report["residency"].as_array().expect("residency");
+        let answers = answers.as_array().expect("answers");
+        assert_eq!(residency.len(), 24, "{name}");
+        assert_eq!(answers.len(), residency.len(), "{name}");
+        let mut seen = [0u64; 3];
+        for (ours, theirs) in residency.iter().zip(answers) {
+            let id = &ours["request_id"];
+            assert_eq!(&theirs["request_id"], id);
+            let tokens = |key: &str| ours[key].as_u64().expect("a count");
+            let device = tokens("device_tokens");
+            let host = device.max(tokens("host_tokens"));
+            let storage = host.max(tokens("storage_tokens"));
+            let answer = |key: &str| theirs[key].as_u64().expect("a count");
+            assert_eq!(
+                [answer("gpu"), answer("cpu"), answer("disk")],
+                [device, host, storage],
+                "{name} {id}: the indexer's gpu/cpu/disk against kvtier's device/host/L3"
+            );
+            for (total, tier) in
+                seen.iter_mut()
+                    .zip(["device_tokens", "host_tokens", "storage_tokens"])
+            {
+                *total += tokens(tier);
+            }
+        }
+        assert!(
+            seen[1] > 0 && seen[2] > 0,
+            "{name}: host and L3 hold prefixes: {seen:?}"
+        );
+        if host.is_some() {
+            assert!(seen[0] > 0, "{name}: device copies stay: {seen:?}");
+        }
+    }
 }

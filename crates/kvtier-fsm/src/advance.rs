@@ -354,13 +354,22 @@ impl SchedulerCore {
                 success,
                 completed_pages,
             } => self.prefetch_done(op_id, &request_id, success, completed_pages),
-            EngineEvent::BackupDone { op_id, .. } => {
-                if self.ops.backup_done(op_id) {
+            EngineEvent::BackupDone { op_id, success } => match self.ops.backup_done(op_id) {
+                // Routers learn what L3 holds from KV events: the pages it stored are
+                // published before the pin goes.
+                Some(backup) if success && self.config.enable_kv_cache_events => {
+                    self.outbox.push(
+                        CacheOp::BackedUp {
+                            pin: backup.pin,
+                            page_hashes: backup.page_hashes,
+                        },
+                        Target::Ignore,
+                    );
                     Ok(())
-                } else {
-                    self.stale_or_unknown_op(op_id)
                 }
-            }
+                Some(_) => Ok(()),
+                None => self.stale_or_unknown_op(op_id),
+            },
             EngineEvent::Bootstrapped { .. } | EngineEvent::RemotePrefillDone { .. } => {
                 Err(SchedError::Unsupported("prefill/decode disaggregation"))
             }

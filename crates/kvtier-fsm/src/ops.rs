@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use kvtier_radix::{BackupSource, NodeId, NodeLock, WriteBackTicket};
-use kvtier_types::{BackupOp, OpId, PageId, RequestId};
+use kvtier_types::{BackupOp, OpId, PageId, RequestId, hash::PageHash};
 
 /// What a load-back wrote: device pages, and device state slots (hybrid models).
 #[derive(Debug, Default)]
@@ -49,7 +49,7 @@ pub(crate) struct OpTable {
     /// Written-back host pages waiting for their L3 backup op, pinned on host.
     pending_backups: Vec<BackupSource>,
     /// Backups in flight: the host lock pinning each one's source pages until acked.
-    backups: BTreeMap<OpId, NodeLock>,
+    backups: BTreeMap<OpId, Backup>,
     /// The last plan's load-backs: their device pages and state slots, and whether a
     /// failure was taken.
     load_backs: BTreeMap<OpId, (FailedLoad, bool)>,
@@ -58,6 +58,14 @@ pub(crate) struct OpTable {
     copies: Vec<(RequestId, u32)>,
     /// The id the next op gets; ids below it (and above 0) were issued.
     next: OpId,
+}
+
+/// An L3 backup in flight: the pin on its host pages, and (with KV events) the rolling
+/// hashes of the pages it stores.
+#[derive(Debug)]
+pub(crate) struct Backup {
+    pub pin: NodeLock,
+    pub page_hashes: Vec<PageHash>,
 }
 
 impl Default for OpTable {
@@ -223,10 +231,16 @@ impl OpTable {
     }
 
     /// Emits the queued backups into `out`; each keeps its source pages pinned until
-    /// `BackupDone`.
-    pub fn issue_backups(&mut self, out: &mut Vec<BackupOp>) {
+    /// `BackupDone`. With `keep_hashes` (KV events) each remembers its page hashes, to
+    /// publish what it stored.
+    pub fn issue_backups(&mut self, out: &mut Vec<BackupOp>, keep_hashes: bool) {
         for backup in std::mem::take(&mut self.pending_backups) {
             let op_id = self.next_id();
+            let page_hashes = if keep_hashes {
+                backup.hashes.clone()
+            } else {
+                Vec::new()
+            };
             out.push(BackupOp {
                 op_id,
                 src_pages: backup.pages,
@@ -234,14 +248,21 @@ impl OpTable {
                 states: backup.states,
             });
             self.debug_check_free(op_id);
-            self.backups.insert(op_id, backup.pin);
+            self.backups.insert(
+                op_id,
+                Backup {
+                    pin: backup.pin,
+                    page_hashes,
+                },
+            );
         }
     }
 
-    /// Backup `op_id` is done. Done or failed, its source pages are free to go: a
-    /// failed backup is only a future L3 miss. `false` if it is not in flight.
-    pub fn backup_done(&mut self, op_id: OpId) -> bool {
-        self.backups.remove(&op_id).is_some()
+    /// Backup `op_id` is done: its pin and the page hashes it kept (`None` if it is not
+    /// in flight). Done or failed, its source pages are free to go once the pin is
+    /// released: a failed backup is only a future L3 miss.
+    pub fn backup_done(&mut self, op_id: OpId) -> Option<Backup> {
+        self.backups.remove(&op_id)
     }
 
     /// Write-backs and backups issued and not acknowledged, and backups queued.

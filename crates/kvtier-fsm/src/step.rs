@@ -76,7 +76,8 @@ impl SchedulerCore {
         };
         let mut seen = Seen::default();
         self.issue_finish_write_backs(&mut plan, &mut seen);
-        self.ops.issue_backups(&mut plan.backups);
+        self.ops
+            .issue_backups(&mut plan.backups, self.config.enable_kv_cache_events);
         let released = self.requests.erase_finished(self.stats.plans) > 0;
         self.give_up_regrown(&mut plan);
         match (&self.config.mamba, self.config.policy) {

@@ -187,7 +187,7 @@ fn available_kv_pages_decreases_after_prefill() {
 /// one device `BlockStored` with the page's tokens; a second drain is empty.
 #[test]
 fn drain_kv_events_returns_and_clears_scheduler_events() {
-    use kvtier_types::{KvEvent, SchedulerConfig, Tier};
+    use kvtier_types::{KvEvent, Medium, SchedulerConfig};
     let mut s = sched(SchedulerConfig {
         enable_kv_cache_events: true,
         disable_l2_cache: true,
@@ -212,7 +212,7 @@ fn drain_kv_events_returns_and_clears_scheduler_events() {
             assert_eq!(*parent_block_hash, None);
             assert_eq!(token_ids, &[1, 2]);
             assert_eq!(*block_size, 2);
-            assert_eq!(*medium, Tier::Device);
+            assert_eq!(*medium, Medium::Device);
         }
         other => panic!("{other:?}"),
     }

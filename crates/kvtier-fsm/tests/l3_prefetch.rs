@@ -360,3 +360,65 @@ fn a_request_looking_up_counts_as_live() {
         SchedError::DuplicateRequest(_)
     ));
 }
+
+/// Every tier publishes KV events: a finished request's pages are stored on device,
+/// then on host once the write-back is acknowledged, then in L3 once the backup is
+/// (medium `Storage`), each page chained to the one before it by the same block hashes.
+#[test]
+fn every_tier_publishes_its_pages() {
+    use kvtier_types::KvEvent;
+    let mut s = sched(SchedulerConfig {
+        enable_kv_cache_events: true,
+        ..l3_config()
+    });
+    submit(&mut s, "r0", tokens(1, 7));
+    drain(&mut s, &mut Engine::with_max_new(1), 20);
+    let mut chains: [Vec<(u64, Option<u64>)>; 3] = Default::default();
+    for event in s.drain_kv_events() {
+        if let KvEvent::BlockStored {
+            block_hashes,
+            parent_block_hash,
+            medium,
+            ..
+        } = event
+        {
+            chains[medium.index()].push((block_hashes[0], parent_block_hash));
+        }
+    }
+    let [device, host, storage] = &chains;
+    assert_eq!(device.len(), 3, "the prompt's 3 full pages: {chains:?}");
+    assert_eq!(host, device, "written back: {chains:?}");
+    assert_eq!(storage, device, "backed up: {chains:?}");
+    assert_eq!(device[0].1, None);
+    assert!(device.windows(2).all(|w| w[1].1 == Some(w[0].0)));
+}
+
+/// A failed backup publishes nothing in L3.
+#[test]
+fn a_failed_backup_publishes_nothing() {
+    use kvtier_types::{KvEvent, Medium};
+    let mut s = sched(SchedulerConfig {
+        enable_kv_cache_events: true,
+        ..l3_config()
+    });
+    let plan = backup_plan(&mut s, true);
+    let op_id = plan.backups[0].op_id;
+    advance(
+        &mut s,
+        vec![EngineEvent::BackupDone {
+            op_id,
+            success: false,
+        }],
+    );
+    s.next_plan();
+    let in_l3 = s.drain_kv_events().into_iter().any(|e| {
+        matches!(
+            e,
+            KvEvent::BlockStored {
+                medium: Medium::Storage,
+                ..
+            }
+        )
+    });
+    assert!(!in_l3);
+}

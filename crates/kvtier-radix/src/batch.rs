@@ -217,6 +217,14 @@ pub enum CacheOp {
         /// The load-back's device state slots.
         states: Vec<SlotId>,
     },
+    /// An L3 backup stored these pages: they are published as stored in L3 (KV events),
+    /// then the backup's pin goes.
+    BackedUp {
+        /// The backup's pin on its host pages.
+        pin: NodeLock,
+        /// The rolling hashes of the pages it stored.
+        page_hashes: Vec<PageHash>,
+    },
 }
 
 /// The result of one [`CacheOp`].
@@ -256,6 +264,8 @@ pub enum OpResult {
     Admitted(Vec<Outcome>),
     /// Device copies of a failed load-back taken back: the pages freed.
     Discarded(u32),
+    /// A backup's pages published as stored in L3.
+    BackedUp,
 }
 
 /// A finishing or retracted request's state slots (hybrid models).
@@ -700,6 +710,11 @@ impl RadixCore {
                     self.with_states(|family, tree| family.discard_slots(tree, &states));
                 }
                 OpResult::Discarded(self.discard_load_back(&pages))
+            }
+            CacheOp::BackedUp { pin, page_hashes } => {
+                self.emit_backed_up(pin.node(), &page_hashes);
+                self.unlock(pin);
+                OpResult::BackedUp
             }
         }
     }

@@ -1,8 +1,8 @@
 //! The Radix actor's protocol: what the scheduler sends the cache and what it answers.
 
-use kvtier_types::{ActorCore, ActorName, KvEvent, PageId};
+use kvtier_types::{ActorCore, ActorName, KvEvent, PageId, Token};
 
-use crate::{CacheBatch, CacheReply, RadixCore, RadixError, TreeStats};
+use crate::{CacheBatch, CacheReply, Probe, RadixCore, RadixError, TreeStats};
 
 /// A message to the Radix actor.
 #[derive(Debug)]
@@ -16,6 +16,9 @@ pub enum RadixMsg {
     DrainKvEvents,
     /// Check the tree's invariants with the pages held outside it, per tier.
     CheckPages([Vec<PageId>; 2]),
+    /// How much of a prompt's prefix each tier holds now (read-only: no split, no LRU
+    /// touch), as a router's index should see it.
+    Probe(Vec<Token>),
 }
 
 /// The Radix actor's answer, one per message.
@@ -30,6 +33,8 @@ pub enum RadixReply {
     KvEvents(Vec<KvEvent>),
     /// `Err` names a page neither free nor in the tree, or a broken tree invariant.
     Checked(Result<(), RadixError>),
+    /// The prompt's leading pages on each tier.
+    Probed(Probe),
 }
 
 impl ActorCore for RadixCore {
@@ -45,6 +50,7 @@ impl ActorCore for RadixCore {
             RadixMsg::CheckPages([device, host]) => {
                 RadixReply::Checked(self.check_invariants([&device, &host]))
             }
+            RadixMsg::Probe(tokens) => RadixReply::Probed(self.probe(&tokens)),
         }
     }
 
@@ -54,6 +60,7 @@ impl ActorCore for RadixCore {
             RadixMsg::CacheStats => "CacheStats",
             RadixMsg::DrainKvEvents => "DrainKvEvents",
             RadixMsg::CheckPages(_) => "CheckPages",
+            RadixMsg::Probe(_) => "Probe",
         }
     }
 
@@ -63,6 +70,7 @@ impl ActorCore for RadixCore {
             RadixReply::TreeStats(_) => "TreeStats",
             RadixReply::KvEvents(_) => "KvEvents",
             RadixReply::Checked(_) => "Checked",
+            RadixReply::Probed(_) => "Probed",
         }
     }
 }

@@ -14,7 +14,7 @@ use common::{
     assert_invariants, concat, insert_fresh, make_aligned_tokens, new_cache, new_cache_with_events,
 };
 use kvtier_radix::RadixCore;
-use kvtier_types::{KvEvent, Tier, Token, hash::block_hash};
+use kvtier_types::{KvEvent, Medium, Tier, Token, hash::block_hash};
 
 const PS: u32 = 2;
 
@@ -32,7 +32,7 @@ fn stored(event: &KvEvent) -> (u64, Option<u64>, Vec<Token>, u32) {
             block_size,
             medium,
         } => {
-            assert_eq!(*medium, Tier::Device, "events are device-tier only");
+            assert_eq!(*medium, Medium::Device, "`stored` reads device events");
             assert_eq!(block_hashes.len(), 1, "one hash per BlockStored");
             (
                 block_hashes[0],
@@ -46,13 +46,25 @@ fn stored(event: &KvEvent) -> (u64, Option<u64>, Vec<Token>, u32) {
 }
 
 /// The hashes of a `BlockRemoved` event.
+/// The media of `events`, in order.
+fn media(events: &[KvEvent]) -> Vec<(&'static str, Medium)> {
+    events
+        .iter()
+        .map(|e| match e {
+            KvEvent::BlockStored { medium, .. } => ("stored", *medium),
+            KvEvent::BlockRemoved { medium, .. } => ("removed", *medium),
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect()
+}
+
 fn removed(event: &KvEvent) -> Vec<u64> {
     match event {
         KvEvent::BlockRemoved {
             block_hashes,
             medium,
         } => {
-            assert_eq!(*medium, Tier::Device);
+            assert_eq!(*medium, Medium::Device);
             block_hashes.clone()
         }
         other => panic!("expected BlockRemoved, got {other:?}"),
@@ -170,13 +182,18 @@ fn already_removed_blocks_are_not_removed_twice() {
     // does not announce its blocks again.
     insert_fresh(&mut cache, Tier::Device, &tokens);
     insert_fresh(&mut cache, Tier::Host, &tokens);
-    assert_eq!(cache.drain_events().len(), 2, "host insert is silent");
+    let (gpu, cpu) = (("stored", Medium::Device), ("stored", Medium::Host));
+    assert_eq!(media(&cache.drain_events()), [gpu, gpu, cpu, cpu]);
     let usable = cache.usable(Tier::Device);
     assert!(cache.ensure_free(Tier::Device, usable));
-    assert_eq!(cache.drain_events().len(), 1);
+    assert_eq!(media(&cache.drain_events()), [("removed", Medium::Device)]);
     cache.clear();
     assert_eq!(cache.stats().nodes, 0);
-    assert!(cache.drain_events().is_empty(), "host eviction is silent");
+    assert_eq!(
+        media(&cache.drain_events()),
+        [("removed", Medium::Host)],
+        "each tier announces its removal once"
+    );
     assert_invariants(&mut cache);
 }
 
@@ -185,7 +202,12 @@ fn host_recovery_publishes_device_stored_events() {
     let mut cache = fixture();
     let tokens = make_aligned_tokens(2, PS, 1);
     insert_fresh(&mut cache, Tier::Host, &tokens);
-    assert!(cache.drain_events().is_empty(), "host insert is silent");
+    let cpu = ("stored", Medium::Host);
+    assert_eq!(
+        media(&cache.drain_events()),
+        [cpu, cpu],
+        "host pages are published"
+    );
 
     let m = cache.match_prefix(&tokens);
     assert_eq!((m.device_pages, m.host_pages), (0, 2));
@@ -226,7 +248,8 @@ fn optimized_insert_emits_one_event_per_page_over_a_deep_chain() {
         );
     }
     assert_eq!(cache.stats().nodes, PAGES);
-    assert!(cache.drain_events().is_empty());
+    let host = media(&cache.drain_events());
+    assert_eq!(host, vec![("stored", Medium::Host); PAGES]);
 
     let tokens = make_aligned_tokens(PAGES, BENCH_PS, 1);
     let res = insert_fresh(&mut cache, Tier::Device, &tokens);
@@ -283,7 +306,12 @@ fn demote_emits_block_removed() {
     let nodes = cache.nodes_without(Tier::Host, res.last_node);
     let (ticket, _) = cache.attach_for_write_back(&nodes).expect("host room");
     cache.write_back_done(ticket, true);
-    assert!(cache.drain_events().is_empty(), "host attach is silent");
+    let cpu = ("stored", Medium::Host);
+    assert_eq!(
+        media(&cache.drain_events()),
+        [cpu, cpu],
+        "readable on host once the write-back is acknowledged"
+    );
 
     cache.demote(res.last_node);
     let events = cache.drain_events();

@@ -327,6 +327,12 @@ pub struct ScenarioOptions {
     /// Where to keep the system's metrics text during the run (refreshed every
     /// [`METRICS_EVERY`] steps and at the end), for a `/metrics` endpoint.
     pub metrics: Option<MetricsSink>,
+    /// Where to publish the system's KV events (vLLM's wire over ZeroMQ) as the run
+    /// goes: every tier's, after each step, stamped with the virtual clock.
+    pub kv_events: Option<KvEventsSink>,
+    /// Traces: at the end, report how much of the first `residency` prompts each tier
+    /// holds ([`ScenarioReport::residency`]), as a router's index should see it.
+    pub residency: usize,
     /// The model served.
     pub model: Model,
     /// Prefix cache and host tier on (off: every request computes its whole prompt).
@@ -421,6 +427,8 @@ impl ScenarioOptions {
             state_chunk: None,
             groups: None,
             metrics: None,
+            kv_events: None,
+            residency: 0,
         }
     }
 
@@ -571,6 +579,26 @@ pub struct ScenarioReport {
     /// The first integrity errors (not serialized).
     #[serde(skip)]
     pub first_errors: Vec<IntegrityError>,
+    /// Traces with `ScenarioOptions::residency`: each probed prompt's cached prefix per
+    /// tier at the end of the run.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub residency: Vec<PrefixResidency>,
+}
+
+/// How much of one prompt's prefix each tier holds: the leading tokens (whole pages)
+/// on device, readable on host, and stored in L3, each counted from the prompt's start.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PrefixResidency {
+    /// The trace request the prompt is of.
+    pub request_id: String,
+    /// The prompt.
+    pub token_ids: Vec<Token>,
+    /// Leading tokens on device.
+    pub device_tokens: u64,
+    /// Leading tokens readable on host.
+    pub host_tokens: u64,
+    /// Leading tokens stored in L3 (0 without one).
+    pub storage_tokens: u64,
 }
 
 /// Why a scenario run failed.
@@ -787,6 +815,70 @@ impl PartialEq for MetricsSink {
     }
 }
 
+/// Where a run publishes its KV events (options compare it by identity).
+#[derive(Debug, Clone)]
+pub struct KvEventsSink(pub Arc<kvtier::kv_publisher::KvEventPublisher>);
+
+impl PartialEq for KvEventsSink {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// Publishes the KV events of the system since the last call as one batch stamped
+/// `now_us` on the virtual clock.
+fn publish_kv_events(
+    s: &mut kvtier::LocalSystem,
+    sink: &KvEventsSink,
+    now_us: f64,
+) -> Result<(), ScenarioError> {
+    let events = s.take_kv_events()?;
+    if !events.is_empty() {
+        let wired: Vec<_> = events
+            .iter()
+            .map(kvtier::vllm_events::WireEvent::Cache)
+            .collect();
+        sink.0.publish(now_us / 1e6, &wired);
+    }
+    Ok(())
+}
+
+/// Each of `requests`' prompts' cached prefix per tier now: the radix cache's probe
+/// (read-only) and, with an L3 store, its lookup.
+fn prefix_residency(
+    s: &mut kvtier::LocalSystem,
+    requests: &[crate::trace::TraceRequest],
+) -> Result<Vec<PrefixResidency>, ScenarioError> {
+    let prompts: Vec<Arc<Vec<Token>>> = requests.iter().map(|q| Arc::new(q.prompt())).collect();
+    let stored =
+        match s.ask::<kvtier_l3::L3Core>(kvtier_l3::L3Msg::L3Lookup(kvtier_types::LookupAsk {
+            ticket: 0,
+            prompts: prompts.clone(),
+        })) {
+            Ok(kvtier_l3::L3Reply::L3LookedUp { hit_pages, .. }) => hit_pages,
+            Ok(_) | Err(KvError::NoActor(_)) => vec![0; prompts.len()],
+            Err(e) => return Err(e.into()),
+        };
+    let page = u64::from(SCENARIO_PAGE_SIZE);
+    let mut out = Vec::with_capacity(prompts.len());
+    for ((request, prompt), stored) in requests.iter().zip(prompts).zip(stored) {
+        let probe = match s
+            .ask::<kvtier_radix::RadixCore>(kvtier_radix::RadixMsg::Probe(prompt.to_vec()))?
+        {
+            kvtier_radix::RadixReply::Probed(probe) => probe,
+            _ => kvtier_radix::Probe::default(),
+        };
+        out.push(PrefixResidency {
+            request_id: format!("t{:06}", request.line),
+            token_ids: prompt.to_vec(),
+            device_tokens: u64::from(probe.device_pages) * page,
+            host_tokens: u64::from(probe.host_pages) * page,
+            storage_tokens: u64::from(stored) * page,
+        });
+    }
+    Ok(out)
+}
+
 /// Writes the system's current metrics text into `metrics`.
 fn refresh_metrics(
     s: &mut kvtier::LocalSystem,
@@ -861,6 +953,7 @@ pub fn run_scenario_with(
         publish_prefix_mid_flight: o.publish,
         midflight_publish_max_pages: o.publish_cap,
         enable_l3_storage: o.l3_on(),
+        enable_kv_cache_events: o.kv_events.is_some(),
         ..SchedulerConfig::default()
     };
     let mut device = hybrid_reference_device(
@@ -961,6 +1054,7 @@ pub fn run_scenario_with(
         throughput_tokens_per_s: 0.0,
         outputs: BTreeMap::new(),
         first_errors: Vec::new(),
+        residency: Vec::new(),
     };
     // Chat state: per conversation, history, next turn, whether a turn is live.
     const CONVERSATIONS: usize = 16;
@@ -1209,6 +1303,9 @@ pub fn run_scenario_with(
         s.advance(events)?;
         r.scheduler_ns += t.elapsed().as_nanos() as u64;
         between_steps(r.steps);
+        if let Some(sink) = &o.kv_events {
+            publish_kv_events(&mut s, sink, now)?;
+        }
         if let Some(metrics) = &o.metrics
             && r.steps.is_multiple_of(METRICS_EVERY)
         {
@@ -1237,6 +1334,12 @@ pub fn run_scenario_with(
     }
     if let Some(metrics) = &o.metrics {
         refresh_metrics(&mut s, metrics)?;
+    }
+    if let Some(sink) = &o.kv_events {
+        publish_kv_events(&mut s, sink, now)?;
+    }
+    if let Some(t) = &trace {
+        r.residency = prefix_residency(&mut s, &t.requests[..o.residency.min(t.requests.len())])?;
     }
     let stats = s.stats()?;
     let sched = &stats.scheduler;

@@ -111,6 +111,36 @@ impl EngineEvent {
     }
 }
 
+/// Where a KV event's pages are: the two tiers of the radix cache, or the L3 store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Medium {
+    /// L1: accelerator memory.
+    Device,
+    /// L2: host DRAM.
+    Host,
+    /// L3: the storage tier (Mooncake or the embedded local store).
+    Storage,
+}
+
+impl Medium {
+    /// Every medium, device first.
+    pub const ALL: [Medium; 3] = [Medium::Device, Medium::Host, Medium::Storage];
+
+    /// Its position in [`Self::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl From<Tier> for Medium {
+    fn from(tier: Tier) -> Self {
+        match tier {
+            Tier::Device => Medium::Device,
+            Tier::Host => Medium::Host,
+        }
+    }
+}
+
 /// A KV-cache event (vLLM-compatible content plus the tier it concerns).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -126,13 +156,13 @@ pub enum KvEvent {
         /// Tokens per page.
         block_size: u32,
         /// Where it became resident.
-        medium: Tier,
+        medium: Medium,
     },
     /// Pages left a tier (one event per tree node).
     BlockRemoved {
         /// The removed pages' block hashes.
         block_hashes: Vec<u64>,
         /// The tier they left.
-        medium: Tier,
+        medium: Medium,
     },
 }

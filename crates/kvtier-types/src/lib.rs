@@ -21,7 +21,7 @@ mod request;
 pub use actor::{ActorCore, ActorName, Placement};
 pub use config::{MambaSettings, PagedSettings, Policy, Role, SchedulerConfig};
 pub use error::TypesError;
-pub use event::{EngineEvent, KvEvent};
+pub use event::{EngineEvent, KvEvent, Medium};
 pub use ids::{OpId, PageId, RequestId, SlotId, Tier, Token};
 pub use paged::{GroupKind, GroupRole, GroupSpec, Retention};
 pub use plan::{

@@ -8,7 +8,7 @@
 //! all. vLLM's encoder (msgspec) gives every event map a 16-bit length header, even a
 //! short one; the test vector below pins that down.
 
-use kvtier_types::{KvEvent, Tier};
+use kvtier_types::{KvEvent, Medium};
 use rmp::encode;
 
 /// One event of a batch.
@@ -20,12 +20,15 @@ pub enum WireEvent<'a> {
     AllBlocksCleared,
 }
 
-/// The `medium` a tier is published as: routers map `GPU` to the device tier and `CPU`
-/// to host memory.
-pub fn medium(tier: Tier) -> &'static str {
-    match tier {
-        Tier::Device => "GPU",
-        Tier::Host => "CPU",
+/// The `medium` a tier is published as: routers map `GPU` to the device tier, `CPU` to
+/// host memory and `DISK` to their storage tier (Dynamo's indexer answers it as `disk`;
+/// never as the device). The L3 store is published as `DISK` whether it is Mooncake or
+/// the embedded local store: the storage medium every router knows.
+pub fn medium(medium: Medium) -> &'static str {
+    match medium {
+        Medium::Device => "GPU",
+        Medium::Host => "CPU",
+        Medium::Storage => "DISK",
     }
 }
 
@@ -151,7 +154,7 @@ pub(crate) mod tests {
             parent_block_hash: None,
             token_ids: vec![1, 2, 3, 4],
             block_size: 4,
-            medium: Tier::Device,
+            medium: Medium::Device,
         }
     }
 
@@ -178,11 +181,11 @@ pub(crate) mod tests {
             parent_block_hash: Some(300),
             token_ids: vec![70_000],
             block_size: 16,
-            medium: Tier::Host,
+            medium: Medium::Host,
         };
         let removed = KvEvent::BlockRemoved {
             block_hashes: vec![1, 2],
-            medium: Tier::Device,
+            medium: Medium::Device,
         };
         let bytes = encode_batch(
             0.0,

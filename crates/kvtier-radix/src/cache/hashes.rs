@@ -1,7 +1,7 @@
 //! Hashes along a path: FNV-1a block hashes for KV events, SHA-256 rolling page hashes
 //! for L3 keys, both derived from the tokens; and the emission and draining of KV events.
 
-use kvtier_types::{KvEvent, hash::PageHash, hash::block_hash};
+use kvtier_types::{KvEvent, Medium, hash::PageHash, hash::block_hash};
 
 use super::RadixCore;
 use crate::NodeId;
@@ -77,7 +77,8 @@ impl RadixCore {
             .collect()
     }
 
-    pub(super) fn emit_stored(&mut self, id: NodeId) {
+    /// Publishes `id`'s pages as stored on `medium` (those not published there yet).
+    pub(super) fn emit_stored(&mut self, id: NodeId, medium: Medium) {
         if self.events.is_none() {
             return;
         }
@@ -87,7 +88,30 @@ impl RadixCore {
         let mut parent = self.last_block_hash(n.parent.expect("non-root"));
         if let Some(sink) = self.events.as_mut() {
             for (page, &h) in n.tokens.chunks_exact(ps).zip(&n.block_hashes) {
-                sink.stored(h, parent, page, ps as u32);
+                sink.stored(h, parent, page, ps as u32, medium);
+                parent = Some(h);
+            }
+        }
+    }
+
+    /// Publishes, root first, the pages of `end`'s path whose rolling page hashes are
+    /// among `backed_up` as stored in L3.
+    pub(crate) fn emit_backed_up(&mut self, end: NodeId, backed_up: &[PageHash]) {
+        if self.events.is_none() || !self.is_live(end) {
+            return;
+        }
+        let wanted: std::collections::HashSet<&PageHash> = backed_up.iter().collect();
+        self.ensure_block_hashes(end);
+        let ps = self.page_size;
+        let mut parent = None;
+        for node in self.path(end) {
+            let n = &self.nodes[node.idx as usize];
+            let pages = n.tokens.chunks_exact(ps).zip(&n.block_hashes);
+            for (i, (page, &h)) in pages.enumerate() {
+                let stored = n.page_hashes.get(i).is_some_and(|p| wanted.contains(p));
+                if let (true, Some(sink)) = (stored, self.events.as_mut()) {
+                    sink.stored(h, parent, page, ps as u32, Medium::Storage);
+                }
                 parent = Some(h);
             }
         }

@@ -149,10 +149,8 @@ impl RadixCore {
         if self.keep_page_hashes {
             self.ensure_page_hashes(last);
         }
-        if tier == Tier::Device {
-            for &node in attached.iter().rev() {
-                self.emit_stored(node);
-            }
+        for &node in attached.iter().rev() {
+            self.emit_stored(node, tier.into());
         }
         Ok(InsertResult {
             last_node: last,

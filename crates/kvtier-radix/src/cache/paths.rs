@@ -1,7 +1,7 @@
 //! Paths across tiers: what a root path holds or lacks on each tier, the pages it would
 //! need, and the load-back that attaches fresh device pages to host-only nodes.
 
-use kvtier_types::{PageId, Tier, TransferPair};
+use kvtier_types::{Medium, PageId, Tier, TransferPair};
 
 use super::RadixCore;
 use crate::NodeId;
@@ -74,7 +74,7 @@ impl RadixCore {
             self.ensure_page_hashes(deepest);
         }
         for &node in attached.iter().rev() {
-            self.emit_stored(node);
+            self.emit_stored(node, Medium::Device);
         }
         Some(pairs)
     }

@@ -35,11 +35,9 @@ impl RadixCore {
         let pages = std::mem::take(&mut n.tiers[t].pages);
         n.tiers[t].valid = false;
         let locked = n.tiers[t].refs > 0;
-        if tier == Tier::Device {
-            let hashes = std::mem::take(&mut n.block_hashes);
-            if let Some(sink) = self.events.as_mut() {
-                sink.removed(&hashes);
-            }
+        if let Some(sink) = self.events.as_mut() {
+            let n = &self.nodes[id.idx as usize];
+            sink.removed(&n.block_hashes, tier.into());
         }
         self.cached_pages[t] -= pages.len() as u64;
         if locked {

@@ -1,7 +1,7 @@
 //! Write-backs (device → host): tickets, the pins they hold on both tiers while in
 //! flight, their acknowledgement (publish or roll back), and demotion of written-back copies.
 
-use kvtier_types::{PageId, StateObject, Tier, TransferPair, hash::PageHash};
+use kvtier_types::{Medium, PageId, StateObject, Tier, TransferPair, hash::PageHash};
 
 use super::RadixCore;
 use crate::NodeId;
@@ -126,6 +126,12 @@ impl RadixCore {
                 }
             }
             written.deepest = nodes.first().copied().filter(|&n| self.is_live(n));
+            // Readable on host now: published root first.
+            for &node in nodes.iter().rev() {
+                if self.is_live(node) && self.node(node).tiers[1].usable() {
+                    self.emit_stored(node, Medium::Host);
+                }
+            }
         }
         // The states first, while the copy still pins the path (a demotion they allow
         // waits for the pin to go).

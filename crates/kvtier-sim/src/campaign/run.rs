@@ -29,8 +29,8 @@ use kvtier_device::{DeviceCore, NewRequest};
 use kvtier_fsm::{SchedError, Scheduler, StateKind};
 use kvtier_l3::{L3Core, LocalStore, LocalStoreConfig};
 use kvtier_types::{
-    AbortReason, EngineEvent, ExecutionPlan, KvEvent, OpId, RequestId, RequestSpec, RowKind, Tier,
-    Token,
+    AbortReason, EngineEvent, ExecutionPlan, KvEvent, Medium, OpId, RequestId, RequestSpec,
+    RowKind, Token,
 };
 
 use super::coverage::{self, Coverage};
@@ -662,7 +662,7 @@ impl Driver<'_> {
                 matches!(
                     e,
                     KvEvent::BlockRemoved {
-                        medium: Tier::Device,
+                        medium: Medium::Device,
                         ..
                     }
                 )
