@@ -8,7 +8,8 @@
 //! Run it with `cargo run -p kvtier-examples --example minimal_engine`.
 
 use kvtier::{Handle, KvError, ShutdownReport, SystemStats, block_on};
-use kvtier_types::{EngineEvent, ExecutionPlan, RequestSpec, SchedulerConfig, engine_rule};
+use kvtier_examples::run_plan;
+use kvtier_types::{EngineEvent, RequestSpec, SchedulerConfig};
 
 /// What one run did.
 #[derive(Debug)]
@@ -25,43 +26,6 @@ pub struct Summary {
     pub stats: SystemStats,
     /// What shutdown found (every page and lock returned).
     pub report: ShutdownReport,
-}
-
-const TOKENS_PER_ANSWER: usize = 8;
-
-/// The engine's side of one step: the events for `advance`.
-fn run_plan(
-    plan: &ExecutionPlan,
-    produced: &mut std::collections::BTreeMap<String, usize>,
-) -> Vec<EngineEvent> {
-    let mut events = Vec::new();
-    // Copies: a real engine moves these pages between GPU and host memory first.
-    for op in &plan.write_backs {
-        events.push(EngineEvent::WriteBackDone {
-            op_id: op.op_id,
-            success: true,
-        });
-    }
-    for row in &plan.forward.rows {
-        // A prefill row samples a token only when its chunk completes the prompt; a
-        // decode row always does.
-        if !engine_rule::yields_token(row) {
-            continue;
-        }
-        let n = produced.entry(row.request_id.to_string()).or_default();
-        *n += 1;
-        events.push(EngineEvent::ExtendResult {
-            request_id: row.request_id.clone(),
-            tokens: vec![42],
-        });
-        // A real engine stops on its own criteria (end of sequence, max tokens).
-        if *n == TOKENS_PER_ANSWER {
-            events.push(EngineEvent::Finish {
-                request_id: row.request_id.clone(),
-            });
-        }
-    }
-    events
 }
 
 /// The engine loop, over the async handle.

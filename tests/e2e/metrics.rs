@@ -68,3 +68,78 @@ fn promtool_accepts_the_metrics_of_a_run() {
     assert!(!ok && !complaints.is_empty(), "{complaints:?}");
     handle.shutdown().expect("shutdown");
 }
+
+/// The Grafana dashboard (`docs/dashboards/kvtier.json`) queries only series kvtier
+/// serves, and every query is PromQL the real `promtool` parses (as recording rules,
+/// with the dashboard's variables filled in).
+#[test]
+fn the_grafana_dashboard_queries_what_kvtier_serves() {
+    let Some(promtool) = tool_from_env("KVTIER_PROMTOOL", "promtool") else {
+        return;
+    };
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/dashboards/kvtier.json"
+    );
+    let dashboard: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(path).expect("the dashboard")).expect("JSON");
+    let exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|panel| panel["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|target| target["expr"].as_str().map(str::to_owned))
+        .collect();
+    assert!(exprs.len() >= 10, "{exprs:?}");
+    // Every family a fully equipped system has: device, L3, both hybrid families.
+    let mut stats = kvtier::SystemStats {
+        device: Some(Default::default()),
+        l3: Some(Default::default()),
+        ..Default::default()
+    };
+    stats.scheduler.states = Some(Default::default());
+    stats.scheduler.groups = Some(Box::new(kvtier_paged::PagedReport {
+        groups: vec![kvtier_paged::GroupStats {
+            id: "window".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }));
+    let served: Vec<&str> = kvtier::metrics::series(&stats)
+        .iter()
+        .map(|s| s.name)
+        .collect();
+    let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    for (i, expr) in exprs.iter().enumerate() {
+        for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')) {
+            if !(word.starts_with("kvtier_") || word.starts_with("tokenspeed:")) {
+                continue;
+            }
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| word.strip_suffix(suffix))
+                .filter(|base| served.contains(base))
+                .unwrap_or(word);
+            assert!(served.contains(&family), "{word} in {expr} is not served");
+        }
+        let filled = expr.replace("$__rate_interval", "5m").replace("$job", ".*");
+        let quoted = serde_json::to_string(&filled).expect("a string");
+        rules.push_str(&format!(
+            "      - record: dashboard:panel_{i}\n        expr: {quoted}\n"
+        ));
+    }
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    let file = dir.path().join("dashboard.rules.yml");
+    std::fs::write(&file, &rules).expect("write the rules");
+    let out = Command::new(&promtool)
+        .args(["check", "rules"])
+        .arg(&file)
+        .output()
+        .expect("promtool runs");
+    assert!(
+        out.status.success(),
+        "promtool: {}{}\n{rules}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

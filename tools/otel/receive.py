@@ -2,6 +2,10 @@
 """Collect every OTLP/HTTP-protobuf span sent to 127.0.0.1:PORT (via oteltap 1.0.0) into a JSONL file.
 
 Usage: receive.py PORT OUT.jsonl [--idle SECS] [--max SECS] [--sentinel SPAN_NAME]
+                  [--metrics METRICS.jsonl]
+
+With --metrics, the metrics exported to /v1/metrics are written too, one line per data
+point (the last export of each series is the current value).
 
 Prints "READY" on stdout once listening. Exits 0 when:
   * the sentinel span (if given) has been received and --idle seconds pass with no new span, or
@@ -27,6 +31,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from oteltap.oteltap_core import OtelTapCore, OtelTapFlags
 
@@ -48,6 +53,23 @@ def attrs(kvs):
     return {kv.key: any_value(kv.value) for kv in kvs}
 
 
+def metric_points(m):
+    """One JSON object per data point of a Metric proto."""
+    kind = m.WhichOneof("data")
+    data = getattr(m, kind) if kind else None
+    for p in (data.data_points if data is not None else []):
+        line = {"name": m.name, "unit": m.unit, "type": kind, "attributes": attrs(p.attributes),
+                "time_ns": p.time_unix_nano}
+        if kind == "histogram":
+            line.update(count=p.count, sum=p.sum, bounds=list(p.explicit_bounds),
+                        bucket_counts=list(p.bucket_counts))
+        else:
+            line["value"] = p.as_int if p.WhichOneof("value") == "as_int" else p.as_double
+        if kind == "sum":
+            line["monotonic"] = data.is_monotonic
+        yield line
+
+
 STATUS = {0: "UNSET", 1: "OK", 2: "ERROR"}
 KIND = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
 
@@ -59,6 +81,7 @@ def main():
     ap.add_argument("--idle", type=float, default=3.0, help="exit after this many seconds without a new span")
     ap.add_argument("--max", type=float, default=120.0, help="hard cap on total run time")
     ap.add_argument("--sentinel", default=None, help="span name; once seen, exit after --idle quiet seconds")
+    ap.add_argument("--metrics", default=None, help="also write the metrics received to this file")
     a = ap.parse_args()
 
     lock = threading.Lock()
@@ -94,10 +117,17 @@ def main():
     print("READY", flush=True)
 
     spans = []
+    metrics = []
     t0 = time.monotonic()
     last_new = None
     sentinel_seen = False
     while True:
+        if a.metrics:
+            while True:
+                mrc, mdata = OtelTapCore.oteltap_poll_metric(handle, 0)
+                if mrc < 0 or mdata is None:
+                    break
+                metrics.append(Metric.FromString(mdata))
         rc, data = OtelTapCore.oteltap_poll_trace(handle, 200)
         now = time.monotonic()
         if rc < 0:
@@ -138,6 +168,11 @@ def main():
                 "resource": res,
                 "scope": scope,
             }, sort_keys=True) + "\n")
+    if a.metrics:
+        with open(a.metrics, "w") as f:
+            for m in metrics:
+                for line in metric_points(m):
+                    f.write(json.dumps(line, sort_keys=True) + "\n")
     print(f"wrote {len(spans)} spans ({len({s.trace_id for s in spans})} traces) to {a.out}", file=sys.stderr)
     return 0
 

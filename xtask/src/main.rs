@@ -6,6 +6,7 @@ mod bench;
 mod campaign;
 mod ci;
 mod cuda;
+mod dashboards;
 mod mooncake;
 mod tidy;
 mod tools;
@@ -29,6 +30,8 @@ commands:
   campaign --seeds N [--from S]   the seeded campaign through the release kvtier binary
   mooncake run -- CMD             CMD beside a real Mooncake master, in a private network namespace
   cuda-toolchain                  nvcc from PyPI into target/cuda-venv; prints NVCC/CUDA_HOME
+  dashboards [--screenshots]      Arize Phoenix on loopback with a replay's traces, and the
+                                  replay's HTML report (--screenshots: into docs/images)
   help                            this message";
 
 fn main() -> ExitCode {
@@ -66,6 +69,7 @@ fn run_cli() -> Result<()> {
         Some("campaign") => campaign::run(&root, &rest),
         Some("mooncake") => mooncake::run(&root, &rest),
         Some("cuda-toolchain") => cuda::run(&root, &rest),
+        Some("dashboards") => dashboards::run(&root, &rest),
         Some("help" | "-h" | "--help") => {
             println!("{USAGE}");
             Ok(())

@@ -92,6 +92,12 @@ pub fn dynamo_python(root: &Path) -> Result<PathBuf> {
     )
 }
 
+/// A Python with Arize Phoenix (a trace UI that takes OTLP: `cargo xtask dashboards`),
+/// in a venv on first use.
+pub fn phoenix_python(root: &Path) -> Result<PathBuf> {
+    venv_python(root, "phoenix-venv", &["arize-phoenix==20.26.1"], "phoenix")
+}
+
 /// `target/tools/{name}/bin/python`, with `pins` installed (once: the venv is kept
 /// while `modules` import).
 fn venv_python(root: &Path, name: &str, pins: &[&str], modules: &str) -> Result<PathBuf> {

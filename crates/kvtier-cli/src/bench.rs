@@ -13,6 +13,23 @@ use kvtier_sim::{WorkloadKind, WorkloadOptions, run_workload};
 
 use crate::{BenchArgs, report};
 
+/// `--observe`: KV events on a loopback PUB socket, the metrics as text and, with
+/// telemetry, exported.
+fn observe(telemetry: Option<&kvtier::telemetry::Telemetry>) -> Result<kvtier_sim::Observe> {
+    let publisher =
+        kvtier::kv_publisher::KvEventPublisher::bind("tcp://127.0.0.1:0", "kv-events", Some(0))?;
+    let mut metrics = kvtier_sim::scenario::MetricsSink::default();
+    if let Some(telemetry) = telemetry {
+        metrics = metrics.exporting(telemetry);
+    }
+    Ok(kvtier_sim::Observe {
+        kv_events: Some(kvtier_sim::scenario::KvEventsSink(std::sync::Arc::new(
+            publisher,
+        ))),
+        metrics: Some(metrics),
+    })
+}
+
 /// What `bench` measures: a scheduler workload (the library's names), or one of the two
 /// data-plane benchmarks only this command runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,6 +137,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.measure_pass.is_some() && kind != WorkloadKind::W1 {
         bail!("--measure-pass applies to w1 only");
     }
+    let telemetry = match &args.otlp_endpoint {
+        Some(endpoint) => Some(kvtier::telemetry::init(
+            &kvtier::telemetry::TelemetryConfig::new(endpoint.as_str()),
+        )?),
+        None => None,
+    };
     let options = WorkloadOptions {
         kind,
         page_size: args.page_size,
@@ -129,6 +152,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         kv_events: args.kv_events,
         path: args.runtime,
         record_plans: false,
+        observe: if args.observe {
+            observe(telemetry.as_ref())?
+        } else {
+            kvtier_sim::Observe::default()
+        },
     };
     let report = run_workload(&options).context("bench failed")?;
     report::workload(&report);

@@ -14,6 +14,7 @@
 
 mod bench;
 mod campaign;
+mod html_report;
 mod replay;
 mod report;
 mod sweep;
@@ -41,7 +42,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Replay a workload through the scheduler and print its report (the default).
-    Replay(ReplayArgs),
+    Replay(Box<ReplayArgs>),
     /// Run a benchmark workload (WORKLOADS.md) and print its counters and timings.
     Bench(BenchArgs),
     /// Run the seeded campaign: random workloads with faults, cache on and off, under
@@ -140,6 +141,10 @@ struct ReplayArgs {
     /// end (what a router's index should answer for them).
     #[arg(long)]
     residency: Option<usize>,
+    /// Write a self-contained HTML report with plots (hit ratio per tier, pool usage,
+    /// TTFT distribution, L3 traffic over the virtual clock) to this file.
+    #[arg(long)]
+    report: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -182,6 +187,14 @@ struct BenchArgs {
     /// file, to compare with the reference's plans step by step.
     #[arg(long)]
     dump_plans: Option<std::path::PathBuf>,
+    /// w1 / w2 / w3: time the step with an embedder's observability on: every tier's KV
+    /// events published on a loopback ZeroMQ socket after each step, the metrics
+    /// refreshed every 64 steps (and exported with --otlp-endpoint).
+    #[arg(long)]
+    observe: bool,
+    /// Export spans and metrics over OTLP/HTTP to this collector (a base URL).
+    #[arg(long)]
+    otlp_endpoint: Option<String>,
     /// Print one JSON object as the last line of stdout.
     #[arg(long)]
     json: bool,
@@ -252,11 +265,8 @@ struct SweepArgs {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    match cli
-        .command
-        .unwrap_or(Command::Replay(ReplayArgs::default()))
-    {
-        Command::Replay(args) => replay::run(args),
+    match cli.command.unwrap_or(Command::Replay(Box::default())) {
+        Command::Replay(args) => replay::run(*args),
         Command::Bench(args) => bench::run(args),
         Command::Campaign(args) => campaign::run(args),
         Command::Sweep(args) => sweep::run(args),

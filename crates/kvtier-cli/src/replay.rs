@@ -309,24 +309,29 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         .clone()
         .map(kvtier::telemetry::TelemetryConfig::new)
         .or_else(kvtier::telemetry::TelemetryConfig::from_env);
-    let _telemetry = match otlp {
+    let telemetry = match otlp {
         Some(config) => {
             eprintln!("exporting spans and metrics to {}", config.endpoint);
             Some(kvtier::telemetry::init(&config)?)
         }
         None => None,
     };
-    // The endpoint lives as long as the run; its text is refreshed by the replay.
-    let metrics = args
-        .metrics_addr
-        .map(|_| kvtier_sim::scenario::MetricsSink::default());
+    // The run's stats, refreshed by the replay, go to the endpoint's text and to the
+    // OpenTelemetry export.
+    let metrics = (args.metrics_addr.is_some() || telemetry.is_some()).then(|| {
+        let sink = kvtier_sim::scenario::MetricsSink::default();
+        match &telemetry {
+            Some(telemetry) => sink.exporting(telemetry),
+            None => sink,
+        }
+    });
     let _server = match (args.metrics_addr, &metrics) {
-        (Some(addr), Some(text)) => {
+        (Some(addr), Some(sink)) => {
             if !addr.ip().is_loopback() {
                 bail!("--metrics-addr must be a loopback address, not {addr}");
             }
             let server =
-                kvtier_sim::scenario::MetricsServer::serve(addr, std::sync::Arc::clone(&text.0))
+                kvtier_sim::scenario::MetricsServer::serve(addr, std::sync::Arc::clone(&sink.text))
                     .with_context(|| format!("serving metrics at {addr}"))?;
             eprintln!("metrics: http://{}/metrics", server.addr());
             Some(server)
@@ -360,6 +365,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         metrics,
         kv_events,
         residency: args.residency.unwrap_or(0),
+        timeline: args.report.is_some(),
         ..options
     };
     let bar = indicatif::ProgressBar::new(0).with_style(
@@ -381,6 +387,11 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     bar.finish_and_clear();
     report::scenario(&report);
     report::write_json(args.json.as_deref(), &report)?;
+    if let Some(path) = &args.report {
+        std::fs::write(path, crate::html_report::render(&report))
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("report: {}", path.display());
+    }
     if report.integrity_errors > 0 {
         bail!(
             "{} integrity errors; first: {:?}",

@@ -73,10 +73,13 @@ fn a_replays_spans_reach_a_real_otlp_receiver() {
     let dir = tempfile::tempdir().expect("a scratch directory");
     let port = free_port();
     let spans_file = dir.path().join("spans.jsonl");
+    let metrics_file = dir.path().join("metrics.jsonl");
     let mut receiver = Command::new(python)
         .arg(repo().join("tools/otel/receive.py"))
         .arg(port.to_string())
         .arg(&spans_file)
+        .arg("--metrics")
+        .arg(&metrics_file)
         .args(["--idle", "3", "--max", "300"])
         .stdout(Stdio::piped())
         .spawn()
@@ -178,6 +181,57 @@ fn a_replays_spans_reach_a_real_otlp_receiver() {
             .iter()
             .any(|s| s["resource"]["service.name"] == "kvtier"),
         "service.name"
+    );
+
+    // The metrics, as OpenTelemetry metrics: the last point of each series is the
+    // run's final value.
+    let mut last: BTreeMap<(String, String), Value> = BTreeMap::new();
+    for line in std::fs::read_to_string(&metrics_file)
+        .expect("the receiver wrote the metrics")
+        .lines()
+    {
+        let point: Value = serde_json::from_str(line).expect("a JSON point");
+        let key = (
+            point["name"].as_str().unwrap_or_default().to_owned(),
+            point["attributes"].to_string(),
+        );
+        last.insert(key, point);
+    }
+    let point = |name: &str, attributes: &str| {
+        last.get(&(name.to_owned(), attributes.to_owned()))
+            .unwrap_or_else(|| panic!("no {name} {attributes} among {:?}", last.keys()))
+    };
+    let queries = point("tokenspeed.prefix_cache_queries", "{}");
+    assert_eq!(queries["type"], "sum");
+    assert_eq!(queries["monotonic"], true);
+    assert_eq!(queries["value"], exported["prompt_tokens"]);
+    let hits: u64 = ["device", "host", "l3"]
+        .iter()
+        .map(|tier| {
+            let attributes = format!("{{\"tier\":\"{tier}\"}}");
+            point("kvtier_prefix_hit_tokens", &attributes)["value"]
+                .as_u64()
+                .expect("a count")
+        })
+        .sum();
+    assert_eq!(Some(hits), exported["hit_tokens"].as_u64());
+    let ttft = point("gen_ai.server.time_to_first_token", "{}");
+    assert_eq!(ttft["type"], "histogram");
+    assert_eq!(
+        ttft["count"].as_u64(),
+        Some(REQUESTS as u64),
+        "one per request"
+    );
+    let buckets: u64 = ttft["bucket_counts"]
+        .as_array()
+        .expect("buckets")
+        .iter()
+        .filter_map(Value::as_u64)
+        .sum();
+    assert_eq!(buckets, REQUESTS as u64);
+    assert_eq!(
+        point("kvtier_step_duration_seconds", "{}")["type"],
+        "histogram"
     );
 }
 

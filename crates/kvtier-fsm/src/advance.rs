@@ -187,6 +187,8 @@ impl SchedulerCore {
             prefetched_pages: 0,
             span,
             phase: tracing::Span::none(),
+            submitted: std::time::Instant::now(),
+            first_token: None,
         };
         request.enter_phase(phase);
         self.requests.insert(request);
@@ -292,6 +294,12 @@ impl SchedulerCore {
                     | StateKind::Decoding
                     | StateKind::Retracting
                     | StateKind::Retracted) => {
+                        let r = &mut self.requests[key];
+                        if r.first_token.is_none() && !tokens.is_empty() {
+                            let now = std::time::Instant::now();
+                            self.stats.time_to_first_token.observe(now - r.submitted);
+                            r.first_token = Some(now);
+                        }
                         let before = self.requests[key].tokens.len();
                         Arc::make_mut(&mut self.requests[key].tokens).extend_from_slice(&tokens);
                         // Hybrid models publish at every decode page crossing; so do
@@ -569,6 +577,10 @@ impl SchedulerCore {
         r.span
             .record("gen_ai.usage.completion_tokens", generated as i64);
         r.span.record("kvtier.outcome", outcome);
+        if let (Some(first), true) = (r.first_token, generated > 1) {
+            let per_token = first.elapsed() / (generated - 1) as u32;
+            self.stats.time_per_output_token.observe(per_token);
+        }
         r.enter_phase(outcome);
     }
 

@@ -222,7 +222,7 @@ pub(crate) struct PlanInProgress {
     pub targets: Vec<Target>,
     /// The retraction in flight, if this is the second batch.
     pub retract: Option<Retraction>,
-    pub started: Option<Instant>,
+    pub started: Instant,
 }
 
 /// A request being retracted by a plan's second batch: what it keeps while the cache

@@ -303,6 +303,10 @@ pub(crate) struct Request {
     pub span: tracing::Span,
     /// The span of the phase of its life it is in, a child of `span`.
     pub phase: tracing::Span,
+    /// When it was submitted (wall clock: latency metrics only, never a decision).
+    pub submitted: std::time::Instant,
+    /// When its first generated token arrived.
+    pub first_token: Option<std::time::Instant>,
 }
 
 impl Request {

@@ -77,6 +77,16 @@ pub struct SchedulerStats {
     pub groups: Option<Box<kvtier_paged::PagedReport>>,
     /// Nothing running, queued or in flight.
     pub idle: bool,
+    /// Wall-clock duration of each scheduling step (`next_plan`). The latency
+    /// histograms compare equal whatever they hold (`WallClock`).
+    pub step_duration: kvtier_types::WallClock<kvtier_types::Histogram>,
+    /// Submit to first chunk, per request (a recompute is not counted again).
+    pub queue_time: kvtier_types::WallClock<kvtier_types::Histogram>,
+    /// Submit to the first generated token's arrival, per request.
+    pub time_to_first_token: kvtier_types::WallClock<kvtier_types::Histogram>,
+    /// First token to finish over the tokens after the first, per finished request
+    /// with more than one.
+    pub time_per_output_token: kvtier_types::WallClock<kvtier_types::Histogram>,
 }
 
 /// The cache settings a scheduler config implies (the radix actor is built with them).

@@ -66,7 +66,7 @@ impl SchedulerCore {
         if self.is_awaiting() {
             return Err(SchedError::Busy);
         }
-        let started = self.config.slow_step_threshold.map(|_| Instant::now());
+        let started = Instant::now();
         self.stats.plans += 1;
         self.ops.forget_load_backs();
         self.voided.clear();
@@ -186,20 +186,21 @@ impl SchedulerCore {
                 "every row of a paged model carries every group"
             );
         }
-        if let (Some(started), Some(threshold)) = (started, self.config.slow_step_threshold) {
-            let elapsed = started.elapsed();
-            if elapsed >= threshold {
-                tracing::info!(
-                    target: "kvtier::step",
-                    plan = self.stats.plans,
-                    elapsed_us = elapsed.as_micros() as u64,
-                    rows = plan.forward.rows.len(),
-                    prefill_rows = plan.forward.num_prefill_rows,
-                    write_backs = plan.write_backs.len(),
-                    load_backs = plan.load_backs.len(),
-                    "slow_step"
-                );
-            }
+        let elapsed = started.elapsed();
+        self.stats.step_duration.observe(elapsed);
+        if let Some(threshold) = self.config.slow_step_threshold
+            && elapsed >= threshold
+        {
+            tracing::info!(
+                target: "kvtier::step",
+                plan = self.stats.plans,
+                elapsed_us = elapsed.as_micros() as u64,
+                rows = plan.forward.rows.len(),
+                prefill_rows = plan.forward.num_prefill_rows,
+                write_backs = plan.write_backs.len(),
+                load_backs = plan.load_backs.len(),
+                "slow_step"
+            );
         }
         plan
     }
@@ -1095,6 +1096,7 @@ impl SchedulerCore {
             .filter(|pair| pair.kind == TransferKind::Kv)
             .count() as u64;
         let from_l3 = u64::from(r.prefetched_pages).min(from_host);
+        self.stats.queue_time.observe(r.submitted.elapsed());
         if !r.span.is_disabled() {
             // Integers as i64: OpenTelemetry has no unsigned attributes.
             let (hit, host, l3) = (

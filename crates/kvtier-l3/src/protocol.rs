@@ -37,7 +37,7 @@ pub enum L3Reply {
     /// One `PrefetchDone` per prefetch, then one `BackupDone` per backup.
     L3Transferred(Vec<EngineEvent>),
     /// The counters.
-    L3Stats(L3TierStats),
+    L3Stats(Box<L3TierStats>),
 }
 
 impl ActorCore for L3Core {
@@ -49,15 +49,25 @@ impl ActorCore for L3Core {
 
     fn handle(&mut self, msg: L3Msg) -> L3Reply {
         match msg {
-            L3Msg::L3Lookup(ask) => L3Reply::L3LookedUp {
-                ticket: ask.ticket,
-                hit_pages: self.answer(&ask),
-            },
+            L3Msg::L3Lookup(ask) => {
+                let started = std::time::Instant::now();
+                let hit_pages = self.answer(&ask);
+                self.observe_lookup(started.elapsed());
+                L3Reply::L3LookedUp {
+                    ticket: ask.ticket,
+                    hit_pages,
+                }
+            }
             L3Msg::L3Transfer {
                 prefetches,
                 backups,
-            } => L3Reply::L3Transferred(self.transfer(&prefetches, &backups)),
-            L3Msg::L3StatsQuery => L3Reply::L3Stats(self.stats()),
+            } => {
+                let started = std::time::Instant::now();
+                let events = self.transfer(&prefetches, &backups);
+                self.observe_transfer(started.elapsed());
+                L3Reply::L3Transferred(events)
+            }
+            L3Msg::L3StatsQuery => L3Reply::L3Stats(Box::new(self.stats())),
         }
     }
 

@@ -98,6 +98,10 @@ pub struct L3TierStats {
     /// Objects of failed backups the store would not take back (its removal failed
     /// too). Their bytes are right; only the all-or-nothing promise is broken.
     pub unremoved_objects: u64,
+    /// Wall-clock duration of each lookup message (every prompt of it).
+    pub lookup_duration: kvtier_types::WallClock<kvtier_types::Histogram>,
+    /// Wall-clock duration of each transfer message (a plan's prefetches and backups).
+    pub transfer_duration: kvtier_types::WallClock<kvtier_types::Histogram>,
     /// The backend's counters.
     pub backend: L3Stats,
 }
@@ -127,6 +131,16 @@ impl std::fmt::Debug for L3Core {
 }
 
 impl L3Core {
+    /// Counts a lookup message's duration.
+    pub(crate) fn observe_lookup(&mut self, took: std::time::Duration) {
+        self.stats.lookup_duration.observe(took);
+    }
+
+    /// Counts a transfer message's duration.
+    pub(crate) fn observe_transfer(&mut self, took: std::time::Duration) {
+        self.stats.transfer_duration.observe(took);
+    }
+
     /// A core over `backend`, naming objects in `namespace`, moving whole host pages of
     /// `arena` (one object per page, all layers), for pages of `page_size` tokens.
     pub fn new(

@@ -115,6 +115,8 @@ pub struct StepDriver {
     /// Route calls through the `measured_*` functions (callgrind counts only those).
     /// W2 turns this off outside its steady steps.
     pub measure: bool,
+    /// An embedder's observability, timed with the step.
+    pub observe: crate::workloads::Observe,
 }
 
 /// Submits, timed. Never inlined so callgrind can toggle on it.
@@ -166,6 +168,7 @@ impl StepDriver {
             skip_empty_advance: false,
             l3_lookups: config.l3_prefetch_enabled(),
             measure: true,
+            observe: crate::workloads::Observe::default(),
         }
     }
 
@@ -235,17 +238,35 @@ impl StepDriver {
             result?;
             self.count_kv_events()?;
         }
+        if self.observe != crate::workloads::Observe::default() {
+            let t2 = Instant::now();
+            self.observed()?;
+            ns += t2.elapsed().as_nanos() as u64;
+        }
         self.measured_ns += ns;
         out.ns = ns;
         Ok(out)
     }
 
-    /// Drains the scheduler's KV events (outside the timed calls) and counts them.
-    fn count_kv_events(&mut self) -> Result<(), KvError> {
-        if !self.kv_events {
-            return Ok(());
+    /// What an embedder does after a step: publish the KV events, refresh the metrics.
+    fn observed(&mut self) -> Result<(), WorkloadError> {
+        let step = self.counters.steps;
+        if let Some(sink) = self.observe.kv_events.clone() {
+            let events = self.scheduler.take_kv_events()?;
+            self.count(&events);
+            sink.publish(step as f64, &events);
         }
-        for event in self.scheduler.take_kv_events()? {
+        if let Some(metrics) = &self.observe.metrics
+            && step.is_multiple_of(crate::scenario::METRICS_EVERY)
+        {
+            crate::scenario::refresh_metrics(&mut self.scheduler, Some(metrics), None, 0.0)
+                .map_err(|e| WorkloadError::Options(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    fn count(&mut self, events: &[kvtier_types::KvEvent]) {
+        for event in events {
             match event {
                 kvtier_types::KvEvent::BlockStored { .. } => self.counters.kv_blocks_stored += 1,
                 kvtier_types::KvEvent::BlockRemoved { .. } => self.counters.kv_blocks_removed += 1,
@@ -253,6 +274,16 @@ impl StepDriver {
                 _ => {}
             }
         }
+    }
+
+    /// Drains the scheduler's KV events (outside the timed calls) and counts them; a
+    /// run that publishes them drains them in the timed step instead.
+    fn count_kv_events(&mut self) -> Result<(), KvError> {
+        if !self.kv_events || self.observe.kv_events.is_some() {
+            return Ok(());
+        }
+        let events = self.scheduler.take_kv_events()?;
+        self.count(&events);
         Ok(())
     }
 

@@ -23,4 +23,4 @@ pub mod workloads;
 
 pub use api::{Path, scheduler_on, system_on};
 pub use engine::{Counters, StepDriver};
-pub use workloads::{Report, WorkloadError, WorkloadKind, WorkloadOptions, run_workload};
+pub use workloads::{Observe, Report, WorkloadError, WorkloadKind, WorkloadOptions, run_workload};

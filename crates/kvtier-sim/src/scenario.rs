@@ -333,6 +333,8 @@ pub struct ScenarioOptions {
     /// Traces: at the end, report how much of the first `residency` prompts each tier
     /// holds ([`ScenarioReport::residency`]), as a router's index should see it.
     pub residency: usize,
+    /// Keep the counters every [`METRICS_EVERY`] steps ([`ScenarioReport::timeline`]).
+    pub timeline: bool,
     /// The model served.
     pub model: Model,
     /// Prefix cache and host tier on (off: every request computes its whole prompt).
@@ -429,6 +431,7 @@ impl ScenarioOptions {
             metrics: None,
             kv_events: None,
             residency: 0,
+            timeline: false,
         }
     }
 
@@ -456,7 +459,7 @@ impl ScenarioOptions {
 }
 
 /// The result of a scenario run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct ScenarioReport {
     /// Scenario name.
     pub workload: String,
@@ -583,6 +586,14 @@ pub struct ScenarioReport {
     /// tier at the end of the run.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub residency: Vec<PrefixResidency>,
+    /// With `ScenarioOptions::timeline`: the counters every [`METRICS_EVERY`] steps and
+    /// at the end.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub timeline: Vec<TimelinePoint>,
+    /// Each finished request's time to first token on the virtual clock, ms (not
+    /// serialized).
+    #[serde(skip)]
+    pub ttft_ms: Vec<f64>,
 }
 
 /// How much of one prompt's prefix each tier holds: the leading tokens (whole pages)
@@ -805,13 +816,93 @@ pub const METRICS_EVERY: u64 = 64;
 
 pub use kvtier::metrics::MetricsServer;
 
-/// Where a run keeps its metrics text (options compare it by identity).
-#[derive(Debug, Clone, Default)]
-pub struct MetricsSink(pub kvtier::metrics::MetricsText);
+/// Something told the system's stats at every refresh, with the virtual clock (s).
+pub type StatsObserver = Arc<dyn Fn(f64, &kvtier::SystemStats) + Send + Sync>;
+
+/// What a run does with its system's stats every [`METRICS_EVERY`] steps and at the end:
+/// keeps them as Prometheus text, and tells each observer (an OpenTelemetry export,
+/// say). Options compare it by identity.
+#[derive(Clone, Default)]
+pub struct MetricsSink {
+    /// The latest Prometheus text.
+    pub text: kvtier::metrics::MetricsText,
+    /// Told the stats after the text is written.
+    pub observers: Vec<StatsObserver>,
+}
+
+impl std::fmt::Debug for MetricsSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetricsSink")
+            .field("observers", &self.observers.len())
+            .finish_non_exhaustive()
+    }
+}
 
 impl PartialEq for MetricsSink {
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
+        Arc::ptr_eq(&self.text, &other.text)
+    }
+}
+
+impl Eq for MetricsSink {}
+
+impl MetricsSink {
+    /// Also exports the stats as OpenTelemetry metrics through `telemetry`'s meter.
+    pub fn exporting(mut self, telemetry: &kvtier::telemetry::Telemetry) -> Self {
+        let export = std::sync::Mutex::new(kvtier::telemetry::MetricsExport::new(telemetry));
+        self.observers.push(Arc::new(move |_, stats| {
+            if let Ok(mut export) = export.lock() {
+                export.update(stats);
+            }
+        }));
+        self
+    }
+}
+
+/// The run's counters at one moment of the virtual clock (`--report`'s plots).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct TimelinePoint {
+    /// The virtual clock, s.
+    pub virtual_s: f64,
+    /// Prompt tokens queried so far (each request's at its first chunk).
+    pub queried_tokens: u64,
+    /// Of those, the tokens each tier supplied: device, host, L3.
+    pub hit_tokens: [u64; 3],
+    /// Pages the prefix cache holds: device, host.
+    pub cached_pages: [u64; 2],
+    /// Free pages: device, host.
+    pub free_pages: [u64; 2],
+    /// Requests running and waiting.
+    pub requests: [u64; 2],
+    /// Bytes prefetched from and backed up to L3 so far.
+    pub l3_prefetched_bytes: u64,
+    /// Bytes backed up to L3 so far.
+    pub l3_backed_up_bytes: u64,
+}
+
+impl TimelinePoint {
+    fn of(virtual_s: f64, stats: &kvtier::SystemStats) -> Self {
+        let s = &stats.scheduler;
+        Self {
+            virtual_s,
+            queried_tokens: s.prompt_query_tokens,
+            hit_tokens: [
+                s.hit_tokens.saturating_sub(s.hit_tokens_host),
+                s.hit_tokens_host.saturating_sub(s.hit_tokens_l3),
+                s.hit_tokens_l3,
+            ],
+            cached_pages: [s.cached_device_pages, s.cached_host_pages],
+            free_pages: [
+                u64::from(s.available_device_pages),
+                u64::from(s.available_host_pages),
+            ],
+            requests: [
+                (s.prefilling + s.decoding) as u64,
+                (s.waiting + s.looking_up + s.retracted) as u64,
+            ],
+            l3_prefetched_bytes: stats.l3.map_or(0, |l3| l3.prefetched_bytes),
+            l3_backed_up_bytes: stats.l3.map_or(0, |l3| l3.backed_up_bytes),
+        }
     }
 }
 
@@ -825,6 +916,8 @@ impl PartialEq for KvEventsSink {
     }
 }
 
+impl Eq for KvEventsSink {}
+
 /// Publishes the KV events of the system since the last call as one batch stamped
 /// `now_us` on the virtual clock.
 fn publish_kv_events(
@@ -833,14 +926,21 @@ fn publish_kv_events(
     now_us: f64,
 ) -> Result<(), ScenarioError> {
     let events = s.take_kv_events()?;
-    if !events.is_empty() {
-        let wired: Vec<_> = events
-            .iter()
-            .map(kvtier::vllm_events::WireEvent::Cache)
-            .collect();
-        sink.0.publish(now_us / 1e6, &wired);
-    }
+    sink.publish(now_us / 1e6, &events);
     Ok(())
+}
+
+impl KvEventsSink {
+    /// Publishes `events` as one batch stamped `ts` (nothing when there are none).
+    pub fn publish(&self, ts: f64, events: &[kvtier_types::KvEvent]) {
+        if !events.is_empty() {
+            let wired: Vec<_> = events
+                .iter()
+                .map(kvtier::vllm_events::WireEvent::Cache)
+                .collect();
+            self.0.publish(ts, &wired);
+        }
+    }
 }
 
 /// Each of `requests`' prompts' cached prefix per tier now: the radix cache's probe
@@ -879,14 +979,26 @@ fn prefix_residency(
     Ok(out)
 }
 
-/// Writes the system's current metrics text into `metrics`.
-fn refresh_metrics(
+/// Reads the system's stats at `now_us` on the virtual clock into `metrics` (its text
+/// and observers) and, when one is kept, the timeline.
+pub(crate) fn refresh_metrics(
     s: &mut kvtier::LocalSystem,
-    metrics: &MetricsSink,
+    metrics: Option<&MetricsSink>,
+    timeline: Option<&mut Vec<TimelinePoint>>,
+    now_us: f64,
 ) -> Result<(), ScenarioError> {
-    let text = kvtier::metrics::prometheus_text(&s.stats()?);
-    if let Ok(mut shared) = metrics.0.lock() {
-        *shared = text;
+    let stats = s.stats()?;
+    if let Some(metrics) = metrics {
+        let text = kvtier::metrics::prometheus_text(&stats);
+        if let Ok(mut shared) = metrics.text.lock() {
+            *shared = text;
+        }
+        for observer in &metrics.observers {
+            observer(now_us / 1e6, &stats);
+        }
+    }
+    if let Some(timeline) = timeline {
+        timeline.push(TimelinePoint::of(now_us / 1e6, &stats));
     }
     Ok(())
 }
@@ -1055,6 +1167,8 @@ pub fn run_scenario_with(
         outputs: BTreeMap::new(),
         first_errors: Vec::new(),
         residency: Vec::new(),
+        timeline: Vec::new(),
+        ttft_ms: Vec::new(),
     };
     // Chat state: per conversation, history, next turn, whether a turn is live.
     const CONVERSATIONS: usize = 16;
@@ -1306,10 +1420,9 @@ pub fn run_scenario_with(
         if let Some(sink) = &o.kv_events {
             publish_kv_events(&mut s, sink, now)?;
         }
-        if let Some(metrics) = &o.metrics
-            && r.steps.is_multiple_of(METRICS_EVERY)
-        {
-            refresh_metrics(&mut s, metrics)?;
+        if (o.metrics.is_some() || o.timeline) && r.steps.is_multiple_of(METRICS_EVERY) {
+            let timeline = o.timeline.then_some(&mut r.timeline);
+            refresh_metrics(&mut s, o.metrics.as_ref(), timeline, now)?;
         }
         let total = match o.scenario {
             Scenario::Chat => (CONVERSATIONS * TURNS) as u64,
@@ -1332,8 +1445,9 @@ pub fn run_scenario_with(
             }
         }
     }
-    if let Some(metrics) = &o.metrics {
-        refresh_metrics(&mut s, metrics)?;
+    if o.metrics.is_some() || o.timeline {
+        let timeline = o.timeline.then_some(&mut r.timeline);
+        refresh_metrics(&mut s, o.metrics.as_ref(), timeline, now)?;
     }
     if let Some(sink) = &o.kv_events {
         publish_kv_events(&mut s, sink, now)?;
@@ -1391,6 +1505,7 @@ pub fn run_scenario_with(
         r.ttft_p90_ms = percentile(&ttft, 90) / 1e3;
         r.ttft_p99_ms = percentile(&ttft, 99) / 1e3;
     }
+    r.ttft_ms = ttft.iter().map(|us| us / 1e3).collect();
     let tpot: Vec<f64> = finished_at
         .iter()
         .filter_map(|(id, end)| {

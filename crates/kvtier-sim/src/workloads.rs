@@ -54,6 +54,19 @@ pub struct WorkloadOptions {
     pub path: Path,
     /// Record a digest of every plan in the report (for comparing paths).
     pub record_plans: bool,
+    /// An embedder's observability, inside each timed step: the KV events published
+    /// after every step (KV events on), the metrics refreshed every
+    /// [`crate::scenario::METRICS_EVERY`] steps.
+    pub observe: Observe,
+}
+
+/// What a workload run publishes and exports as it goes (see `WorkloadOptions::observe`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Observe {
+    /// Where the KV events go.
+    pub kv_events: Option<crate::scenario::KvEventsSink>,
+    /// Where the metrics go.
+    pub metrics: Option<crate::scenario::MetricsSink>,
 }
 
 impl WorkloadOptions {
@@ -68,6 +81,7 @@ impl WorkloadOptions {
             kv_events: false,
             path: Path::Core,
             record_plans: false,
+            observe: Observe::default(),
         }
     }
 }
@@ -251,7 +265,12 @@ impl From<KvError> for WorkloadError {
 }
 
 fn new_driver(o: &WorkloadOptions, config: SchedulerConfig) -> Result<StepDriver, WorkloadError> {
+    let config = SchedulerConfig {
+        enable_kv_cache_events: config.enable_kv_cache_events || o.observe.kv_events.is_some(),
+        ..config
+    };
     let mut driver = StepDriver::new(scheduler_on(o.path, config.clone())?, &config);
+    driver.observe = o.observe.clone();
     if o.record_plans {
         driver.plan_digests = Some(Vec::new());
     }

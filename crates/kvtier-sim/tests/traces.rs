@@ -209,7 +209,7 @@ fn with_room_for_everything_the_replay_reaches_the_unbounded_bound() {
         ..ScenarioOptions::trace(workload(requests.clone()))
     })
     .expect("replay runs");
-    let text = metrics.0.lock().expect("metrics").clone();
+    let text = metrics.text.lock().expect("metrics").clone();
     assert!(
         text.contains(&format!(
             "tokenspeed:prefix_cache_hits_total {}\n",

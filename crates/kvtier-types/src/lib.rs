@@ -13,6 +13,7 @@ pub mod engine_rule;
 mod error;
 mod event;
 pub mod hash;
+mod histogram;
 mod ids;
 mod paged;
 mod plan;
@@ -22,6 +23,7 @@ pub use actor::{ActorCore, ActorName, Placement};
 pub use config::{MambaSettings, PagedSettings, Policy, Role, SchedulerConfig};
 pub use error::TypesError;
 pub use event::{EngineEvent, KvEvent, Medium};
+pub use histogram::{DURATION_BOUNDS, Histogram, WallClock};
 pub use ids::{OpId, PageId, RequestId, SlotId, Tier, Token};
 pub use paged::{GroupKind, GroupRole, GroupSpec, Retention};
 pub use plan::{

@@ -477,7 +477,7 @@ impl Front {
                             _ => return Err(error),
                         },
                         ActorName::L3 => match answer.reply::<L3Core>()? {
-                            L3Reply::L3Stats(stats) => l3 = Some(stats),
+                            L3Reply::L3Stats(stats) => l3 = Some(*stats),
                             _ => return Err(error),
                         },
                         _ => return Err(error),

@@ -32,7 +32,13 @@ use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::SetupError;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use kvtier_types::DURATION_BOUNDS;
+
+use crate::metrics::{Kind, Series, Value};
+use crate::{SetupError, SystemStats};
 
 /// The environment variable OpenTelemetry SDKs read the collector's base URL from.
 pub const OTLP_ENDPOINT_ENV: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
@@ -173,6 +179,152 @@ pub fn init(config: &TelemetryConfig) -> Result<Telemetry, SetupError> {
     tracing::subscriber::set_global_default(telemetry.subscriber())
         .map_err(|_| SetupError::SubscriberInstalled)?;
     Ok(telemetry)
+}
+
+/// The system's metrics ([`crate::metrics::series`]) as OpenTelemetry instruments of
+/// the [`Telemetry`]'s meter: hand it each new [`SystemStats`] snapshot with
+/// [`Self::update`]; the periodic reader exports the latest.
+///
+/// Counters and gauges are observable instruments read from the last snapshot.
+/// Histograms are OpenTelemetry histograms with the same bucket bounds: each update
+/// records the observations added to each bucket since the last one at the bucket's
+/// midpoint, so the exported bucket counts are exact and the sum is the midpoints'.
+pub struct MetricsExport {
+    meter: opentelemetry::metrics::Meter,
+    latest: Arc<Mutex<Vec<Series>>>,
+    /// Families with an instrument, by Prometheus name.
+    registered: BTreeSet<&'static str>,
+    /// Observable instruments, kept alive.
+    observers: Vec<Box<dyn std::any::Any + Send + Sync>>,
+    histograms: BTreeMap<&'static str, opentelemetry::metrics::Histogram<f64>>,
+    /// Each histogram sample's last bucket counts, by name and labels.
+    seen: BTreeMap<SampleKey, Vec<u64>>,
+}
+
+/// A sample of a family: its name and labels.
+type SampleKey = (&'static str, Vec<(&'static str, String)>);
+
+impl std::fmt::Debug for MetricsExport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetricsExport")
+            .field("registered", &self.registered)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MetricsExport {
+    /// Exports through `telemetry`'s meter.
+    pub fn new(telemetry: &Telemetry) -> Self {
+        Self {
+            meter: telemetry.meter(),
+            latest: Arc::default(),
+            registered: BTreeSet::new(),
+            observers: Vec::new(),
+            histograms: BTreeMap::new(),
+            seen: BTreeMap::new(),
+        }
+    }
+
+    /// Takes a new snapshot of the system's stats.
+    pub fn update(&mut self, stats: &SystemStats) {
+        let series = crate::metrics::series(stats);
+        for family in &series {
+            if self.registered.insert(family.name) {
+                self.register(family);
+            }
+            if family.kind == Kind::Histogram {
+                self.record_histogram(family);
+            }
+        }
+        if let Ok(mut latest) = self.latest.lock() {
+            *latest = series;
+        }
+    }
+
+    fn register(&mut self, family: &Series) {
+        let name = family.name;
+        let latest = Arc::clone(&self.latest);
+        // Every sample of the family in the last snapshot, with its attributes.
+        let samples = move || -> Vec<(u64, Vec<KeyValue>)> {
+            let Ok(latest) = latest.lock() else {
+                return Vec::new();
+            };
+            latest
+                .iter()
+                .filter(|f| f.name == name)
+                .flat_map(|f| &f.samples)
+                .filter_map(|sample| match sample.value {
+                    Value::Int(v) => Some((v, attributes(&sample.labels))),
+                    Value::Histogram(_) => None,
+                })
+                .collect()
+        };
+        let help = family.help;
+        match family.kind {
+            Kind::Counter => self.observers.push(Box::new(
+                self.meter
+                    .u64_observable_counter(family.otel_name())
+                    .with_description(help)
+                    .with_callback(move |observer| {
+                        for (v, attrs) in samples() {
+                            observer.observe(v, &attrs);
+                        }
+                    })
+                    .build(),
+            )),
+            Kind::Gauge => self.observers.push(Box::new(
+                self.meter
+                    .u64_observable_gauge(family.otel_name())
+                    .with_description(help)
+                    .with_callback(move |observer| {
+                        for (v, attrs) in samples() {
+                            observer.observe(v, &attrs);
+                        }
+                    })
+                    .build(),
+            )),
+            Kind::Histogram => {
+                let histogram = self
+                    .meter
+                    .f64_histogram(family.otel_name())
+                    .with_description(help)
+                    .with_unit("s")
+                    .with_boundaries(DURATION_BOUNDS.to_vec())
+                    .build();
+                self.histograms.insert(name, histogram);
+            }
+        }
+    }
+
+    fn record_histogram(&mut self, family: &Series) {
+        let Some(instrument) = self.histograms.get(family.name) else {
+            return;
+        };
+        for sample in &family.samples {
+            let Value::Histogram(h) = sample.value else {
+                continue;
+            };
+            let key = (family.name, sample.labels.clone());
+            let before = self.seen.entry(key).or_default();
+            before.resize(h.bucket_counts().len(), 0);
+            let attrs = attributes(&sample.labels);
+            for (i, (&now, was)) in h.bucket_counts().iter().zip(before.iter_mut()).enumerate() {
+                let low = if i == 0 { 0.0 } else { DURATION_BOUNDS[i - 1] };
+                let high = DURATION_BOUNDS.get(i).copied().unwrap_or(low * 2.0);
+                for _ in *was..now {
+                    instrument.record((low + high) / 2.0, &attrs);
+                }
+                *was = now;
+            }
+        }
+    }
+}
+
+fn attributes(labels: &[(&'static str, String)]) -> Vec<KeyValue> {
+    labels
+        .iter()
+        .map(|(k, v)| KeyValue::new(*k, v.clone()))
+        .collect()
 }
 
 /// Turns the scheduler's `slow_step` events (target `kvtier::step`, which carry the
