@@ -42,7 +42,7 @@ pub fn render(report: &ScenarioReport) -> String {
         "virtual time (s)",
         "share of queried prompt tokens",
         &hit_ratio_lines(t),
-        Some(1.0),
+        None,
         percent,
     ));
     page.push_str(&chart(
@@ -186,8 +186,9 @@ fn chart(
 ) -> String {
     let all = lines.iter().flat_map(|l| &l.points);
     let x_max = all.clone().map(|p| p.0).fold(0.0, f64::max).max(1e-9);
+    // Room above the highest line, so that its level reads off the axis.
     let y_max = y_max
-        .unwrap_or_else(|| all.map(|p| p.1).fold(0.0, f64::max))
+        .unwrap_or_else(|| all.map(|p| p.1).fold(0.0, f64::max) * 1.25)
         .max(1e-9);
     let mut svg = frame(title, x_label, y_label);
     axes(&mut svg, x_max, y_max, count, y_tick);
@@ -339,8 +340,9 @@ mod tests {
         for fetch in ["<script", "src=", "href=", "url("] {
             assert!(!page.contains(fetch), "nothing is fetched or run: {fetch}");
         }
-        // The cumulative all-tier ratio at 1 s is 35 %: y = TOP + HEIGHT * (1 - 0.35).
-        let y = TOP + HEIGHT * (1.0 - 0.35);
+        // The cumulative all-tier ratio at 1 s is 35 %, the highest value: the axis goes
+        // to 35 % * 1.25, so y = TOP + HEIGHT * (1 - 1 / 1.25).
+        let y = TOP + HEIGHT * (1.0 - 1.0 / 1.25);
         assert!(
             page.contains(&format!("{:.1},{y:.1}", LEFT + WIDTH)),
             "{page}"
