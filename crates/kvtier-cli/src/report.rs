@@ -73,6 +73,13 @@ pub fn scenario(r: &ScenarioReport) {
             ),
         ),
         (
+            "  lost hits",
+            format!(
+                "{} tokens evicted, {} in L3 and not prefetched, {} held but capped (state or window)",
+                r.lost_hit_tokens[0], r.lost_hit_tokens[1], r.lost_hit_tokens[2]
+            ),
+        ),
+        (
             "  from device",
             format!(
                 "{:.1} %",
@@ -184,6 +191,7 @@ pub fn scenario(r: &ScenarioReport) {
     let rows = rows
         .into_iter()
         .filter(|(name, _)| traced || *name != "  unbounded cache")
+        .filter(|(name, _)| r.lost_hits_tracked || *name != "  lost hits")
         .chain(l3_rows.into_iter().filter(|_| l3_on))
         .chain(tail_rows);
     print_rows(rows, 20);

@@ -167,6 +167,8 @@ impl SchedulerCore {
             kvtier.cached_tokens.l3 = empty,
             kvtier.l3.hit_pages = empty,
             kvtier.recomputed = empty,
+            kvtier.lost_hit.reason = empty,
+            kvtier.lost_hit.tokens = empty,
             kvtier.outcome = empty,
         );
         let phase = if matches!(state, State::LookingUp { .. }) {
@@ -295,13 +297,14 @@ impl SchedulerCore {
                     | StateKind::Retracting
                     | StateKind::Retracted) => {
                         let r = &mut self.requests[key];
-                        if r.first_token.is_none() && !tokens.is_empty() {
+                        // The first token arrives for its last prefill chunk.
+                        if kind == StateKind::PrefillDone && r.first_token.is_none() {
                             let now = std::time::Instant::now();
                             self.stats.time_to_first_token.observe(now - r.submitted);
                             r.first_token = Some(now);
                         }
-                        let before = self.requests[key].tokens.len();
-                        Arc::make_mut(&mut self.requests[key].tokens).extend_from_slice(&tokens);
+                        let before = r.tokens.len();
+                        Arc::make_mut(&mut r.tokens).extend_from_slice(&tokens);
                         // Hybrid models publish at every decode page crossing; so do
                         // plain window models, up to their cap (PR #381).
                         let window_capped = self.config.publish_prefix_mid_flight
@@ -366,13 +369,15 @@ impl SchedulerCore {
                 // Routers learn what L3 holds from KV events: the pages it stored are
                 // published before the pin goes.
                 Some(backup) if success && self.config.enable_kv_cache_events => {
-                    self.outbox.push(
-                        CacheOp::BackedUp {
-                            pin: backup.pin,
-                            page_hashes: backup.page_hashes,
-                        },
-                        Target::Ignore,
-                    );
+                    let crate::ops::Backup {
+                        pin,
+                        page_hashes,
+                        span,
+                    } = backup;
+                    self.outbox
+                        .push(CacheOp::BackedUp { pin, page_hashes }, Target::Ignore);
+                    // The backup's span ends with it.
+                    drop(span);
                     Ok(())
                 }
                 Some(_) => Ok(()),
@@ -701,6 +706,7 @@ impl SchedulerCore {
             device_node,
             is_retract,
             depends_on: _,
+            span,
         } = op;
         let key = request.and_then(|id| self.requests.key_of(&id));
         // After a failed retract copy the device copy is the only one: the cache pins it
@@ -711,7 +717,7 @@ impl SchedulerCore {
                 key,
                 id: self.requests[key].id.clone(),
             },
-            _ => Target::Backup,
+            _ => Target::Backup(span),
         };
         self.outbox.push(
             CacheOp::WriteBackAck {

@@ -59,12 +59,12 @@ impl SchedulerCore {
     /// in the next batch.
     fn deliver(&mut self, target: Target, result: OpResult) {
         match (target, result) {
-            (Target::Backup, OpResult::Acked { kept, backup }) => {
+            (Target::Backup(span), OpResult::Acked { kept, backup }) => {
                 drop(kept);
-                self.ops.queue_backups(backup);
+                self.ops.queue_backups(backup, &span);
             }
             (Target::KeepDevice { key, id }, OpResult::Acked { kept, backup }) => {
-                self.ops.queue_backups(backup);
+                self.ops.queue_backups(backup, &tracing::Span::none());
                 if self.requests.holds(key, &id)
                     && let State::Retracted(held) = &mut self.requests[key].state
                     && held.device_lock.is_none()

@@ -34,6 +34,16 @@ pub(crate) struct WriteBackInFlight {
     /// Earlier write-backs of the same plan that carry some of its pairs (a plan emits
     /// each pair once): its copy is whole only if they succeed too.
     pub depends_on: Vec<OpId>,
+    /// Its span under the request's, from the plan that carries it to its resolution.
+    pub span: tracing::Span,
+}
+
+/// A span for a copy done for a request, under `parent` (none when nobody listens).
+pub(crate) fn copy_span(parent: &tracing::Span, name: &'static str, pages: usize) -> tracing::Span {
+    if parent.is_disabled() {
+        return tracing::Span::none();
+    }
+    tracing::info_span!(parent: parent, "copy", otel.name = name, kvtier.pages = pages as i64)
 }
 
 /// Ops in flight and the next op id.
@@ -47,12 +57,12 @@ pub(crate) struct OpTable {
     /// outcome once it is known.
     depended_on: BTreeMap<OpId, (usize, Option<bool>)>,
     /// Written-back host pages waiting for their L3 backup op, pinned on host.
-    pending_backups: Vec<BackupSource>,
+    pending_backups: Vec<(BackupSource, tracing::Span)>,
     /// Backups in flight: the host lock pinning each one's source pages until acked.
     backups: BTreeMap<OpId, Backup>,
     /// The last plan's load-backs: their device pages and state slots, and whether a
     /// failure was taken.
-    load_backs: BTreeMap<OpId, (FailedLoad, bool)>,
+    load_backs: BTreeMap<OpId, (FailedLoad, bool, tracing::Span)>,
     /// The last plan's rows that copied a cached state into their working slot: the
     /// request and the device state slot (hybrid models).
     copies: Vec<(RequestId, u32)>,
@@ -66,6 +76,8 @@ pub(crate) struct OpTable {
 pub(crate) struct Backup {
     pub pin: NodeLock,
     pub page_hashes: Vec<PageHash>,
+    /// Its span, under its write-back's; ends when the backup is done.
+    pub span: tracing::Span,
 }
 
 impl Default for OpTable {
@@ -106,10 +118,16 @@ impl OpTable {
 
     /// Records a load-back of this plan onto device `pages` and state slots `states`
     /// under a fresh id, which it returns.
-    pub fn issue_load_back(&mut self, pages: Vec<PageId>, states: Vec<u32>) -> OpId {
+    /// under a fresh id, which it returns; `span` lasts until the next plan.
+    pub fn issue_load_back(
+        &mut self,
+        pages: Vec<PageId>,
+        states: Vec<u32>,
+        span: tracing::Span,
+    ) -> OpId {
         let op_id = self.next_id();
         self.load_backs
-            .insert(op_id, (FailedLoad { pages, states }, false));
+            .insert(op_id, (FailedLoad { pages, states }, false, span));
         op_id
     }
 
@@ -137,8 +155,8 @@ impl OpTable {
     /// the last plan.
     pub fn load_back_failed(&mut self, op_id: OpId) -> Result<FailedLoad, bool> {
         match self.load_backs.get_mut(&op_id) {
-            Some((_, true)) => Err(true),
-            Some((load, reported)) => {
+            Some((_, true, _)) => Err(true),
+            Some((load, reported, _)) => {
                 *reported = true;
                 Ok(std::mem::take(load))
             }
@@ -225,16 +243,24 @@ impl OpTable {
         }
     }
 
-    /// Queues the backup sources of acknowledged write-backs for the next plan.
-    pub fn queue_backups(&mut self, sources: impl IntoIterator<Item = BackupSource>) {
-        self.pending_backups.extend(sources);
+    /// Queues the backup sources of acknowledged write-backs for the next plan, each
+    /// with a span under `parent` (the write-back's) that lasts until `BackupDone`.
+    pub fn queue_backups(
+        &mut self,
+        sources: impl IntoIterator<Item = BackupSource>,
+        parent: &tracing::Span,
+    ) {
+        self.pending_backups.extend(sources.into_iter().map(|s| {
+            let span = copy_span(parent, "backup", s.pages.len());
+            (s, span)
+        }));
     }
 
     /// Emits the queued backups into `out`; each keeps its source pages pinned until
     /// `BackupDone`. With `keep_hashes` (KV events) each remembers its page hashes, to
     /// publish what it stored.
     pub fn issue_backups(&mut self, out: &mut Vec<BackupOp>, keep_hashes: bool) {
-        for backup in std::mem::take(&mut self.pending_backups) {
+        for (backup, span) in std::mem::take(&mut self.pending_backups) {
             let op_id = self.next_id();
             let page_hashes = if keep_hashes {
                 backup.hashes.clone()
@@ -253,6 +279,7 @@ impl OpTable {
                 Backup {
                     pin: backup.pin,
                     page_hashes,
+                    span,
                 },
             );
         }

@@ -12,8 +12,9 @@ use crate::request::Republish;
 pub(crate) enum Target {
     /// Nothing to do with it.
     Ignore,
-    /// A write-back ack: queue its backup source, if any.
-    Backup,
+    /// A write-back ack: queue its backup source, if any, under this span (the
+    /// write-back's).
+    Backup(tracing::Span),
     /// A failed retract copy: the device lock goes to the retracted request.
     KeepDevice { key: usize, id: RequestId },
     /// A finish: the attached write-back makes the request `Draining`.

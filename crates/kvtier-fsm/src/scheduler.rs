@@ -69,6 +69,15 @@ pub struct SchedulerStats {
     pub hit_tokens_host: u64,
     /// Of the host hits, the tokens the request's own prefetch brought from L3.
     pub hit_tokens_l3: u64,
+    /// With `track_lost_hits`: prompt tokens after each first chunk's hit that L3 had
+    /// and no prefetch brought (lost hits).
+    pub lost_hit_tokens_l3: u64,
+    /// With `track_lost_hits`: prompt tokens after each first chunk's hit that the cache
+    /// held once and dropped from every tier (lost hits; those L3 still had count above).
+    pub lost_hit_tokens_evicted: u64,
+    /// With `track_lost_hits`, hybrid models: prompt tokens after each first chunk's hit
+    /// that the tree held but a missing state or window kept from reuse.
+    pub lost_hit_tokens_capped: u64,
     /// Cache batches sent (one per `advance` with cache work, one or two per plan).
     pub cache_batches: u64,
     /// Hybrid models: the recurrent-state slots and their counters.
@@ -111,6 +120,7 @@ pub fn cache_config(config: &SchedulerConfig) -> CacheConfig {
             debug_assert!(adjunct.is_ok(), "an invalid paged config: {adjunct:?}");
             adjunct.ok()
         }),
+        lost_hits: config.track_lost_hits,
     }
 }
 

@@ -245,12 +245,25 @@ impl SchedulerCore {
         plan: &mut ExecutionPlan,
         seen: &mut Seen,
     ) -> OpId {
+        let span = match self.requests.key_of(&request) {
+            Some(key) => crate::ops::copy_span(
+                &self.requests[key].span,
+                if is_retract {
+                    "retract_copy"
+                } else {
+                    "write_back"
+                },
+                attached.pairs.len(),
+            ),
+            None => tracing::Span::none(),
+        };
         let op_id = self.ops.issue_write_back(WriteBackInFlight {
             request: Some(request),
             ticket: attached.ticket,
             device_node: attached.device_node,
             is_retract,
             depends_on: Vec::new(),
+            span,
         });
         let (pairs, carried_by) = seen.new_write_back_pairs(op_id, attached.pairs);
         self.ops.depends_on(op_id, carried_by);
@@ -848,7 +861,12 @@ impl SchedulerCore {
             .rows
             .push_prefill_row(&self.requests[key], &run, 0, cow_src, branching);
         draft.rows.set_groups(true, admission.groups);
-        self.count_hits(key, run.window_begin, &admission.load_back);
+        self.count_hits(
+            key,
+            run.window_begin,
+            &admission.load_back,
+            [admission.capped_pages, admission.dropped_pages],
+        );
         self.requests[key].enter_phase("prefilling");
         let done = run.window_end() == prefill_len;
         self.requests[key].state = if done {
@@ -856,11 +874,12 @@ impl SchedulerCore {
         } else {
             State::Prefilling(run)
         };
-        self.push_load_back(admission.load_back, &mut draft.plan, &mut draft.seen);
+        self.push_load_back(key, admission.load_back, &mut draft.plan, &mut draft.seen);
     }
 
     fn push_load_back(
         &mut self,
+        key: usize,
         pairs: Vec<TransferPair>,
         plan: &mut ExecutionPlan,
         seen: &mut Seen,
@@ -868,6 +887,7 @@ impl SchedulerCore {
         if pairs.is_empty() {
             return;
         }
+        let span = crate::ops::copy_span(&self.requests[key].span, "load_back", pairs.len());
         let pairs = seen.new_load_back_pairs(pairs);
         let dsts = |kind: TransferKind| {
             pairs
@@ -876,9 +896,9 @@ impl SchedulerCore {
                 .map(|pair| pair.dst)
                 .collect()
         };
-        let op_id = self
-            .ops
-            .issue_load_back(dsts(TransferKind::Kv), dsts(TransferKind::Mamba));
+        let op_id =
+            self.ops
+                .issue_load_back(dsts(TransferKind::Kv), dsts(TransferKind::Mamba), span);
         plan.load_backs.push(LoadBackOp { op_id, pairs });
     }
 
@@ -1085,11 +1105,46 @@ impl SchedulerCore {
     /// Counts a request's first chunk in the prefix-cache counters: its prompt queried,
     /// `hit` tokens reused, those `load_back` brings from host, and of those the pages
     /// its own L3 prefetch brought. Once per request: a recompute is not a new query.
-    fn count_hits(&mut self, key: usize, hit: u32, load_back: &[TransferPair]) {
+    fn count_hits(
+        &mut self,
+        key: usize,
+        hit: u32,
+        load_back: &[TransferPair],
+        [capped, dropped]: [u32; 2],
+    ) {
         let ps = u64::from(self.config.page_size);
         let r = &mut self.requests[key];
         if std::mem::replace(&mut r.queried, true) {
             return;
+        }
+        // Lost hits, by reason, in prompt order after the hit: pages the tree holds that
+        // a hybrid model's cap kept from reuse, pages L3 had that no prefetch brought,
+        // then pages the cache held once and dropped (those L3 still had count as L3's).
+        let hit_pages = hit / self.config.page_size;
+        let l3_lost = if self.config.enable_l3_storage {
+            r.storage_hit_pages.saturating_sub(hit_pages + capped)
+        } else {
+            0
+        };
+        let evicted = dropped.saturating_sub(l3_lost);
+        let [capped, l3_lost, evicted] = [capped, l3_lost, evicted].map(|p| u64::from(p) * ps);
+        self.stats.lost_hit_tokens_capped += capped;
+        self.stats.lost_hit_tokens_l3 += l3_lost;
+        self.stats.lost_hit_tokens_evicted += evicted;
+        if !r.span.is_disabled() && capped + l3_lost + evicted > 0 {
+            let reason = [
+                (capped, "cap"),
+                (l3_lost, "l3_not_prefetched"),
+                (evicted, "evicted"),
+            ]
+            .into_iter()
+            .max_by_key(|&(tokens, _)| tokens)
+            .map_or("evicted", |(_, reason)| reason);
+            r.span.record("kvtier.lost_hit.reason", reason);
+            r.span.record(
+                "kvtier.lost_hit.tokens",
+                (capped + l3_lost + evicted) as i64,
+            );
         }
         let from_host = load_back
             .iter()
@@ -1199,6 +1254,6 @@ impl SchedulerCore {
             .rows
             .push_decode_row(r, &run, RowKind::Recovery, 0, d, cow_src);
         self.requests[key].state = State::Decoding(run);
-        self.push_load_back(admission.load_back, &mut draft.plan, &mut draft.seen);
+        self.push_load_back(key, admission.load_back, &mut draft.plan, &mut draft.seen);
     }
 }

@@ -422,3 +422,44 @@ fn a_failed_backup_publishes_nothing() {
     });
     assert!(!in_l3);
 }
+
+/// Lost hits, by reason: a prompt whose pages the cache dropped counts them as
+/// `evicted`; one never seen counts nothing; pages L3 had that no prefetch brought count
+/// as `l3_not_prefetched`.
+#[test]
+fn lost_hits_are_counted_by_reason() {
+    let mut s = sched(SchedulerConfig {
+        track_lost_hits: true,
+        disable_l2_cache: true,
+        device_pages: 14,
+        ..fixture()
+    });
+    submit(&mut s, "r0", tokens(1, 9));
+    drain(&mut s, &mut Engine::with_max_new(1), 20);
+    // A long prompt takes the device pool: r0's 4 pages are evicted.
+    submit(&mut s, "r1", tokens(100, 21));
+    drain(&mut s, &mut Engine::with_max_new(1), 30);
+    assert!(s.stats().evicted_device_pages >= 4, "{:?}", s.stats());
+    submit(&mut s, "r2", tokens(1, 9));
+    submit(&mut s, "r3", tokens(500, 9));
+    drain(&mut s, &mut Engine::with_max_new(1), 30);
+    let stats = s.stats();
+    assert_eq!(stats.lost_hit_tokens_evicted, 8, "r0's 4 pages of 2 tokens");
+    assert_eq!(stats.lost_hit_tokens_l3, 0);
+
+    // L3 had 5 pages; the threshold keeps the prefetch from running.
+    let mut s = sched(SchedulerConfig {
+        track_lost_hits: true,
+        prefetch_threshold: 100,
+        ..l3_config()
+    });
+    let spec = RequestSpec {
+        storage_hit_pages: 5,
+        ..RequestSpec::new("r1", tokens(1, 13))
+    };
+    s.submit(vec![spec]).expect("submit");
+    s.next_plan();
+    let stats = s.stats();
+    assert_eq!(stats.lost_hit_tokens_l3, 10, "5 pages of 2 tokens");
+    assert_eq!(stats.lost_hit_tokens_evicted, 0);
+}

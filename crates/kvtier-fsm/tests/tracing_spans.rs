@@ -136,7 +136,7 @@ fn request_lifecycle_and_slow_steps_are_traced() {
     let phases = |span: &str| -> Vec<String> {
         seen.parents
             .iter()
-            .filter(|(_, p)| p.as_deref() == Some(span))
+            .filter(|(child, p)| p.as_deref() == Some(span) && child.starts_with("phase#"))
             .filter_map(|(child, _)| {
                 let (_, fields) = seen.spans.iter().find(|(n, _)| n == child)?;
                 field(fields, "otel.name").map(str::to_owned)
@@ -145,6 +145,20 @@ fn request_lifecycle_and_slow_steps_are_traced() {
     };
     assert_eq!(phases(r1), ["queued", "prefilling", "decoding", "finished"]);
     assert_eq!(phases(r2), ["queued", "prefilling", "decoding", "finished"]);
+    // The copy done for r1: its write-back, a child span with its pages.
+    let copies: Vec<&FieldList> = seen
+        .parents
+        .iter()
+        .filter(|(child, p)| p.as_deref() == Some(r1) && child.starts_with("copy#"))
+        .filter_map(|(child, _)| seen.spans.iter().find(|(n, _)| n == child).map(|(_, f)| f))
+        .collect();
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    assert_eq!(field(copies[0], "otel.name"), Some("write_back"));
+    assert_eq!(
+        field(copies[0], "kvtier.pages"),
+        Some("5"),
+        "11 tokens with KV, pages of 2"
+    );
     assert!(seen.closed >= 2, "spans close when requests are forgotten");
     let slow = seen
         .events

@@ -136,6 +136,7 @@ impl Workload {
             policy: Default::default(),
             mamba: None,
             paged: None,
+            lost_hits: false,
         });
         for seq in &self.seqs {
             admit_and_insert(&mut cache, seq);

@@ -519,6 +519,13 @@ pub struct Admission {
     pub tables: Option<GroupTables>,
     /// The view of `tables` the row reads.
     pub groups: Vec<GroupTable>,
+    /// First chunks with `CacheConfig::lost_hits`, hybrid models: the prompt's pages
+    /// after `begin_pages` the tree holds but the request cannot reuse (no cached state
+    /// or window there).
+    pub capped_pages: u32,
+    /// First chunks with `CacheConfig::lost_hits`: the prompt's pages after those, in a
+    /// row, that the cache held once and dropped.
+    pub dropped_pages: u32,
 }
 
 impl RadixCore {
@@ -862,13 +869,17 @@ impl RadixCore {
                                 use_host,
                                 reuse,
                             };
-                            if self.has_snapshots() {
+                            let mut outcome = if self.has_snapshots() {
                                 self.first_chunk_paged(ask)
                             } else if self.has_states() {
                                 self.first_chunk_hybrid(ask)
                             } else {
                                 self.first_chunk(ask)
+                            };
+                            if let Outcome::Admitted(a) = &mut outcome {
+                                self.lost_hits(&tokens, a);
                             }
+                            outcome
                         }
                     }
                 }
@@ -1195,6 +1206,8 @@ impl RadixCore {
             states,
             tables: None,
             groups: Vec::new(),
+            capped_pages: 0,
+            dropped_pages: 0,
         }))
     }
 

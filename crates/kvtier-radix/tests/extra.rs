@@ -234,6 +234,7 @@ fn page_hash_vectors_on_tree_paths() {
         policy: Default::default(),
         mamba: None,
         paged: None,
+        lost_hits: false,
     });
     let a = insert_fresh(&mut cache, Tier::Device, &[1, 2, 3, 4]).last_node;
     assert_eq!(hex(&cache.path_page_hashes(a)), vec![H12, H34]);

@@ -33,6 +33,7 @@ fn settings(host: bool, policy: Policy) -> CacheConfig {
             reference: policy == Policy::Reference,
         }),
         paged: None,
+        lost_hits: false,
     }
 }
 

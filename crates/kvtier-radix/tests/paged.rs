@@ -18,6 +18,7 @@ fn cache(page_size: u32, device_pages: u32, adjunct: Adjunct) -> RadixCore {
         policy: Policy::Default,
         mamba: None,
         paged: Some(adjunct),
+        lost_hits: false,
     })
 }
 

@@ -586,6 +586,12 @@ pub struct ScenarioReport {
     /// tier at the end of the run.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub residency: Vec<PrefixResidency>,
+    /// Whether the run said why hits were lost (`SchedulerConfig::track_lost_hits`; on
+    /// when the run is watched: metrics, KV events or a report).
+    pub lost_hits_tracked: bool,
+    /// Then: prompt tokens computed again although cached once: evicted from every
+    /// tier, in L3 but not prefetched, held but capped (hybrid models).
+    pub lost_hit_tokens: [u64; 3],
     /// With `ScenarioOptions::timeline`: the counters every [`METRICS_EVERY`] steps and
     /// at the end.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -1066,6 +1072,8 @@ pub fn run_scenario_with(
         midflight_publish_max_pages: o.publish_cap,
         enable_l3_storage: o.l3_on(),
         enable_kv_cache_events: o.kv_events.is_some(),
+        // Watched runs say why hits were lost.
+        track_lost_hits: o.metrics.is_some() || o.timeline || o.kv_events.is_some(),
         ..SchedulerConfig::default()
     };
     let mut device = hybrid_reference_device(
@@ -1084,6 +1092,7 @@ pub fn run_scenario_with(
     let arenas = device.arenas_mut();
     let (host, host_states) = (arenas.host_arena(), arenas.host_state_arena());
     let l3 = l3_core(o, PAGE, host, host_states, &mut scratch)?;
+    let lost_hits_tracked = config.track_lost_hits;
     let mut s = system_on(o.path, config, Some(device), l3)?;
     // A step computes at least one token of some request: a run that takes more steps
     // than its requests have tokens has stopped making progress.
@@ -1167,6 +1176,8 @@ pub fn run_scenario_with(
         outputs: BTreeMap::new(),
         first_errors: Vec::new(),
         residency: Vec::new(),
+        lost_hits_tracked: false,
+        lost_hit_tokens: [0; 3],
         timeline: Vec::new(),
         ttft_ms: Vec::new(),
     };
@@ -1458,6 +1469,12 @@ pub fn run_scenario_with(
     let stats = s.stats()?;
     let sched = &stats.scheduler;
     r.scheduler_hit_tokens = [sched.hit_tokens, sched.hit_tokens_host, sched.hit_tokens_l3];
+    r.lost_hits_tracked = lost_hits_tracked;
+    r.lost_hit_tokens = [
+        sched.lost_hit_tokens_evicted,
+        sched.lost_hit_tokens_l3,
+        sched.lost_hit_tokens_capped,
+    ];
     r.evicted_device_pages = stats.scheduler.evicted_device_pages;
     r.evicted_host_pages = stats.scheduler.evicted_host_pages;
     if let Some(l3) = stats.l3 {

@@ -265,8 +265,10 @@ impl From<KvError> for WorkloadError {
 }
 
 fn new_driver(o: &WorkloadOptions, config: SchedulerConfig) -> Result<StepDriver, WorkloadError> {
+    let watched = o.observe != Observe::default();
     let config = SchedulerConfig {
         enable_kv_cache_events: config.enable_kv_cache_events || o.observe.kv_events.is_some(),
+        track_lost_hits: config.track_lost_hits || watched,
         ..config
     };
     let mut driver = StepDriver::new(scheduler_on(o.path, config.clone())?, &config);

@@ -285,3 +285,60 @@ fn a_sweep_is_the_same_on_one_worker_or_two_and_draws_every_series() {
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     assert!(svg.contains("unbounded cache"));
 }
+
+/// A watched replay says why hits were lost (the cache remembers the pages it dropped):
+/// over the conversation trace's first 200 requests without L3, some of what was cached
+/// is evicted and asked for again; what was reused plus what was lost is exactly what
+/// the engine had computed before (the ideal: it can only be more where a prefix was
+/// being computed by a running request, or dropped longer ago than the cache
+/// remembers); and watching changes no decision. A hybrid model adds the prefix the tree
+/// holds past its last cached state.
+#[test]
+fn a_watched_replay_counts_its_lost_hits() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../data/mooncake-traces/conversation_trace.jsonl"
+    );
+    let slice = TraceSlice {
+        limit: Some(200),
+        ..TraceSlice::default()
+    };
+    let requests = read_trace(std::path::Path::new(path), &slice).expect("the trace");
+    let options = ScenarioOptions {
+        l3: L3Store::Off,
+        ..ScenarioOptions::trace(TraceWorkload {
+            name: "conversation".into(),
+            requests,
+            time_scale: 1.0,
+        })
+    };
+    let plain = run_scenario(&options).expect("replay runs");
+    assert!(!plain.lost_hits_tracked);
+    let watched = run_scenario(&ScenarioOptions {
+        metrics: Some(kvtier_sim::scenario::MetricsSink::default()),
+        ..options.clone()
+    })
+    .expect("replay runs");
+    assert!(watched.lost_hits_tracked);
+    assert_eq!(watched.output_digest, plain.output_digest);
+    assert_eq!(watched.steps, plain.steps);
+    assert_eq!(watched.hit_tokens, plain.hit_tokens);
+    let [evicted, l3, capped] = watched.lost_hit_tokens;
+    assert!(evicted > 0, "{:?}", watched.lost_hit_tokens);
+    assert_eq!((l3, capped), (0, 0), "no L3, a dense model");
+    assert_eq!(watched.hit_tokens + evicted, watched.ideal_hit_tokens);
+
+    // A hybrid model also loses what the tree holds past its last cached state.
+    let hybrid = run_scenario(&ScenarioOptions {
+        model: kvtier_sim::scenario::Model::MambaHybrid,
+        metrics: Some(kvtier_sim::scenario::MetricsSink::default()),
+        ..options
+    })
+    .expect("replay runs");
+    let [evicted, l3, capped] = hybrid.lost_hit_tokens;
+    assert!(capped > 0 && l3 == 0, "{:?}", hybrid.lost_hit_tokens);
+    assert_eq!(
+        hybrid.hit_tokens + evicted + capped,
+        hybrid.ideal_hit_tokens
+    );
+}

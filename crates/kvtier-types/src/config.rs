@@ -161,6 +161,13 @@ pub struct SchedulerConfig {
     /// Scheduling steps slower than this are recorded as a `slow_step` tracing event
     /// (tail-based: fast steps cost nothing). `None` records none.
     pub slow_step_threshold: Option<std::time::Duration>,
+    /// Say why hits were lost: the cache remembers the pages it dropped (their block
+    /// hashes, four times the pools' pages) and each admission counts the prompt's
+    /// pages after its hit that were dropped or that L3 had and no prefetch brought
+    /// (`SchedulerStats::lost_hit_tokens`, the request span's `kvtier.lost_hit.*`).
+    /// Costs a hash per prompt page at admission and per dropped page; no decision
+    /// reads it.
+    pub track_lost_hits: bool,
     /// kvtier's decisions, or the reference's where they differ (conformance runs).
     pub policy: Policy,
     /// Hybrid models: the recurrent-state family. A hybrid model's prefixes are
@@ -191,6 +198,7 @@ impl Default for SchedulerConfig {
             publish_prefix_mid_flight: true,
             midflight_publish_max_pages: None,
             slow_step_threshold: Some(std::time::Duration::from_millis(1)),
+            track_lost_hits: false,
             policy: Policy::Default,
             mamba: None,
             paged: None,

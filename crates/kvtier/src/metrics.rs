@@ -244,6 +244,16 @@ pub fn series(stats: &SystemStats) -> Vec<Series> {
     );
     out.push(
         Series::new(
+            "kvtier_lost_hit_tokens_total",
+            Counter,
+            "Prompt tokens computed again although cached once, by why (with track_lost_hits).",
+        )
+        .int(&[("reason", "evicted")], s.lost_hit_tokens_evicted)
+        .int(&[("reason", "l3_not_prefetched")], s.lost_hit_tokens_l3)
+        .int(&[("reason", "cap")], s.lost_hit_tokens_capped),
+    );
+    out.push(
+        Series::new(
             "kvtier_step_duration_seconds",
             Kind::Histogram,
             "Wall-clock duration of each scheduling step.",

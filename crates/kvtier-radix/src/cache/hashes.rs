@@ -28,7 +28,7 @@ impl RadixCore {
     }
 
     /// Computes missing block hashes root→`id`.
-    fn ensure_block_hashes(&mut self, id: NodeId) {
+    pub(super) fn ensure_block_hashes(&mut self, id: NodeId) {
         let ps = self.page_size;
         for node in self.path(id) {
             let n = self.node(node);

@@ -4,6 +4,7 @@
 //! channel and the pools; each concern's methods live in a submodule's own `impl` block.
 
 mod eviction;
+mod ghost;
 mod hashes;
 mod insert;
 mod invariants;
@@ -57,6 +58,9 @@ pub struct CacheConfig {
     /// required groups), hosted on the tree: snapshots on nodes. Its alignment must be
     /// a multiple of the page size (a snapshot sits at a page boundary).
     pub paged: Option<Adjunct>,
+    /// Remember the pages dropped from their last tier (four times the pools' pages),
+    /// so that admissions can say how much of a prompt was a lost hit.
+    pub lost_hits: bool,
 }
 
 /// Counters of the tree for stats and tests.
@@ -100,6 +104,8 @@ pub struct RadixCore {
     /// The reference scheduler's LRU keys and eviction (`Policy::Reference`).
     reference: bool,
     events: Option<EventSink>,
+    /// Pages dropped from their last tier (`CacheConfig::lost_hits`).
+    ghost: Option<ghost::Ghost>,
     lock_releases: ReleaseQueue<(NodeId, Tier)>,
     /// Write-backs in flight → the nodes they fill, leaf→root. A split of a covered node
     /// adds the new prefix node, so every pending copy is acknowledged.
@@ -160,6 +166,9 @@ impl RadixCore {
             keep_page_hashes: config.page_hashes,
             reference: config.policy == Policy::Reference,
             events: config.kv_events.then(EventSink::default),
+            ghost: config
+                .lost_hits
+                .then(|| ghost::Ghost::new(4 * (config.device_pages + config.host_pages) as usize)),
             lock_releases: ReleaseQueue::new(),
             tickets: BTreeMap::new(),
             next_ticket: 1,

@@ -44,6 +44,7 @@ impl RadixCore {
             self.locked_pages[t] -= pages.len() as u64;
         }
         self.pools[t].free_ids(&pages);
+        self.remember_dropped(id);
         if let Some(parent) = self.node(id).parent {
             self.update_leaf(parent, tier);
         }

@@ -35,6 +35,7 @@ pub fn new_cache(page_size: u32, device_pages: u32, host_pages: u32) -> RadixCor
         policy: Default::default(),
         mamba: None,
         paged: None,
+        lost_hits: false,
     })
 }
 
@@ -49,6 +50,7 @@ pub fn new_cache_with_events(page_size: u32, device_pages: u32, host_pages: u32)
         policy: Default::default(),
         mamba: None,
         paged: None,
+        lost_hits: false,
     })
 }
 
