@@ -238,7 +238,7 @@ impl StepDriver {
             result?;
             self.count_kv_events()?;
         }
-        if self.observe != crate::workloads::Observe::default() {
+        if self.observe.is_on() {
             let t2 = Instant::now();
             self.observed()?;
             ns += t2.elapsed().as_nanos() as u64;

@@ -69,6 +69,13 @@ pub struct Observe {
     pub metrics: Option<crate::scenario::MetricsSink>,
 }
 
+impl Observe {
+    /// Whether anything is watched.
+    pub fn is_on(&self) -> bool {
+        self.kv_events.is_some() || self.metrics.is_some()
+    }
+}
+
 impl WorkloadOptions {
     /// The reference definition of `kind`.
     pub fn new(kind: WorkloadKind) -> Self {
@@ -265,7 +272,7 @@ impl From<KvError> for WorkloadError {
 }
 
 fn new_driver(o: &WorkloadOptions, config: SchedulerConfig) -> Result<StepDriver, WorkloadError> {
-    let watched = o.observe != Observe::default();
+    let watched = o.observe.is_on();
     let config = SchedulerConfig {
         enable_kv_cache_events: config.enable_kv_cache_events || o.observe.kv_events.is_some(),
         track_lost_hits: config.track_lost_hits || watched,
