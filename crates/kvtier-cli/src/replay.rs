@@ -604,4 +604,39 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("h2d_gbps"), "{err}");
     }
+
+    /// KV events and the OTLP export go to loopback only, and say so when told
+    /// otherwise.
+    #[test]
+    fn observability_endpoints_must_be_loopback() {
+        for ok in [
+            "tcp://127.0.0.1:5557",
+            "tcp://[::1]:5557",
+            "tcp://localhost:0",
+        ] {
+            assert!(is_loopback_endpoint(ok), "{ok}");
+        }
+        for bad in [
+            "tcp://0.0.0.0:5557",
+            "tcp://10.0.0.1:5557",
+            "ipc:///tmp/x",
+            "127.0.0.1:5557",
+        ] {
+            assert!(!is_loopback_endpoint(bad), "{bad}");
+        }
+        let args = ReplayArgs {
+            kv_events: Some("tcp://0.0.0.0:5557".into()),
+            limit: Some(1),
+            ..ReplayArgs::default()
+        };
+        let err = run(args).expect_err("refused");
+        assert!(err.to_string().contains("loopback"), "{err}");
+        let args = ReplayArgs {
+            otlp_endpoint: Some("grpc://127.0.0.1:4317".into()),
+            limit: Some(1),
+            ..ReplayArgs::default()
+        };
+        let err = run(args).expect_err("refused");
+        assert!(err.to_string().contains("http://"), "{err}");
+    }
 }
