@@ -83,7 +83,8 @@ fn a_replays_spans_reach_a_real_otlp_receiver() {
         .arg(&spans_file)
         .arg("--metrics")
         .arg(&metrics_file)
-        .args(["--idle", "3", "--max", "300"])
+        // Quiet for 10 s: the replay has ended and flushed (a slow CI machine pauses).
+        .args(["--idle", "10", "--max", "300"])
         .stdout(Stdio::piped())
         .spawn()
         .expect("the receiver starts");
