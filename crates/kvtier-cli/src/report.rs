@@ -72,13 +72,13 @@ pub fn scenario(r: &ScenarioReport) {
                 r.unbounded_hit_tokens
             ),
         ),
-        (
-            "  lost hits",
+        ("  lost hits", {
+            let [not_reused, l3, prefetched, evicted] = r.lost_hit_tokens;
             format!(
-                "{} tokens evicted, {} in L3 and not prefetched, {} held but capped (state or window)",
-                r.lost_hit_tokens[0], r.lost_hit_tokens[1], r.lost_hit_tokens[2]
-            ),
-        ),
+                "{evicted} tokens evicted, {l3} in L3 and not prefetched, {prefetched} \
+                     prefetched and evicted before use, {not_reused} held but not reused"
+            )
+        }),
         (
             "  from device",
             format!(

@@ -28,6 +28,7 @@ impl SchedulerStats {
         self.cached_host_pages = tree.cached_pages[1];
         self.evicted_device_pages = tree.evicted_pages[0];
         self.evicted_host_pages = tree.evicted_pages[1];
+        self.prefetch_skipped = tree.prefetch_skipped;
         self.states = tree.states;
         self.groups = tree.groups;
         self

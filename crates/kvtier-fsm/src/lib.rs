@@ -87,4 +87,4 @@ pub use direct::Scheduler;
 pub use error::{BatchError, Rejected, SchedError};
 pub use outbox::{FamilyMail, FamilyReply, Progress};
 pub use request::StateKind;
-pub use scheduler::{SchedulerCore, SchedulerStats, cache_config};
+pub use scheduler::{LOST_HIT_REASONS, SchedulerCore, SchedulerStats, cache_config};

@@ -69,15 +69,16 @@ pub struct SchedulerStats {
     pub hit_tokens_host: u64,
     /// Of the host hits, the tokens the request's own prefetch brought from L3.
     pub hit_tokens_l3: u64,
-    /// With `track_lost_hits`: prompt tokens after each first chunk's hit that L3 had
-    /// and no prefetch brought (lost hits).
-    pub lost_hit_tokens_l3: u64,
-    /// With `track_lost_hits`: prompt tokens after each first chunk's hit that the cache
-    /// held once and dropped from every tier (lost hits; those L3 still had count above).
-    pub lost_hit_tokens_evicted: u64,
-    /// With `track_lost_hits`, hybrid models: prompt tokens after each first chunk's hit
-    /// that the tree held but a missing state or window kept from reuse.
-    pub lost_hit_tokens_capped: u64,
+    /// With `track_lost_hits`: prompt tokens after each first chunk's hit that were
+    /// cached once, by [`LOST_HIT_REASONS`]: the tree held them but the admission did
+    /// not reuse them (a hybrid model's missing state or window, host pages not loaded
+    /// back); L3 had them and no prefetch brought them; a prefetch brought them and the
+    /// host evicted them before the first chunk; the cache dropped them from every tier.
+    pub lost_hit_tokens: [u64; 4],
+    /// First chunks admitted without an L3 prefetch although their lookup found pages:
+    /// nothing missing from host, below the threshold, no host room, no host state slot
+    /// (`kvtier_radix::PrefetchSkip`).
+    pub prefetch_skipped: [u64; 4],
     /// Cache batches sent (one per `advance` with cache work, one or two per plan).
     pub cache_batches: u64,
     /// Hybrid models: the recurrent-state slots and their counters.
@@ -97,6 +98,14 @@ pub struct SchedulerStats {
     /// with more than one.
     pub time_per_output_token: kvtier_types::WallClock<kvtier_types::Histogram>,
 }
+
+/// The reasons of [`SchedulerStats::lost_hit_tokens`], in its order.
+pub const LOST_HIT_REASONS: [&str; 4] = [
+    "not_reused",
+    "l3_not_prefetched",
+    "prefetched_then_evicted",
+    "evicted",
+];
 
 /// The cache settings a scheduler config implies (the radix actor is built with them).
 pub fn cache_config(config: &SchedulerConfig) -> CacheConfig {

@@ -1117,9 +1117,10 @@ impl SchedulerCore {
         if std::mem::replace(&mut r.queried, true) {
             return;
         }
-        // Lost hits, by reason, in prompt order after the hit: pages the tree holds that
-        // a hybrid model's cap kept from reuse, pages L3 had that no prefetch brought,
-        // then pages the cache held once and dropped (those L3 still had count as L3's).
+        // Lost hits, by reason, in prompt order after the hit: pages the tree holds but
+        // the admission did not reuse, pages L3 had and no prefetch brought (or a
+        // prefetch brought and the host evicted before the first chunk), then pages the
+        // cache held once and dropped (those L3 still had count as L3's).
         let hit_pages = hit / self.config.page_size;
         let l3_lost = if self.config.enable_l3_storage {
             r.storage_hit_pages.saturating_sub(hit_pages + capped)
@@ -1127,24 +1128,24 @@ impl SchedulerCore {
             0
         };
         let evicted = dropped.saturating_sub(l3_lost);
-        let [capped, l3_lost, evicted] = [capped, l3_lost, evicted].map(|p| u64::from(p) * ps);
-        self.stats.lost_hit_tokens_capped += capped;
-        self.stats.lost_hit_tokens_l3 += l3_lost;
-        self.stats.lost_hit_tokens_evicted += evicted;
-        if !r.span.is_disabled() && capped + l3_lost + evicted > 0 {
-            let reason = [
-                (capped, "cap"),
-                (l3_lost, "l3_not_prefetched"),
-                (evicted, "evicted"),
-            ]
-            .into_iter()
-            .max_by_key(|&(tokens, _)| tokens)
-            .map_or("evicted", |(_, reason)| reason);
+        let (l3_lost, prefetch_lost) = if r.prefetched_pages > 0 {
+            (0, l3_lost)
+        } else {
+            (l3_lost, 0)
+        };
+        let lost = [capped, l3_lost, prefetch_lost, evicted].map(|p| u64::from(p) * ps);
+        for (total, tokens) in self.stats.lost_hit_tokens.iter_mut().zip(lost) {
+            *total += tokens;
+        }
+        let all: u64 = lost.iter().sum();
+        if !r.span.is_disabled() && all > 0 {
+            let reason = crate::LOST_HIT_REASONS
+                .into_iter()
+                .zip(lost)
+                .max_by_key(|&(_, tokens)| tokens)
+                .map_or("evicted", |(reason, _)| reason);
             r.span.record("kvtier.lost_hit.reason", reason);
-            r.span.record(
-                "kvtier.lost_hit.tokens",
-                (capped + l3_lost + evicted) as i64,
-            );
+            r.span.record("kvtier.lost_hit.tokens", all as i64);
         }
         let from_host = load_back
             .iter()

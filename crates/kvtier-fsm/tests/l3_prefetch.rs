@@ -444,8 +444,11 @@ fn lost_hits_are_counted_by_reason() {
     submit(&mut s, "r3", tokens(500, 9));
     drain(&mut s, &mut Engine::with_max_new(1), 30);
     let stats = s.stats();
-    assert_eq!(stats.lost_hit_tokens_evicted, 8, "r0's 4 pages of 2 tokens");
-    assert_eq!(stats.lost_hit_tokens_l3, 0);
+    assert_eq!(
+        stats.lost_hit_tokens,
+        [0, 0, 0, 8],
+        "r0's 4 pages of 2 tokens, evicted"
+    );
 
     // L3 had 5 pages; the threshold keeps the prefetch from running.
     let mut s = sched(SchedulerConfig {
@@ -460,6 +463,9 @@ fn lost_hits_are_counted_by_reason() {
     s.submit(vec![spec]).expect("submit");
     s.next_plan();
     let stats = s.stats();
-    assert_eq!(stats.lost_hit_tokens_l3, 10, "5 pages of 2 tokens");
-    assert_eq!(stats.lost_hit_tokens_evicted, 0);
+    assert_eq!(
+        stats.lost_hit_tokens,
+        [0, 10, 0, 0],
+        "5 pages of 2 tokens in L3"
+    );
 }

@@ -428,6 +428,19 @@ pub struct PrefetchCheck {
     pub threshold: u32,
 }
 
+/// Why a first chunk started without the L3 prefetch its lookup asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefetchSkip {
+    /// Host already held every page L3 had.
+    NothingMissing = 0,
+    /// Some pages were missing from host, but no more than the threshold.
+    BelowThreshold = 1,
+    /// The host pool could not make room (its pages held by copies in flight or locks).
+    NoHostRoom = 2,
+    /// A hybrid model had no free host state slot for the prefix's state.
+    NoStateSlot = 3,
+}
+
 /// What the cache did with one intent.
 #[derive(Debug)]
 pub enum Outcome {
@@ -519,9 +532,9 @@ pub struct Admission {
     pub tables: Option<GroupTables>,
     /// The view of `tables` the row reads.
     pub groups: Vec<GroupTable>,
-    /// First chunks with `CacheConfig::lost_hits`, hybrid models: the prompt's pages
-    /// after `begin_pages` the tree holds but the request cannot reuse (no cached state
-    /// or window there).
+    /// First chunks with `CacheConfig::lost_hits`: the prompt's pages after
+    /// `begin_pages` the tree holds but the request does not reuse (a hybrid model's
+    /// missing state or window; host pages not loaded back).
     pub capped_pages: u32,
     /// First chunks with `CacheConfig::lost_hits`: the prompt's pages after those, in a
     /// row, that the cache held once and dropped.
@@ -850,8 +863,12 @@ impl RadixCore {
                     prefetch,
                     denied,
                 } => {
-                    let prefetched = prefetch.and_then(|check| self.try_prefetch(&check));
-                    match prefetched {
+                    let prefetched = prefetch.map(|check| self.try_prefetch(&check));
+                    let skipped = match prefetched {
+                        Some(Err(why)) => Some(why),
+                        _ => None,
+                    };
+                    match prefetched.and_then(Result::ok) {
                         Some(outcome) => outcome,
                         None if slots == 0 => Outcome::waits(),
                         None if denied
@@ -878,6 +895,9 @@ impl RadixCore {
                             };
                             if let Outcome::Admitted(a) = &mut outcome {
                                 self.lost_hits(&tokens, a);
+                                if let Some(why) = skipped {
+                                    self.prefetch_skipped[why as usize] += 1;
+                                }
                             }
                             outcome
                         }
@@ -1080,7 +1100,7 @@ impl RadixCore {
 
     /// Starts an L3 prefetch when the consecutive L3 hits run more than the threshold
     /// past what the host holds. The host prefix is locked before any host eviction.
-    fn try_prefetch(&mut self, check: &PrefetchCheck) -> Option<Outcome> {
+    fn try_prefetch(&mut self, check: &PrefetchCheck) -> Result<Outcome, PrefetchSkip> {
         let ps = self.page_size();
         let hit = (check.tokens.len() / ps as usize) as u32;
         let (probe, reached) = self.probe_marked(&check.tokens);
@@ -1088,18 +1108,22 @@ impl RadixCore {
         let n = hit.saturating_sub(host);
         if n <= check.threshold {
             self.mark(&check.tokens, reached);
-            return None;
+            return Err(if n == 0 {
+                PrefetchSkip::NothingMissing
+            } else {
+                PrefetchSkip::BelowThreshold
+            });
         }
         let m = self.match_prefix(&check.tokens);
         debug_assert_eq!(m.host_pages, host);
         let host_lock = self.lock(m.host, Tier::Host);
         if !self.ensure_free(Tier::Host, n) {
             self.unlock(host_lock);
-            return None;
+            return Err(PrefetchSkip::NoHostRoom);
         }
         let Some(pages) = self.allocate(Tier::Host, n as usize) else {
             self.unlock(host_lock);
-            return None;
+            return Err(PrefetchSkip::NoHostRoom);
         };
         // A hybrid prefix comes with the state at its end, into a host state slot.
         let state = match self.with_states(|states, tree| states.allocate_host(tree)) {
@@ -1109,10 +1133,10 @@ impl RadixCore {
                 self.unlock(host_lock);
                 let freed = self.free(Tier::Host, pages);
                 debug_assert!(freed.is_ok(), "{freed:?}");
-                return None;
+                return Err(PrefetchSkip::NoStateSlot);
             }
         };
-        Some(Outcome::Prefetch(Box::new(PrefetchStart {
+        Ok(Outcome::Prefetch(Box::new(PrefetchStart {
             host_lock,
             pages,
             start_page: host,

@@ -589,9 +589,9 @@ pub struct ScenarioReport {
     /// Whether the run said why hits were lost (`SchedulerConfig::track_lost_hits`; on
     /// when the run is watched: metrics, KV events or a report).
     pub lost_hits_tracked: bool,
-    /// Then: prompt tokens computed again although cached once: evicted from every
-    /// tier, in L3 but not prefetched, held but capped (hybrid models).
-    pub lost_hit_tokens: [u64; 3],
+    /// Then: prompt tokens computed again although cached once, by
+    /// `kvtier_fsm::LOST_HIT_REASONS`.
+    pub lost_hit_tokens: [u64; 4],
     /// With `ScenarioOptions::timeline`: the counters every [`METRICS_EVERY`] steps and
     /// at the end.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -1177,7 +1177,7 @@ pub fn run_scenario_with(
         first_errors: Vec::new(),
         residency: Vec::new(),
         lost_hits_tracked: false,
-        lost_hit_tokens: [0; 3],
+        lost_hit_tokens: [0; 4],
         timeline: Vec::new(),
         ttft_ms: Vec::new(),
     };
@@ -1470,11 +1470,7 @@ pub fn run_scenario_with(
     let sched = &stats.scheduler;
     r.scheduler_hit_tokens = [sched.hit_tokens, sched.hit_tokens_host, sched.hit_tokens_l3];
     r.lost_hits_tracked = lost_hits_tracked;
-    r.lost_hit_tokens = [
-        sched.lost_hit_tokens_evicted,
-        sched.lost_hit_tokens_l3,
-        sched.lost_hit_tokens_capped,
-    ];
+    r.lost_hit_tokens = sched.lost_hit_tokens;
     r.evicted_device_pages = stats.scheduler.evicted_device_pages;
     r.evicted_host_pages = stats.scheduler.evicted_host_pages;
     if let Some(l3) = stats.l3 {

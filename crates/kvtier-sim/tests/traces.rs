@@ -323,9 +323,13 @@ fn a_watched_replay_counts_its_lost_hits() {
     assert_eq!(watched.output_digest, plain.output_digest);
     assert_eq!(watched.steps, plain.steps);
     assert_eq!(watched.hit_tokens, plain.hit_tokens);
-    let [evicted, l3, capped] = watched.lost_hit_tokens;
+    let [not_reused, l3, prefetched, evicted] = watched.lost_hit_tokens;
     assert!(evicted > 0, "{:?}", watched.lost_hit_tokens);
-    assert_eq!((l3, capped), (0, 0), "no L3, a dense model");
+    assert_eq!(
+        (not_reused, l3, prefetched),
+        (0, 0, 0),
+        "no L3, a dense model"
+    );
     assert_eq!(watched.hit_tokens + evicted, watched.ideal_hit_tokens);
 
     // A hybrid model also loses what the tree holds past its last cached state.
@@ -335,8 +339,12 @@ fn a_watched_replay_counts_its_lost_hits() {
         ..options
     })
     .expect("replay runs");
-    let [evicted, l3, capped] = hybrid.lost_hit_tokens;
-    assert!(capped > 0 && l3 == 0, "{:?}", hybrid.lost_hit_tokens);
+    let [capped, l3, prefetched, evicted] = hybrid.lost_hit_tokens;
+    assert!(
+        capped > 0 && l3 + prefetched == 0,
+        "{:?}",
+        hybrid.lost_hit_tokens
+    );
     assert_eq!(
         hybrid.hit_tokens + evicted + capped,
         hybrid.ideal_hit_tokens

@@ -242,16 +242,15 @@ pub fn series(stats: &SystemStats) -> Vec<Series> {
         .int(&[("tier", "host")], host_hits)
         .int(&[("tier", "l3")], l3_hits),
     );
-    out.push(
-        Series::new(
-            "kvtier_lost_hit_tokens_total",
-            Counter,
-            "Prompt tokens computed again although cached once, by why (with track_lost_hits).",
-        )
-        .int(&[("reason", "evicted")], s.lost_hit_tokens_evicted)
-        .int(&[("reason", "l3_not_prefetched")], s.lost_hit_tokens_l3)
-        .int(&[("reason", "cap")], s.lost_hit_tokens_capped),
+    let mut lost = Series::new(
+        "kvtier_lost_hit_tokens_total",
+        Counter,
+        "Prompt tokens computed again although cached once, by why (with track_lost_hits).",
     );
+    for (reason, tokens) in kvtier_fsm::LOST_HIT_REASONS.iter().zip(s.lost_hit_tokens) {
+        lost = lost.int(&[("reason", reason)], tokens);
+    }
+    out.push(lost);
     out.push(
         Series::new(
             "kvtier_step_duration_seconds",
@@ -380,6 +379,18 @@ pub fn series(stats: &SystemStats) -> Vec<Series> {
         ] {
             out.push(Series::new(name, Counter, help).int(&[], value));
         }
+        let [nothing, below, no_room, no_slot] = s.prefetch_skipped;
+        out.push(
+            Series::new(
+                "kvtier_l3_prefetch_skipped_total",
+                Counter,
+                "First chunks admitted without an L3 prefetch although their lookup found pages, by why.",
+            )
+            .int(&[("reason", "nothing_missing")], nothing)
+            .int(&[("reason", "below_threshold")], below)
+            .int(&[("reason", "no_host_room")], no_room)
+            .int(&[("reason", "no_state_slot")], no_slot),
+        );
         out.push(
             Series::new(
                 "kvtier_l3_op_duration_seconds",

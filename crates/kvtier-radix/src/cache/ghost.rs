@@ -59,19 +59,17 @@ impl RadixCore {
     }
 
     /// Fills an admitted first chunk's lost hits (with a ghost): the pages the tree
-    /// holds past its reuse that a hybrid model's cap kept it from, then the pages in a
-    /// row that the cache dropped.
+    /// holds past its reuse (a hybrid model's cap, host pages not loaded back), then the
+    /// pages in a row that the cache dropped.
     pub(crate) fn lost_hits(&mut self, tokens: &[Token], a: &mut crate::Admission) {
         if self.ghost.is_none() {
             return;
         }
-        if self.has_states() || self.has_snapshots() {
-            let probe = self.probe(tokens);
-            a.capped_pages = probe
-                .device_pages
-                .max(probe.host_pages)
-                .saturating_sub(a.begin_pages);
-        }
+        let probe = self.probe(tokens);
+        a.capped_pages = probe
+            .device_pages
+            .max(probe.host_pages)
+            .saturating_sub(a.begin_pages);
         a.dropped_pages = self.dropped_pages_after(tokens, a.begin_pages + a.capped_pages);
     }
 

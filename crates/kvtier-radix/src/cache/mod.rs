@@ -77,6 +77,10 @@ pub struct TreeStats {
     /// Pages evicted so far, per tier (LRU eviction to make room; demotions of copies
     /// held on the other tier too and discarded load-backs are not counted).
     pub evicted_pages: [u64; 2],
+    /// First chunks admitted without the L3 prefetch their lookup asked for, by
+    /// `PrefetchSkip` (nothing missing from host, below the threshold, no host room, no
+    /// host state slot).
+    pub prefetch_skipped: [u64; 4],
     /// The recurrent-state family's counters (hybrid models).
     pub states: Option<MambaStats>,
     /// The paged-cache family's counters and gauges (window and compressed-state
@@ -106,6 +110,9 @@ pub struct RadixCore {
     events: Option<EventSink>,
     /// Pages dropped from their last tier (`CacheConfig::lost_hits`).
     ghost: Option<ghost::Ghost>,
+    /// First chunks admitted without the L3 prefetch their lookup asked for, by
+    /// `PrefetchSkip`.
+    pub(crate) prefetch_skipped: [u64; 4],
     lock_releases: ReleaseQueue<(NodeId, Tier)>,
     /// Write-backs in flight → the nodes they fill, leaf→root. A split of a covered node
     /// adds the new prefix node, so every pending copy is acknowledged.
@@ -166,6 +173,7 @@ impl RadixCore {
             keep_page_hashes: config.page_hashes,
             reference: config.policy == Policy::Reference,
             events: config.kv_events.then(EventSink::default),
+            prefetch_skipped: [0; 4],
             ghost: config
                 .lost_hits
                 .then(|| ghost::Ghost::new(4 * (config.device_pages + config.host_pages) as usize)),
@@ -377,6 +385,7 @@ impl RadixCore {
             locked_pages: self.locked_pages,
             free_pages: [self.pools[0].available(), self.pools[1].available()],
             evicted_pages: self.evicted_pages,
+            prefetch_skipped: self.prefetch_skipped,
             states: self.with_states(|family, _| family.stats()),
             groups: self
                 .paged
