@@ -193,31 +193,58 @@ fn serve(config: &PublisherConfig, rx: &Receiver<Vec<u8>>, bound: &Sender<Bound>
         }
     };
     let topic = config.topic.as_bytes();
-    let mut kept: VecDeque<(u64, Vec<u8>)> = VecDeque::new();
-    let mut seq: u64 = 0;
+    let mut outbox = Outbox {
+        publisher,
+        topic,
+        kept: VecDeque::new(),
+        keep: config.keep,
+        seq: 0,
+    };
     loop {
         match rx.recv_timeout(POLL) {
+            // Everything queued goes out before a replay request is answered, so a
+            // replay holds every batch published before the request came.
             Ok(payload) => {
-                // A subscriber that is gone or too far behind loses the batch, as on
-                // any PUB socket (the replay still has it).
-                let _ = publisher
-                    .send_multipart([topic, &seq.to_be_bytes()[..], &payload[..]], zmq::DONTWAIT);
-                if config.keep > 0 {
-                    if kept.len() == config.keep {
-                        kept.pop_front();
-                    }
-                    kept.push_back((seq, payload));
+                outbox.publish(payload);
+                while let Ok(payload) = rx.try_recv() {
+                    outbox.publish(payload);
                 }
-                seq += 1;
             }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,
         }
         if let Some(router) = &router {
             while let Ok(request) = router.recv_multipart(zmq::DONTWAIT) {
-                replay(router, topic, &kept, &request);
+                replay(router, topic, &outbox.kept, &request);
             }
         }
+    }
+}
+
+/// The PUB side: numbers each batch, sends it, keeps the last `keep` for replay.
+struct Outbox<'a> {
+    publisher: zmq::Socket,
+    topic: &'a [u8],
+    kept: VecDeque<(u64, Vec<u8>)>,
+    keep: usize,
+    seq: u64,
+}
+
+impl Outbox<'_> {
+    fn publish(&mut self, payload: Vec<u8>) {
+        // A subscriber that is gone or too far behind loses the batch, as on any PUB
+        // socket (the replay still has it).
+        let _ = self.publisher.send_multipart(
+            [self.topic, &self.seq.to_be_bytes()[..], &payload[..]],
+            zmq::DONTWAIT,
+        );
+        if self.keep > 0 {
+            if self.kept.len() == self.keep {
+                self.kept.pop_front();
+            }
+            self.kept.push_back((self.seq, payload));
+        }
+        self.seq += 1;
     }
 }
 
