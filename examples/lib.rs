@@ -1,11 +1,12 @@
 //! Examples of embedding kvtier, one file each beside this one; `cargo xtask ci` runs
 //! every one (`cargo run -p kvtier-examples --example NAME`).
 //!
-//! The library holds what they share: the made-up engine step ([`run_plan`]).
+//! The library holds what they share: the requests ([`users_sharing_a_system_prompt`])
+//! and the made-up engine step ([`run_plan`]).
 
 use std::collections::BTreeMap;
 
-use kvtier_types::{EngineEvent, ExecutionPlan, engine_rule};
+use kvtier_types::{EngineEvent, ExecutionPlan, RequestSpec, engine_rule};
 
 /// Tokens each request generates before the made-up engine finishes it.
 pub const TOKENS_PER_ANSWER: usize = 8;
@@ -43,4 +44,16 @@ pub fn run_plan(plan: &ExecutionPlan, produced: &mut BTreeMap<String, usize>) ->
         }
     }
     events
+}
+
+/// Four users' prompts: the same 64-token system prompt, then 5 tokens of each user's.
+pub fn users_sharing_a_system_prompt() -> Vec<RequestSpec> {
+    let system_prompt: Vec<i32> = (1..=64).collect();
+    (0..4)
+        .map(|i| {
+            let mut prompt = system_prompt.clone();
+            prompt.extend(1000 + 10 * i..1000 + 10 * i + 5);
+            RequestSpec::new(format!("user-{i}"), prompt)
+        })
+        .collect()
 }

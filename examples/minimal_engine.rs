@@ -9,7 +9,7 @@
 
 use kvtier::{Handle, KvError, ShutdownReport, SystemStats, block_on};
 use kvtier_examples::run_plan;
-use kvtier_types::{EngineEvent, RequestSpec, SchedulerConfig};
+use kvtier_types::{EngineEvent, SchedulerConfig};
 
 /// What one run did.
 #[derive(Debug)]
@@ -30,14 +30,7 @@ pub struct Summary {
 
 /// The engine loop, over the async handle.
 async fn main_loop(handle: Handle) -> Result<Summary, KvError> {
-    let system_prompt: Vec<i32> = (1..=64).collect();
-    let requests: Vec<RequestSpec> = (0..4)
-        .map(|i| {
-            let mut prompt = system_prompt.clone();
-            prompt.extend(1000 + 10 * i..1000 + 10 * i + 5);
-            RequestSpec::new(format!("user-{i}"), prompt)
-        })
-        .collect();
+    let requests = kvtier_examples::users_sharing_a_system_prompt();
     let total = requests.len();
     let mut arrivals = requests.into_iter();
     // The first user arrives alone; the others a step later, when the system prompt is

@@ -21,7 +21,7 @@ use kvtier::metrics::{MetricsServer, prometheus_text};
 use kvtier::telemetry::{MetricsExport, TelemetryConfig};
 use kvtier::vllm_events::WireEvent;
 use kvtier::{BlockingHandle, System};
-use kvtier_types::{EngineEvent, RequestSpec, SchedulerConfig};
+use kvtier_types::{EngineEvent, SchedulerConfig};
 
 /// What one run showed.
 #[derive(Debug)]
@@ -59,14 +59,7 @@ pub fn run(telemetry: bool) -> Result<Observed, Box<dyn std::error::Error>> {
         })
         .start()?,
     );
-    let system_prompt: Vec<i32> = (1..=64).collect();
-    let requests: Vec<RequestSpec> = (0..4)
-        .map(|i| {
-            let mut prompt = system_prompt.clone();
-            prompt.extend(2000 + 10 * i..2000 + 10 * i + 5);
-            RequestSpec::new(format!("user-{i}"), prompt)
-        })
-        .collect();
+    let requests = kvtier_examples::users_sharing_a_system_prompt();
     let total = requests.len();
     // The first user alone; the others a step later reuse the system prompt.
     let mut arrivals = requests.into_iter();

@@ -113,13 +113,7 @@ fn hit_ratio_lines(t: &[TimelinePoint]) -> [Line<'static>; 4] {
 }
 
 fn summary(r: &ScenarioReport) -> String {
-    let hit = |tokens: u64| {
-        if r.prompt_tokens == 0 {
-            0.0
-        } else {
-            100.0 * tokens as f64 / r.prompt_tokens as f64
-        }
-    };
+    let hit = |tokens: u64| crate::report::pct(tokens, r.prompt_tokens);
     let rows = [
         (
             "requests",

@@ -16,15 +16,17 @@ pub fn write_json(path: Option<&std::path::Path>, report: &impl serde::Serialize
     Ok(())
 }
 
+/// `n` as a percentage of `d` (0 when `d` is).
+pub fn pct(n: u64, d: u64) -> f64 {
+    if d == 0 {
+        0.0
+    } else {
+        100.0 * n as f64 / d as f64
+    }
+}
+
 /// The report of a scenario replay.
 pub fn scenario(r: &ScenarioReport) {
-    let pct = |n: u64, d: u64| {
-        if d == 0 {
-            0.0
-        } else {
-            100.0 * n as f64 / d as f64
-        }
-    };
     println!(
         "replay {} ({} model, prefix cache and host tier {})",
         r.workload,
