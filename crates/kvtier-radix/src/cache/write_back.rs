@@ -116,22 +116,20 @@ impl RadixCore {
         }
         let mut written = WrittenBack::default();
         if success {
-            for &node in nodes.iter().rev().filter(|&&n| self.is_live(n)) {
-                let n = self.node(node);
-                if n.tiers[1].usable() {
-                    written.host_pages.extend_from_slice(&n.tiers[1].pages);
-                    if n.page_hashes.len() == n.tiers[1].pages.len() {
-                        written.page_hashes.extend_from_slice(&n.page_hashes);
-                    }
+            // Root first: the backup's pages in order, and the KV events of pages
+            // readable on host now.
+            for &node in nodes.iter().rev() {
+                if !self.is_live(node) || !self.node(node).tiers[1].usable() {
+                    continue;
                 }
+                let n = self.node(node);
+                written.host_pages.extend_from_slice(&n.tiers[1].pages);
+                if n.page_hashes.len() == n.tiers[1].pages.len() {
+                    written.page_hashes.extend_from_slice(&n.page_hashes);
+                }
+                self.emit_stored(node, Medium::Host);
             }
             written.deepest = nodes.first().copied().filter(|&n| self.is_live(n));
-            // Readable on host now: published root first.
-            for &node in nodes.iter().rev() {
-                if self.is_live(node) && self.node(node).tiers[1].usable() {
-                    self.emit_stored(node, Medium::Host);
-                }
-            }
         }
         // The states first, while the copy still pins the path (a demotion they allow
         // waits for the pin to go).
