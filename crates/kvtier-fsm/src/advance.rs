@@ -679,6 +679,15 @@ impl SchedulerCore {
             State::WritingBack { op } | State::Retracting { op, .. } => {
                 self.ops.detach_request(op);
             }
+            // Its pages go back where the abort comes among the step's events (after
+            // those a finish queued before it frees), as in the reference.
+            held @ (State::Prefilling(_)
+            | State::PrefillDone(_)
+            | State::Decoding(_)
+            | State::Retracted(_)) => self.outbox.push(
+                CacheOp::Release(kvtier_radix::Released::new(held)),
+                Target::Ignore,
+            ),
             other => drop(other),
         }
     }

@@ -292,6 +292,11 @@ impl OpTable {
         self.backups.remove(&op_id)
     }
 
+    /// Write-backs issued and not acknowledged (their acks free device pages).
+    pub fn write_backs_in_flight(&self) -> usize {
+        self.write_backs.len() + self.parked.len()
+    }
+
     /// Write-backs and backups issued and not acknowledged, and backups queued.
     pub fn in_flight(&self) -> usize {
         self.write_backs.len() + self.parked.len() + self.backups.len() + self.pending_backups.len()

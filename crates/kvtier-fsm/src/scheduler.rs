@@ -172,6 +172,17 @@ impl SchedulerCore {
     /// A scheduler core. Fails on an invalid config.
     pub fn new(config: SchedulerConfig) -> Result<Self, SchedError> {
         config.validate()?;
+        // The paged family's own checks (required groups, alignment), which the
+        // vocabulary crate cannot run: a typed error here, never a cache without it.
+        if let Some(p) = &config.paged {
+            let required: Vec<&str> = p.required.iter().map(String::as_str).collect();
+            kvtier_paged::Adjunct::new(p.groups.clone(), &required).map_err(|e| {
+                kvtier_types::TypesError::InvalidConfig {
+                    field: "paged.required",
+                    problem: e.to_string(),
+                }
+            })?;
+        }
         Ok(Self {
             slots: SlotPool::new(config.max_batch_size),
             config,

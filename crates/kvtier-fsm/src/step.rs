@@ -1052,7 +1052,8 @@ impl SchedulerCore {
     }
 
     /// Breaks a deadlock the reference scheduler can reach: nothing ran, nothing is
-    /// running to retract, and retracted requests hold device pages that the others
+    /// running to retract, no write-back is in flight, and retracted requests hold
+    /// device pages that the others
     /// need (tail pages, or a prefix a failed retract write-back left locked). The
     /// retracted request holding the most (ties: scheduling order) gives them back and
     /// is requeued to recompute: its whole history becomes its prompt, its
@@ -1061,6 +1062,12 @@ impl SchedulerCore {
     /// be computed again: that request is aborted instead (`ExceedsDevicePool`), which
     /// frees its pages just the same.
     fn requeue_for_recompute(&mut self, draft: &mut PlanInProgress) {
+        // A write-back in flight is no deadlock: its acknowledgement releases the
+        // device copies it read (the reference waits for it, and so does kvtier rather
+        // than compute a history again).
+        if self.ops.write_backs_in_flight() > 0 {
+            return;
+        }
         let mut victim: Option<(usize, usize)> = None;
         for &key in &draft.candidates {
             if let State::Retracted(held) = &self.requests[key].state {

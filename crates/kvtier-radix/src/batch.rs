@@ -123,9 +123,35 @@ pub struct Publication {
     pub tables: Option<TablesKey>,
 }
 
+/// Handles a request let go of (pages, locks, state slots, tables), carried to the
+/// cache so that they are released in event order: the reference frees an aborted
+/// request's pages where the abort comes among the step's events, after the pages an
+/// earlier finish of the same step freed.
+pub struct Released {
+    /// Only dropped.
+    _handles: Box<dyn std::any::Any + Send + Sync>,
+}
+
+impl Released {
+    /// Wraps whatever holds the handles; they are released when the op runs.
+    pub fn new(handles: impl std::any::Any + Send + Sync) -> Self {
+        Self {
+            _handles: Box::new(handles),
+        }
+    }
+}
+
+impl std::fmt::Debug for Released {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Released(..)")
+    }
+}
+
 /// One cache operation.
 #[derive(Debug)]
 pub enum CacheOp {
+    /// Drop these handles now, between the ops before and after (see [`Released`]).
+    Release(Released),
     /// Acknowledges a write-back ticket.
     WriteBackAck {
         /// The ticket.
@@ -266,6 +292,8 @@ pub enum OpResult {
     Discarded(u32),
     /// A backup's pages published as stored in L3.
     BackedUp,
+    /// Handles released.
+    Released,
 }
 
 /// A finishing or retracted request's state slots (hybrid models).
@@ -555,6 +583,11 @@ impl RadixCore {
 
     fn execute_op(&mut self, op: CacheOp) -> OpResult {
         match op {
+            CacheOp::Release(handles) => {
+                drop(handles);
+                self.drain_releases();
+                OpResult::Released
+            }
             CacheOp::WriteBackAck {
                 ticket,
                 success,
@@ -1244,10 +1277,12 @@ impl RadixCore {
         d: u32,
     ) -> Outcome {
         let (reserve_pages, new_tail_free) = grow(tail_free, d, self.page_size());
+        let reference = self.is_reference();
         // Cheap first: when even the new pages cannot be freed, no probe can change the
         // answer (a load-back only adds to the need), so the history is not walked. A
-        // history too big for the device is then found once there is room to try.
-        if reserve_pages > 0 && !self.can_free(Tier::Device, reserve_pages, 0) {
+        // history too big for the device is then found once there is room to try. (The
+        // reference evicts before it knows: it has no such shortcut.)
+        if !reference && reserve_pages > 0 && !self.can_free(Tier::Device, reserve_pages, 0) {
             return Outcome::Waits { held, commit: None };
         }
         // Its prefix lock ends where its published tokens do: the path is read from the
@@ -1270,14 +1305,22 @@ impl RadixCore {
             drop(held);
             return Outcome::TooBig;
         }
-        if !self.can_free(Tier::Device, need, probe.device_unlocked_pages) {
+        // The reference makes room for whole fresh pages of the load-back and the decode
+        // reserve, ignoring the tail page's room, and evicts even when that cannot
+        // suffice (its eviction is not transactional); the pages taken are the same.
+        let room = if reference {
+            load_back + d.div_ceil(self.page_size())
+        } else {
+            need
+        };
+        if !reference && !self.can_free(Tier::Device, need, probe.device_unlocked_pages) {
             return Outcome::Waits { held, commit: None };
         }
         let m = match locked {
             Some(node) => self.match_path(node),
             None => self.match_prefix(tokens),
         };
-        let Some(pinned) = self.pin_prefix(m, need, true) else {
+        let Some(pinned) = self.pin_prefix(m, room, true) else {
             return Outcome::Waits { held, commit: None };
         };
         for lock in held {

@@ -71,8 +71,8 @@ pub struct PagedSettings {
     /// The groups (any order; the family keeps them in id byte order).
     pub groups: Vec<crate::GroupSpec>,
     /// The groups a prefix needs to be reused (the prefix-cache adjunct), the first one
-    /// leading commits; empty: the groups are transport-only (tables but no snapshots,
-    /// so no prefix reuse at all).
+    /// leading commits; at least one history group (the scheduler refuses a config
+    /// without: transport-only groups are not served).
     pub required: Vec<String>,
 }
 

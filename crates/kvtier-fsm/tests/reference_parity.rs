@@ -1,0 +1,106 @@
+//! Behaviour the differential run against the reference module found kvtier getting
+//! wrong, pinned by the scripts it shrank them to (crates/kvtier-py/tests/differential.py;
+//! docs/python.md).
+
+mod common;
+
+use common::*;
+use kvtier_fsm::StateKind;
+use kvtier_types::{Policy, RowKind, SchedulerConfig};
+
+fn reference(config: SchedulerConfig) -> SchedulerConfig {
+    SchedulerConfig {
+        policy: Policy::Reference,
+        publish_prefix_mid_flight: false,
+        max_scheduled_tokens: 64,
+        max_batch_size: 4,
+        ..config
+    }
+}
+
+/// Seed 18: a retracted request waits while a finished request's write-back is in
+/// flight (its acknowledgement frees device pages), and then resumes from its host copy.
+/// The deadlock breaker used to requeue it to recompute as soon as a plan ran nothing.
+#[test]
+fn a_write_back_in_flight_is_no_deadlock() {
+    let mut s = sched(reference(SchedulerConfig {
+        page_size: 4,
+        device_pages: 4,
+        host_pages: 134,
+        ..fixture()
+    }));
+    submit(&mut s, "r03", vec![1]);
+    submit(&mut s, "r06", vec![1, 1]);
+    let mut engine = Engine::default();
+    engine.max_new.insert("r03".into(), 4);
+    engine.max_new.insert("r06".into(), 7);
+    let plans = drain(&mut s, &mut engine, 50);
+    // r03's finish write-back goes out while r06 is retracted: r06 waits for its ack...
+    let write_back_of_r03 = plans
+        .iter()
+        .position(|p| p.write_backs.iter().any(|op| !op.is_retract))
+        .expect("r03's finish is written back");
+    assert!(plans[write_back_of_r03].forward.is_empty());
+    // ...and then resumes where it stopped, loading its prefix back.
+    let resumed = &plans[write_back_of_r03 + 1];
+    assert_eq!(row_kinds(resumed), [RowKind::Recovery]);
+    assert_eq!(resumed.load_backs.len(), 1);
+    let stats = s.stats();
+    assert_eq!((stats.retractions, stats.recomputes), (1, 0));
+    check(&mut s);
+}
+
+/// Seed 0: a finish and an abort in one step free their pages in event order (the
+/// finished request's tail, then the aborted request's pages), so the next allocation
+/// gets the aborted request's last page, as the reference's free list hands it out.
+#[test]
+fn an_abort_frees_its_pages_after_a_finish_before_it() {
+    let mut s = sched(reference(SchedulerConfig {
+        page_size: 2,
+        device_pages: 16,
+        host_pages: 0,
+        disable_l2_cache: true,
+        ..fixture()
+    }));
+    submit(&mut s, "a", tokens(1, 3));
+    submit(&mut s, "b", tokens(10, 5));
+    s.next_plan();
+    advance(&mut s, vec![extend("a", &[7]), extend("b", &[8])]);
+    s.next_plan();
+    let b_table = s.occupied_pages(&rid("b")).expect("b runs");
+    assert_eq!(b_table.len(), 4);
+    // a publishes its full page and frees its partial one; b frees all of its pages.
+    advance(&mut s, vec![extend("a", &[9]), finish("a"), abort("b")]);
+    submit(&mut s, "c", vec![42]);
+    let plan = s.next_plan();
+    let c_first_page = s.occupied_pages(&rid("c")).expect("c runs")[0];
+    assert_eq!(c_first_page, *b_table.last().expect("b held pages"));
+    assert_eq!(row_ids(&plan), ["c"]);
+    assert_eq!(state(&s, "c"), StateKind::PrefillDone);
+    check(&mut s);
+}
+
+/// Paged-cache groups without a required history group (the reference's groups without
+/// a prefix-cache adjunct) are a typed config error; the cache used to be built without
+/// them, after a debug assertion, which reached Python as a panic.
+#[test]
+fn paged_groups_without_a_required_history_group_are_refused() {
+    let config = SchedulerConfig {
+        page_size: 4,
+        device_pages: 32,
+        paged: Some(kvtier_types::PagedSettings {
+            groups: vec![kvtier_types::GroupSpec::sliding(
+                "swa",
+                4,
+                1,
+                32,
+                8,
+                kvtier_types::GroupRole::History,
+            )],
+            required: Vec::new(),
+        }),
+        ..fixture()
+    };
+    let err = kvtier_fsm::Scheduler::new(config).expect_err("refused");
+    assert!(err.to_string().contains("required history group"), "{err}");
+}
