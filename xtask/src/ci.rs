@@ -20,6 +20,8 @@ enum Action {
     Tidy,
     /// Make sure cargo-nextest is installed, then run this command.
     Nextest(Command),
+    /// `cargo xtask py` in-process: the Python wheel and its tests.
+    Python,
     /// Install nvcc from PyPI (`cargo xtask cuda-toolchain`), then run these commands
     /// with its `NVCC` and `CUDA_HOME`.
     Cuda(Vec<Command>),
@@ -38,6 +40,7 @@ pub fn run(root: &Path) -> Result<()> {
         let description = match &step.action {
             Action::Command(command) | Action::Nextest(command) => display_command(command),
             Action::Tidy => "cargo xtask tidy (in-process)".to_string(),
+            Action::Python => "cargo xtask py (in-process)".to_string(),
             Action::Commands(commands) => commands
                 .iter()
                 .map(display_command)
@@ -57,6 +60,7 @@ pub fn run(root: &Path) -> Result<()> {
         let result = match step.action {
             Action::Command(mut command) => run_command(&mut command),
             Action::Tidy => tidy::run(root),
+            Action::Python => crate::py::run(root, &[]),
             Action::Commands(mut commands) => commands.iter_mut().try_for_each(run_command),
             Action::Nextest(mut command) => {
                 ensure_nextest(root).and_then(|()| run_with_mooncake(root, &mut command))
@@ -168,6 +172,10 @@ fn steps(root: &Path) -> Vec<Step> {
         Step {
             name: "examples",
             action: Action::Commands(examples),
+        },
+        Step {
+            name: "python",
+            action: Action::Python,
         },
         Step {
             name: "cuda",

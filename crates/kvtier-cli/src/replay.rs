@@ -13,7 +13,7 @@ use kvtier_sim::scenario::{
     CostModel, L3Store, Model, SCENARIO_PAGE_SIZE, Scenario, ScenarioOptions, TraceWorkload,
     run_scenario_with_progress,
 };
-use kvtier_sim::trace::{TraceSlice, parse_trace, read_trace};
+use kvtier_sim::trace::{CONVERSATION_TRACE, TraceSlice, parse_trace, read_trace};
 use kvtier_sim::{Path, WorkloadKind, WorkloadOptions, run_workload};
 use serde::de::{self, Deserializer, EnumAccess, VariantAccess, Visitor};
 
@@ -170,11 +170,6 @@ fn replay_path(args: &ReplayArgs) -> Path {
         (false, None) => Path::Actors,
     }
 }
-
-/// The Mooncake conversation trace (FAST'25, Apache-2.0; data/mooncake-traces/), built
-/// into the binary so that a bare `kvtier replay` runs anywhere.
-const CONVERSATION_TRACE: &str =
-    include_str!("../../../data/mooncake-traces/conversation_trace.jsonl");
 
 /// Requests a bare `kvtier replay` takes from the conversation trace: its first 27
 /// million prompt tokens, about 20 s of wall time on 2 cores (the whole trace takes

@@ -17,6 +17,11 @@ use serde_json::Value;
 
 use crate::tokens::splitmix64;
 
+/// The Mooncake conversation trace (FAST'25, Apache-2.0; data/mooncake-traces/), built
+/// into the binaries that name it, so that a bare `kvtier replay` runs anywhere.
+pub const CONVERSATION_TRACE: &str =
+    include_str!("../../../data/mooncake-traces/conversation_trace.jsonl");
+
 /// Tokens per trace block.
 pub const BLOCK_TOKENS: usize = 512;
 
