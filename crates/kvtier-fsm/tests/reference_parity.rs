@@ -104,3 +104,54 @@ fn paged_groups_without_a_required_history_group_are_refused() {
     let err = kvtier_fsm::Scheduler::new(config).expect_err("refused");
     assert!(err.to_string().contains("required history group"), "{err}");
 }
+
+/// Seed 79: a retraction whose published prefix is already on host needs no copy. kvtier
+/// frees the device copy at once; the reference leaves it cached, for eviction to take
+/// (its `BlockRemoved` comes when a later admission evicts it), and so does
+/// `Policy::Reference`.
+#[test]
+fn a_retraction_with_nothing_to_copy_keeps_the_device_copy_under_the_reference_policy() {
+    let removed_at_the_retraction = |policy: Policy| {
+        let mut s = sched(SchedulerConfig {
+            policy,
+            publish_prefix_mid_flight: false,
+            page_size: 2,
+            decode_input_tokens: 2,
+            device_pages: 8,
+            host_pages: 7,
+            max_scheduled_tokens: 64,
+            max_batch_size: 8,
+            enable_kv_cache_events: true,
+            ..fixture()
+        });
+        for (id, prompt) in [
+            ("r01", vec![1]),
+            ("r06", vec![1]),
+            ("r03", vec![35, 8]),
+            ("r00", vec![35, 8]),
+        ] {
+            submit(&mut s, id, prompt);
+        }
+        let mut engine = Engine::default();
+        for (id, n) in [("r01", 3), ("r06", 2), ("r03", 3), ("r00", 1)] {
+            engine.max_new.insert(id.into(), n);
+        }
+        for _ in 0..40 {
+            let plan = s.next_plan();
+            let events = s.drain_kv_events();
+            // r03's retraction: nothing to copy (its prefix is r00's, written back).
+            if s.request_state(&rid("r03")) == Some(StateKind::Retracted)
+                && plan.write_backs.is_empty()
+            {
+                return events
+                    .iter()
+                    .any(|e| matches!(e, kvtier_types::KvEvent::BlockRemoved { .. }));
+            }
+            let answer = engine.answer(&plan);
+            advance(&mut s, answer);
+        }
+        panic!("r03 was never retracted without a copy");
+    };
+    assert!(!removed_at_the_retraction(Policy::Reference));
+    assert!(removed_at_the_retraction(Policy::Default));
+}

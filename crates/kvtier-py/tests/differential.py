@@ -22,8 +22,9 @@ events by the same deterministic rules (the ones of tools/reference/smoke.py):
   with a token that is a function of (request id, index) only;
 * `Finish` right after the ExtendResult that produced the request's last token;
 * `WriteBackDone(success=True)` for every op id of the plan's `WriteBackOp`, in the same
-  advance or k steps later (the script's delay for the plan's step), in a canonical
-  order (sorted by source pages, translated to the reference's page ids);
+  advance or k steps later (the script's delay for the plan's step), in kvtier's op
+  order, the reference's matching ops (same source pages) in the same order
+  (`Comparator.ack_order`);
 * `UpdateReserveNumTokens` after a request's k-th decode row (it is Decoding then);
 * `Abort` at the chosen step if the request was submitted and not yet finished/aborted.
 
@@ -704,6 +705,25 @@ class Comparator:
             return (bool(r["is_retract"]), list(src), list(msrc), len(r["dst"]))
         return sorted(recs, key=key)
 
+    def ack_order(self, ref_op: dict, ours_op: dict) -> tuple[list[int], list[int]]:
+        """The order both sides acknowledge a plan's write-backs in: ours in op-id order
+        (kvtier's, by request id; an op sharing a prefix with an earlier op of its plan
+        is resolved after it, so acknowledging in op order applies each ack as it comes),
+        and the reference's matching ops in the same order, matched by their source
+        pages. (The reference's own op order follows an unordered_map.)"""
+        ref_recs = writeback_records(ref_op)
+        ours_recs = sorted(writeback_records(ours_op), key=lambda r: r["op_id"])
+        ref_order = []
+        for rec in ours_recs:
+            key = (bool(rec["is_retract"]), list(self.to_ref("device", rec["src"])))
+            match = next((r for r in ref_recs if (bool(r["is_retract"]), list(r["src"])) == key), None)
+            if match is None:  # the plans already differ; compare_writebacks said so
+                return ([r["op_id"] for r in self.writeback_order(ref_op, translate=False)],
+                        [r["op_id"] for r in self.writeback_order(ours_op, translate=True)])
+            ref_recs.remove(match)
+            ref_order.append(match["op_id"])
+        return ref_order + [r["op_id"] for r in ref_recs], [r["op_id"] for r in ours_recs]
+
     def compare_writebacks(self, a: dict, b: dict):
         # The reference orders finish write-backs by unordered_map iteration: compare
         # the ops as a multiset keyed by their source pages.
@@ -837,7 +857,7 @@ class Side:
         delay = self.script.get("wb_delays", {}).get(step, 0)
         for i, op_id in enumerate(wb_order):
             self.pending_acks.append((step + delay, step, i, op_id))
-        # Acks due now, oldest plan first, each plan's ops in canonical order.
+        # Acks due now, oldest plan first, each plan's ops in the agreed order.
         due = sorted((a for a in self.pending_acks if a[0] <= step), key=lambda a: (a[1], a[2]))
         self.pending_acks = [a for a in self.pending_acks if a[0] > step]
         for _, _, _, op_id in due:
@@ -1015,7 +1035,7 @@ def run_script(script: dict, ref_module, kv_module, id_modes: dict | None = None
     comp = Comparator(id_modes)
     result.id_maps = comp.maps
     hybrid = is_hybrid_config(script["config"])
-    current_ours = None  # our last plan, for classifying a divergence
+    current_ref = current_ours = None  # the last plans, for classifying a divergence
     ref = ours = None
     try:
         comp.phase = "construct"
@@ -1041,7 +1061,7 @@ def run_script(script: dict, ref_module, kv_module, id_modes: dict | None = None
                 return result
             s_ref = snapshot_plan(p_ref, hybrid)
             s_ours = _read_ours(comp, "reading the plan", lambda: snapshot_plan(p_ours, hybrid))
-            current_ours = s_ours
+            current_ref, current_ours = s_ref, s_ours
             comp.compare_plan(s_ref, s_ours, hybrid)
             for side, snap in ((ref, s_ref), (ours, s_ours)):
                 for c in snap["cache"]:
@@ -1059,8 +1079,9 @@ def run_script(script: dict, ref_module, kv_module, id_modes: dict | None = None
             wb_ref, wb_ours = [], []
             for a, b in zip(s_ref["cache"], s_ours["cache"]):
                 if a["type"] == "WriteBackOp":
-                    wb_ref += [r["op_id"] for r in comp.writeback_order(a, translate=False)]
-                    wb_ours += [r["op_id"] for r in comp.writeback_order(b, translate=True)]
+                    ref_order, ours_order = comp.ack_order(a, b)
+                    wb_ref += ref_order
+                    wb_ours += ours_order
             ev_ref, log_ref = ref.build_event(step, s_ref, wb_ref)
             ev_ours, _ = _read_ours(comp, "building the event", lambda: ours.build_event(step, s_ours, wb_ours))
             result.stats["delayed_acks"] += sum(1 for a in ref.pending_acks if a[1] == step)
@@ -1113,7 +1134,7 @@ def run_script(script: dict, ref_module, kv_module, id_modes: dict | None = None
         result.divergence = d
         if ref is not None and ours is not None:
             result.context = [f"reference events at step {s}: {events}" for s, events in ref.log[-3:]]
-            result.known = classify_divergence(d, ref, ours, current_ours)
+            result.known = classify_divergence(d, ref, ours, current_ref, current_ours, comp)
     return result
 
 
@@ -1140,11 +1161,14 @@ def _new_divergence(result) -> bool:
     return result.divergence is not None and result.known is None
 
 
-def classify_divergence(d, ref, ours, current_ours) -> str | None:
+def classify_divergence(d, ref, ours, current_ref, current_ours, comp) -> str | None:
     """The known difference `d` is an instance of, or None. Each check recognises the
     situation itself (not the divergence's wording), so a new bug that happens to show
     at the same field is not excused."""
     if current_ours is not None and _rewrites_pending_copy(ours, current_ours):
+        return "pending-copy"
+    if current_ref is not None and current_ours is not None and _same_copies_split_otherwise(
+            current_ref, current_ours, comp):
         return "pending-copy"
     if _reference_stalls(ref):
         return "reference-stall"
@@ -1163,6 +1187,24 @@ def _rewrites_pending_copy(ours, snap) -> bool:
         if op_id not in this_plan:
             in_flight |= pairs
     return any(set(zip(rec["src"], rec["dst"])) & in_flight for rec in records)
+
+
+def _same_copies_split_otherwise(ref_snap, ours_snap, comp) -> bool:
+    """The plan's write-backs copy exactly the reference's pages, but split among more
+    ops: a request that finished after another with the same prefix, in the same step,
+    has an op of its own for the shared pages (which the reference gives it none for)."""
+    def records(snap):
+        return [rec for c in snap["cache"] if c["type"] == "WriteBackOp" for rec in writeback_records(c)]
+
+    ref_recs, ours_recs = records(ref_snap), records(ours_snap)
+    if len(ours_recs) <= len(ref_recs):
+        return False
+    # Device pages compare through the bijection (they appeared in page tables); the
+    # host pages are new to both sides here, so only their count is compared.
+    ref_src = sorted(p for r in ref_recs for p in r["src"])
+    ours_src = sorted(p for r in ours_recs for p in comp.to_ref("device", r["src"]))
+    same_dst = sum(len(r["dst"]) for r in ref_recs) == sum(len(r["dst"]) for r in ours_recs)
+    return ref_src == ours_src and same_dst
 
 
 def _reference_stalls(ref, steps: int = 60) -> bool:

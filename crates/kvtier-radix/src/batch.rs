@@ -712,7 +712,11 @@ impl RadixCore {
                 } else {
                     let host_lock = self.lock(m.device, Tier::Host);
                     self.unlock(device_lock);
-                    self.demote(m.device);
+                    // The whole prefix is on host already: kvtier frees its device copy
+                    // now; the reference leaves it cached, for eviction to take.
+                    if !self.is_reference() {
+                        self.demote(m.device);
+                    }
                     RetractOutcome::Kept {
                         prefix_lock: host_lock,
                         write_back: None,
