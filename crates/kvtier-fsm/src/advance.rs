@@ -676,8 +676,19 @@ impl SchedulerCore {
             State::Draining(None) => {}
             State::Draining(Some(attached)) => self.outbox.roll_back(attached.ticket),
             // The in-flight copy stays pinned by its ticket in the op table until acknowledged.
-            State::WritingBack { op } | State::Retracting { op, .. } => {
+            State::WritingBack { op } => self.ops.detach_request(op),
+            // Its tail pages and host lock go in event order too (below).
+            State::Retracting {
+                op,
+                host_lock,
+                local_kv,
+                ..
+            } => {
                 self.ops.detach_request(op);
+                self.outbox.push(
+                    CacheOp::Release(kvtier_radix::Released::new((host_lock, local_kv))),
+                    Target::Ignore,
+                );
             }
             // Its pages go back where the abort comes among the step's events (after
             // those a finish queued before it frees), as in the reference.

@@ -820,6 +820,11 @@ class Side:
         self.log: list[tuple] = []  # (step, events sent) for reports
         # Write-back pairs of ops not acknowledged yet: op id -> set of (src, dst).
         self.unacked_pairs: dict[int, set] = {}
+        # This step's acknowledgements as (op id, the step its op was issued at), and the
+        # steps at which an Abort was sent: for the known-difference checks.
+        self.acked_now: list[tuple[int, int]] = []
+        self.abort_during_copy = False
+        self.abort_steps: list[int] = []
 
     def submit(self, step: int):
         rids = self.arrivals.get(step, [])
@@ -860,6 +865,7 @@ class Side:
         # Acks due now, oldest plan first, each plan's ops in the agreed order.
         due = sorted((a for a in self.pending_acks if a[0] <= step), key=lambda a: (a[1], a[2]))
         self.pending_acks = [a for a in self.pending_acks if a[0] > step]
+        self.acked_now = [(op_id, issued) for _, issued, _, op_id in due]
         for _, _, _, op_id in due:
             self.unacked_pairs.pop(op_id, None)
             d = mod.Cache.WriteBackDoneEvent()
@@ -903,6 +909,13 @@ class Side:
                 a.request_id = rid
                 ev.add_event(a)
                 log.append(("Abort", rid))
+                self.abort_steps.append(step)
+                # An abort while a write-back is unacknowledged (it may be the aborted
+                # request's): the reference lets go of the copy's pages at once and drops
+                # the late acknowledgement; kvtier keeps them pinned until it comes, so
+                # the caches may differ from here on (known difference "abort-during-copy").
+                if self.pending_acks:
+                    self.abort_during_copy = True
                 self.closed.add(rid)
         self.log.append((step, log))
         return ev, log
@@ -1148,6 +1161,12 @@ KNOWN_DIFFERENCES = {
         "asks ceil(tokens/page) fresh pages, ignoring tail slack, and retracted requests "
         "keep their tail pages); kvtier's deadlock breaker requeues one to recompute"
     ),
+    "abort-during-copy": (
+        "a request aborted while its write-back is in flight: the reference lets go of the "
+        "copy's pins at once (its host pages can be evicted and reused while the engine still "
+        "writes them) and drops the late acknowledgement, so the copy stays pending for good; "
+        "kvtier's op table keeps the copy pinned until it is acknowledged, then completes it"
+    ),
     "pending-copy": (
         "a finishing request whose prefix is still being written back by an earlier op: the "
         "reference writes nothing (it ignores failed copies), kvtier copies those pages in the "
@@ -1170,7 +1189,9 @@ def classify_divergence(d, ref, ours, current_ref, current_ours, comp) -> str | 
     if current_ref is not None and current_ours is not None and _same_copies_split_otherwise(
             current_ref, current_ours, comp):
         return "pending-copy"
-    if _reference_stalls(ref):
+    if ref.abort_during_copy:
+        return "abort-during-copy"
+    if _reference_stalls(ref, d.step):
         return "reference-stall"
     return None
 
@@ -1207,19 +1228,32 @@ def _same_copies_split_otherwise(ref_snap, ours_snap, comp) -> bool:
     return ref_src == ours_src and same_dst
 
 
-def _reference_stalls(ref, steps: int = 60) -> bool:
-    """The reference, driven on alone, never runs a row or a copy again while it holds
-    retracted requests: a deadlock (kvtier breaks it by recomputing)."""
-    sched = ref.sched
+def _reference_stalls(ref, step: int, steps: int = 80, quiet: int = 2) -> bool:
+    """The reference, driven on alone by its driver, holds retracted requests and for
+    `quiet` steps in a row runs no row and no copy, with no acknowledgement due and its
+    sizes unchanged: a deadlock (nothing but an abort the script sends later can end
+    it; kvtier breaks it by recomputing the request, or gives up one that can never fit
+    again)."""
     try:
-        if sched.retract_count() == 0:
-            return False
-        for _ in range(steps):
-            plan = sched.next_execution_plan()
-            if any(f.request_ids for f in plan.forward) or plan.cache:
-                return False
-            sched.advance(ref.mod.ExecutionEvent())
-        return sched.retract_count() > 0
+        still, last = 0, None
+        for k in range(step + 1, step + 1 + steps):
+            ref.submit(k)
+            plan = ref.sched.next_execution_plan()
+            snap = snapshot_plan(plan, is_hybrid_config(ref.cfg))
+            ref.sched.drain_kv_events()
+            ran = any(f["request_ids"] for f in snap["forward"])
+            idle = not ran and not snap["cache"] and not ref.pending_acks
+            sizes = ref.sizes()
+            still = still + 1 if idle and ref.sched.retract_count() > 0 and sizes == last else 0
+            last = sizes
+            if still >= quiet:
+                return True
+            order = [r["op_id"] for c in snap["cache"] if c["type"] == "WriteBackOp"
+                     for r in writeback_records(c)]
+            event, _ = ref.build_event(k, snap, order)
+            ref.sched.advance(event)
+            ref.sched.drain_kv_events()
+        return False
     except Exception:  # noqa: BLE001
         return False
 
