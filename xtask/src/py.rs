@@ -48,8 +48,26 @@ fn parse(args: &[String]) -> Result<Options> {
 
 pub fn run(root: &Path, args: &[String]) -> Result<()> {
     let options = parse(args)?;
-    let python = tools::py_python(root)?;
-    let reference = tools::reference_wheel(root, &python)?;
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    // Without maturin there is nothing to build: under CI that fails the step, elsewhere
+    // the step says loudly that it skipped.
+    let python = match tools::py_python(root) {
+        Ok(python) => python,
+        Err(err) if ci => return Err(err.context("setting up maturin and pytest")),
+        Err(err) => {
+            eprintln!("WARNING: SKIPPED the Python binding (no maturin/pytest venv): {err:#}");
+            return Ok(());
+        }
+    };
+    // Without the reference wheel the tests that need it skip, saying so (CI: fail).
+    let reference = match tools::reference_wheel(root, &python) {
+        Ok(dir) => dir,
+        Err(err) if ci => return Err(err.context("fetching the reference wheel")),
+        Err(err) => {
+            eprintln!("WARNING: the reference wheel is missing, its tests will skip: {err:#}");
+            root.join("target/tools/reference-wheel")
+        }
+    };
     let wheel = build_wheel(root, &python, options.release)?;
     run_command(
         Command::new(&python)

@@ -141,3 +141,22 @@ def test_trace_tools():
     assert w2["finished"] == 8 and w2["prefill_rows"] == 8 and w2["retractions"] == 0
     with pytest.raises(ValueError, match="workload"):
         kvtier.run_workload("w9")
+
+
+def test_the_type_stubs_describe_what_the_module_has():
+    import ast
+    import pathlib
+
+    stub = pathlib.Path(kvtier.__file__).with_name("__init__.pyi")
+    tree = ast.parse(stub.read_text())
+    declared = {n.name: n for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    assert sorted(declared) == sorted(n for n in kvtier.__all__ if n != "__version__")
+    for name, node in declared.items():
+        if not isinstance(node, ast.ClassDef):
+            continue
+        cls = getattr(kvtier, name)
+        members = {m.name for m in node.body if isinstance(m, ast.FunctionDef)}
+        if not issubclass(cls, BaseException):  # an exception's fields are set when raised
+            members |= {m.target.id for m in node.body if isinstance(m, ast.AnnAssign)}
+        missing = sorted(m for m in members if not hasattr(cls, m))
+        assert not missing, f"{name}: the stub declares {missing}, which the class lacks"

@@ -1,0 +1,46 @@
+# kvtier differential script: python differential.py --replay FILE
+{
+    'version': 1,
+    'seed': 1661,
+    'hybrid': False,
+    'config': {
+        'page_size': 2,
+        'decode_input_tokens': 2,
+        'max_batch_size': 8,
+        'max_scheduled_tokens': 6,
+        'enable_mixed_prefill_decode': False,
+        'enable_kv_cache_events': True,
+        'disable_l2_cache': False,
+        'disable_prefix_cache': False,
+        'num_device_pages': 20,
+        'num_host_pages': 13,
+    },
+    'requests': [
+        {
+            'id': 'r02',
+            'arrive': 0,
+            'prompt': [1, 1, 1, 1, 1, 1],
+            'gen': 1,
+            'abort_at': None,
+            'reserve': {},
+        },
+        {
+            'id': 'r00',
+            'arrive': 0,
+            'prompt': [1, 1, 1, 1, 1, 1, 1, 1, 1],
+            'gen': 2,
+            'abort_at': None,
+            'reserve': {},
+        },
+        {
+            'id': 'r01',
+            'arrive': 0,
+            'prompt': [22, 13, 24, 40, 5, 15, 34, 17, 23, 19, 8, 1, 19, 17, 27, 36],
+            'gen': 2,
+            'abort_at': 7,
+            'reserve': {},
+        },
+    ],
+    'wb_delays': {5: 4},
+    'max_steps': 400,
+}

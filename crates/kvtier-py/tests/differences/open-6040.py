@@ -1,0 +1,40 @@
+# kvtier differential script: python differential.py --replay FILE
+{
+    'version': 1,
+    'seed': 6040,
+    'hybrid': False,
+    'config': {
+        'page_size': 2,
+        'decode_input_tokens': 2,
+        'max_batch_size': 1,
+        'max_scheduled_tokens': 64,
+        'enable_mixed_prefill_decode': False,
+        'enable_kv_cache_events': True,
+        'disable_l2_cache': False,
+        'disable_prefix_cache': False,
+        'num_device_pages': 9,
+        'num_host_pages': 0,
+    },
+    'requests': [
+        {
+            'id': 'r04',
+            'arrive': 0,
+            'prompt': [16, 35, 38, 19, 16, 21, 37, 33, 10, 32],
+            'gen': 1,
+            'abort_at': None,
+            'reserve': {},
+        },
+        {'id': 'r06', 'arrive': 0, 'prompt': [1], 'gen': 2, 'abort_at': None, 'reserve': {}},
+        {
+            'id': 'r01',
+            'arrive': 0,
+            'prompt': [16, 35, 38, 19, 16, 21, 37, 33],
+            'gen': 3,
+            'abort_at': None,
+            'reserve': {},
+        },
+        {'id': 'r00', 'arrive': 1, 'prompt': [1], 'gen': 2, 'abort_at': None, 'reserve': {}},
+    ],
+    'wb_delays': {},
+    'max_steps': 400,
+}
