@@ -1148,6 +1148,8 @@ def run_script(script: dict, ref_module, kv_module, id_modes: dict | None = None
         if ref is not None and ours is not None:
             result.context = [f"reference events at step {s}: {events}" for s, events in ref.log[-3:]]
             result.known = classify_divergence(d, ref, ours, current_ref, current_ours, comp)
+        elif d.phase == "construct" and _refused_transport_only_groups(script["config"], d):
+            result.known = "transport-only-groups"
     return result
 
 
@@ -1166,6 +1168,11 @@ KNOWN_DIFFERENCES = {
         "copy's pins at once (its host pages can be evicted and reused while the engine still "
         "writes them) and drops the late acknowledgement, so the copy stays pending for good; "
         "kvtier's op table keeps the copy pinned until it is acknowledged, then completes it"
+    ),
+    "transport-only-groups": (
+        "paged-cache groups without a required history group (no prefix-cache adjunct): "
+        "the reference serves them as transport-only tables, kvtier refuses the config "
+        "with a ValueError (docs/python.md)"
     ),
     "pending-copy": (
         "a finishing request whose prefix is still being written back by an earlier op: the "
@@ -1208,6 +1215,15 @@ def _rewrites_pending_copy(ours, snap) -> bool:
         if op_id not in this_plan:
             in_flight |= pairs
     return any(set(zip(rec["src"], rec["dst"])) & in_flight for rec in records)
+
+
+def _refused_transport_only_groups(cfg: dict, d) -> bool:
+    """kvtier refused a config whose paged-cache groups have no required history group,
+    which the reference accepts."""
+    groups = {g["group_id"]: g for g in cfg.get("paged_cache_groups") or []}
+    required = cfg.get("prefix_cache_adjunct") or []
+    no_history = not any(groups.get(r, {}).get("family") == "History" for r in required)
+    return bool(groups) and no_history and d.ref is None and "required history group" in str(d.ours)
 
 
 def _same_copies_split_otherwise(ref_snap, ours_snap, comp) -> bool:

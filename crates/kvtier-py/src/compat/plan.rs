@@ -241,11 +241,15 @@ impl FlatForwardOp {
         self.hist_token_lens = Some(lens);
     }
 
-    /// Per group, every row's table from its base page, padded with -1 to the widest.
+    /// Per group, every row's table from its base page, padded with -1 to the widest
+    /// (empty without rows, as the reference's).
     #[getter]
     fn paged_cache_block_tables(&self) -> BTreeMap<&str, Vec<Vec<i64>>> {
         let forward = &self.data.plan.forward;
         let mut tables = BTreeMap::new();
+        if forward.rows.is_empty() {
+            return tables;
+        }
         for (g, (id, _)) in self.data.groups.iter().enumerate() {
             let rows: Vec<&[u32]> = (0..forward.rows.len())
                 .map(|i| {
@@ -269,11 +273,14 @@ impl FlatForwardOp {
         tables
     }
 
-    /// Per sliding group, every row's base page.
+    /// Per sliding group, every row's base page (empty without rows).
     #[getter]
     fn paged_cache_block_table_base_offsets(&self) -> BTreeMap<&str, Vec<u32>> {
         let forward = &self.data.plan.forward;
         let mut bases = BTreeMap::new();
+        if forward.rows.is_empty() {
+            return bases;
+        }
         for (g, (id, sliding)) in self.data.groups.iter().enumerate() {
             if *sliding {
                 let row_bases = (0..forward.rows.len())
