@@ -824,6 +824,8 @@ class Side:
         # steps at which an Abort was sent: for the known-difference checks.
         self.acked_now: list[tuple[int, int]] = []
         self.abort_during_copy = False
+        # Each request's Mamba slots (working, checkpoint) as of its last row.
+        self.mamba_slots: dict[str, tuple[int, int]] = {}
         self.abort_steps: list[int] = []
 
     def submit(self, step: int):
@@ -1077,6 +1079,11 @@ def run_script(script: dict, ref_module, kv_module, id_modes: dict | None = None
             current_ref, current_ours = s_ref, s_ours
             comp.compare_plan(s_ref, s_ours, hybrid)
             for side, snap in ((ref, s_ref), (ours, s_ours)):
+                if hybrid:
+                    for f in snap["forward"]:
+                        for i, rid in enumerate(f["request_ids"]):
+                            side.mamba_slots[rid] = (f["mamba_pool_indices"][i],
+                                                     f["mamba_checkpoint_dst_indices"][i])
                 for c in snap["cache"]:
                     if c["type"] == "WriteBackOp":
                         for rec in writeback_records(c):
@@ -1174,6 +1181,12 @@ KNOWN_DIFFERENCES = {
         "the reference serves them as transport-only tables, kvtier refuses the config "
         "with a ValueError (docs/python.md)"
     ),
+    "unwritten-checkpoint": (
+        "a hybrid request stops (finish or retraction): the reference caches its checkpoint "
+        "slot even when the worker never wrote it (C.3 in docs/notes/mamba-reference.md), "
+        "kvtier caches the slot that holds the state at that depth; the slots each frees, "
+        "and so later slot ids, differ"
+    ),
     "pending-copy": (
         "a finishing request whose prefix is still being written back by an earlier op: the "
         "reference writes nothing (it ignores failed copies), kvtier copies those pages in the "
@@ -1193,6 +1206,8 @@ def classify_divergence(d, ref, ours, current_ref, current_ours, comp) -> str | 
     at the same field is not excused."""
     if current_ours is not None and _rewrites_pending_copy(ours, current_ours):
         return "pending-copy"
+    if _published_other_mamba_slot(d, ref, ours, current_ref, current_ours):
+        return "unwritten-checkpoint"
     if current_ref is not None and current_ours is not None and _same_copies_split_otherwise(
             current_ref, current_ours, comp):
         return "pending-copy"
@@ -1215,6 +1230,35 @@ def _rewrites_pending_copy(ours, snap) -> bool:
         if op_id not in this_plan:
             in_flight |= pairs
     return any(set(zip(rec["src"], rec["dst"])) & in_flight for rec in records)
+
+
+def _published_other_mamba_slot(d, ref, ours, current_ref, current_ours) -> bool:
+    """A request that stopped running left the reference its checkpoint slot cached and
+    kvtier its working slot (the reference publishes the checkpoint even when the
+    worker never wrote it: C.3 in docs/notes/mamba-reference.md): the divergence pairs
+    the reference's working slot with kvtier's checkpoint slot of the same request (the
+    one each freed), or kvtier writes back the working slot the reference did not."""
+    if "mamba" not in d.what:
+        return False
+    stopped = [rid for rid in ref.mamba_slots if rid in ours.mamba_slots and rid in ref.closed | _retracted(ref)]
+    m = re.search(r"mamba(?:_host)? id (-?\d+) was mapped to (-?\d+), now to (-?\d+)", d.note or "")
+    for rid in stopped:
+        (w_r, c_r), (w_o, c_o) = ref.mamba_slots[rid], ours.mamba_slots[rid]
+        if m and (int(m.group(1)), int(m.group(3))) in {(w_r, c_o), (c_r, w_o)}:
+            return True
+        if current_ours is not None and "src_pages_by_kind['mamba']" in d.what:
+            ours_src = {x for c in current_ours["cache"] if c["type"] == "WriteBackOp"
+                        for rec in writeback_records(c) for x in rec["mamba_src"] or []}
+            ref_src = {x for c in current_ref["cache"] if c["type"] == "WriteBackOp"
+                       for rec in writeback_records(c) for x in rec["mamba_src"] or []}
+            if w_o in ours_src and w_r not in ref_src:
+                return True
+    return False
+
+
+def _retracted(side) -> set:
+    """Requests of a side that were ever retracted (their rows stopped while live)."""
+    return set(side.mamba_slots) - side.closed
 
 
 def _refused_transport_only_groups(cfg: dict, d) -> bool:

@@ -1,0 +1,26 @@
+# kvtier differential script: python differential.py --replay FILE
+{
+    'version': 1,
+    'seed': 17,
+    'hybrid': True,
+    'config': {
+        'page_size': 4,
+        'decode_input_tokens': 1,
+        'max_batch_size': 1,
+        'max_scheduled_tokens': 64,
+        'enable_mixed_prefill_decode': False,
+        'enable_kv_cache_events': True,
+        'disable_l2_cache': False,
+        'disable_prefix_cache': False,
+        'num_device_pages': 3,
+        'num_host_pages': 26,
+        'enable_mamba': True,
+        'mamba_cache_chunk_size': 4,
+        'mamba_pool_total_chunks': 3,
+        'enable_mamba_l2': True,
+        'mamba_l2_host_slots': 23,
+    },
+    'requests': [{'id': 'r00', 'arrive': 0, 'prompt': [1], 'gen': 4, 'abort_at': None, 'reserve': {}}],
+    'wb_delays': {},
+    'max_steps': 400,
+}
