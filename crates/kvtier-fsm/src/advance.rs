@@ -313,6 +313,9 @@ impl SchedulerCore {
                         if kind == StateKind::Decoding && (families || window_capped) {
                             self.publish_decoded(key, before);
                         }
+                        if kind == StateKind::Decoding {
+                            self.rewind_tables(key);
+                        }
                         Ok(())
                     }
                     // Its last row's token, a step late: the history it will compute
@@ -488,6 +491,21 @@ impl SchedulerCore {
         let checkpoint = checkpoint.map(|(slot, at)| (slot, if reference { None } else { at }));
         let retire = if reference { None } else { retire };
         self.queue_publication(key, publication, checkpoint, retire, true);
+    }
+
+    /// Paged models: a decoding request's group tables give back the pages its row
+    /// reserved past the tokens it now has (after the publication above), as the
+    /// reference rewinds them at each result; the next decode takes what it needs.
+    fn rewind_tables(&mut self, key: usize) {
+        let r = &self.requests[key];
+        let Some(tables) = r.state.running().and_then(|run| run.tables.as_ref()) else {
+            return;
+        };
+        let op = CacheOp::RewindTables {
+            key: tables.key(),
+            tokens: r.tokens.len() as u32,
+        };
+        self.outbox.push(op, Target::Ignore);
     }
 
     // ----- prefetch -------------------------------------------------------------------

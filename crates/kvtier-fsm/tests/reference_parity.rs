@@ -155,3 +155,51 @@ fn a_retraction_with_nothing_to_copy_keeps_the_device_copy_under_the_reference_p
     assert!(!removed_at_the_retraction(Policy::Reference));
     assert!(removed_at_the_retraction(Policy::Default));
 }
+
+/// A paged model decoding with two reserved tokens a step: the result accepts one, and
+/// the group tables give back the page the reservation took past it at once, as the
+/// reference's rewind does (the next decode takes it again).
+#[test]
+fn a_result_rewinds_the_group_pages_its_row_reserved_past_it() {
+    use kvtier_types::{GroupRole, GroupSpec, PagedSettings};
+    let mut s = sched(SchedulerConfig {
+        policy: Policy::Reference,
+        publish_prefix_mid_flight: false,
+        page_size: 8,
+        device_pages: 32,
+        host_pages: 0,
+        disable_l2_cache: true,
+        decode_input_tokens: 2,
+        max_scheduled_tokens: 64,
+        max_batch_size: 4,
+        paged: Some(PagedSettings {
+            groups: vec![
+                GroupSpec::full_history("full", 4, 2, 30),
+                GroupSpec::sliding("swa", 4, 1, 30, 3, GroupRole::History),
+            ],
+            required: vec!["full".into()],
+        }),
+        ..fixture()
+    });
+    let free = |s: &mut kvtier_fsm::Scheduler| -> Vec<u32> {
+        let stats = s.stats();
+        let report = stats.groups.expect("paged groups");
+        report.groups.iter().map(|g| g.free_pages).collect()
+    };
+    submit(&mut s, "a", tokens(1, 14));
+    s.next_plan();
+    advance(&mut s, vec![extend("a", &[100])]);
+    // The decode row reserves tokens 15 and 16: the full group's third page (16..24).
+    let plan = s.next_plan();
+    assert_eq!(row_kinds(&plan), [RowKind::Decode]);
+    let reserved = free(&mut s);
+    // One token accepted: 16 tokens need two full-group pages, and the window's pages
+    // past token 15 go too.
+    advance(&mut s, vec![extend("a", &[101])]);
+    let after = free(&mut s);
+    assert!(
+        after.iter().zip(&reserved).all(|(a, r)| a > r),
+        "group pages given back: {reserved:?} -> {after:?}"
+    );
+    check(&mut s);
+}

@@ -152,6 +152,15 @@ impl std::fmt::Debug for Released {
 pub enum CacheOp {
     /// Drop these handles now, between the ops before and after (see [`Released`]).
     Release(Released),
+    /// Paged models: a decoding request's results came in; its tables give back the
+    /// owned tail pages past `tokens` (the reservation its row did not use, like
+    /// rejected draft tokens), as the reference rewinds them at each result.
+    RewindTables {
+        /// The request's tables.
+        key: crate::TablesKey,
+        /// Its tokens now.
+        tokens: u32,
+    },
     /// Acknowledges a write-back ticket.
     WriteBackAck {
         /// The ticket.
@@ -586,6 +595,10 @@ impl RadixCore {
             CacheOp::Release(handles) => {
                 drop(handles);
                 self.drain_releases();
+                OpResult::Released
+            }
+            CacheOp::RewindTables { key, tokens } => {
+                self.rewind_tables(key, tokens);
                 OpResult::Released
             }
             CacheOp::WriteBackAck {

@@ -267,6 +267,16 @@ impl RadixCore {
         self.put_tables(key, tables);
     }
 
+    /// Gives back the owned tail pages of a request's tables past `tokens` tokens.
+    pub(crate) fn rewind_tables(&mut self, key: TablesKey, tokens: u32) {
+        let Some(mut tables) = self.take_tables(key) else {
+            debug_assert!(false, "no tables under {key:?}");
+            return;
+        };
+        self.with_snapshots(|family, _| family.rewind(&mut tables, tokens));
+        self.put_tables(key, tables);
+    }
+
     /// Frees a lease's tables now (a released lease's come back through the drain).
     pub(crate) fn release_tables(&mut self, key: TablesKey) {
         if let Some(tables) = self.take_tables(key) {
