@@ -1,0 +1,63 @@
+# kvtier differential script: python differential.py --replay FILE
+{
+    'version': 1,
+    'seed': 87,
+    'hybrid': True,
+    'config': {
+        'page_size': 8,
+        'decode_input_tokens': 1,
+        'max_batch_size': 6,
+        'max_scheduled_tokens': 30,
+        'enable_mixed_prefill_decode': False,
+        'enable_kv_cache_events': True,
+        'disable_l2_cache': False,
+        'disable_prefix_cache': False,
+        'num_device_pages': 12,
+        'num_host_pages': 0,
+        'paged_cache_groups': [
+            {
+                'group_id': 'full',
+                'rows_per_page': 8,
+                'entry_stride_tokens': 1,
+                'retention': 'FullHistory',
+                'sliding_window_tokens': None,
+                'family': 'History',
+                'total_pages': 28,
+            },
+            {
+                'group_id': 'swa',
+                'rows_per_page': 4,
+                'entry_stride_tokens': 1,
+                'retention': 'SlidingWindow',
+                'sliding_window_tokens': 8,
+                'family': 'State',
+                'total_pages': 13,
+            },
+        ],
+        'prefix_cache_adjunct': ['full'],
+    },
+    'requests': [
+        {
+            'id': 'r00',
+            'arrive': 0,
+            'prompt': [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],
+            'gen': 1,
+            'abort_at': None,
+            'reserve': {},
+        },
+        {
+            'id': 'r03',
+            'arrive': 0,
+            'prompt': [23, 39, 14, 30, 23, 39, 23, 31, 7, 35, 37, 3, 3, 23, 15, 3, 13, 24, 34, 25,
+                 25, 18, 21, 36, 30, 5, 23, 6, 29, 18, 2, 10, 25, 36, 34, 13, 7, 19, 34, 34,
+                 16, 25, 7, 19, 25, 1, 10, 25, 9],
+            'gen': 1,
+            'abort_at': None,
+            'reserve': {},
+        },
+    ],
+    'wb_delays': {},
+    'max_steps': 400,
+}
+
