@@ -329,10 +329,12 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
             .map(|(i, g)| {
                 let view = match (fresh, hit) {
                     (false, _) => AdmitView::of(&tables.tables[i]),
+                    // As `acquire` imports it: a segment without pages is not imported,
+                    // so the table starts empty (its base moved by the slide).
                     (true, Some(hit)) => hit
                         .groups
                         .iter()
-                        .find(|h| h.group == i)
+                        .find(|h| h.group == i && !h.ids.is_empty())
                         .map_or(AdmitView::default(), |h| {
                             AdmitView::from_hit(h.base, h.ids.len() as u32, hit.prefix_len)
                         }),
