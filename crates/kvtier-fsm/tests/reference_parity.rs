@@ -203,3 +203,40 @@ fn a_result_rewinds_the_group_pages_its_row_reserved_past_it() {
     );
     check(&mut s);
 }
+
+/// Seed 87 (hybrid): a window state group that is not required. The admission credits
+/// the pages its window's slide frees (as the reference does), but the commit before
+/// the acquisition checkpointed that window at the terminal depth into the snapshot
+/// (kvtier's terminal continuation), so the acquisition fell short: a debug assertion,
+/// reached from Python as a panic, and a short table in release builds. An admitted op
+/// now prunes unpinned snapshots to take its pages.
+#[test]
+fn an_admitted_op_gets_its_group_pages_after_a_terminal_continuation() {
+    use kvtier_types::{GroupRole, GroupSpec, PagedSettings};
+    for policy in [Policy::Reference, Policy::Default] {
+        let mut s = sched(SchedulerConfig {
+            policy,
+            publish_prefix_mid_flight: false,
+            page_size: 8,
+            device_pages: 12,
+            host_pages: 0,
+            disable_l2_cache: true,
+            decode_input_tokens: 1,
+            max_scheduled_tokens: 30,
+            max_batch_size: 6,
+            paged: Some(PagedSettings {
+                groups: vec![
+                    GroupSpec::full_history("full", 8, 1, 28),
+                    GroupSpec::sliding("swa", 4, 1, 13, 8, GroupRole::State),
+                ],
+                required: vec!["full".into()],
+            }),
+            ..fixture()
+        });
+        submit(&mut s, "r00", vec![1; 32]);
+        submit(&mut s, "r03", tokens(100, 49));
+        let mut engine = Engine::with_max_new(1);
+        drain(&mut s, &mut engine, 200);
+        check(&mut s);
+    }
+}

@@ -452,6 +452,38 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         Ok(())
     }
 
+    /// [`Self::acquire`] for a running request's op already admitted, pruning snapshots
+    /// no running request pins when a group falls short. The commit between admission
+    /// and acquisition may have checkpointed state windows the admission counted as
+    /// freed by the slide (a terminal continuation, which the reference policy's
+    /// admission does not foresee); the op is not refused after its admission.
+    pub fn acquire_admitted<T: SnapshotTree<Node = N>>(
+        &mut self,
+        tree: &T,
+        tables: &mut RequestTables,
+        first_pos: u32,
+        target: u32,
+    ) -> Result<(), PagedError> {
+        let rounds = self.snapshots.len();
+        for _ in 0..=rounds {
+            match self.acquire(tables, first_pos, target, None) {
+                Err(PagedError::OutOfPages { group, .. }) => {
+                    let failed: Vec<usize> = (0..self.adjunct.groups().len())
+                        .filter(|&i| self.adjunct.groups()[i].id == group)
+                        .collect();
+                    let pruned = self
+                        .starved(&failed)
+                        .is_some_and(|kind| self.prune_sparing(tree, kind, None));
+                    if !pruned {
+                        return self.acquire(tables, first_pos, target, None);
+                    }
+                }
+                other => return other,
+            }
+        }
+        self.acquire(tables, first_pos, target, None)
+    }
+
     /// Owned pages group `i`'s sliding release would free before an op at `first_pos`.
     fn sliding_credit(&self, tables: &RequestTables, i: usize, first_pos: u32) -> u32 {
         let g = &self.adjunct.groups()[i];

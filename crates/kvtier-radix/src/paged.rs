@@ -226,8 +226,9 @@ impl RadixCore {
             debug_assert!(false, "no tables under {key:?}");
             return;
         };
-        let acquired =
-            self.with_snapshots(|family, _| family.acquire(&mut tables, first, target, None));
+        let acquired = self.with_snapshots(|family, tree| {
+            family.acquire_admitted(tree, &mut tables, first, target)
+        });
         debug_assert!(
             matches!(acquired, Some(Ok(()))),
             "admitted, yet {acquired:?}"
