@@ -196,6 +196,11 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Free pages of a tier (a gauge of [`Self::stats`], without its copy).
+    pub fn available_pages(&mut self, tier: kvtier_types::Tier) -> u32 {
+        self.cache.available(tier)
+    }
+
     /// Counters and gauges.
     pub fn stats(&mut self) -> SchedulerStats {
         self.core.stats().with_tree(self.cache.stats())

@@ -214,6 +214,14 @@ impl SchedulerCore {
             .map(|k| self.requests[k].tokens.len())
     }
 
+    /// Live requests in one of `kinds` (a size query, without the stats' copy).
+    pub fn count_in(&self, kinds: &[StateKind]) -> usize {
+        self.requests
+            .iter()
+            .filter(|r| kinds.contains(&r.state.kind()))
+            .count()
+    }
+
     /// State of a live request, if known.
     pub fn request_state(&self, id: &RequestId) -> Option<StateKind> {
         self.requests

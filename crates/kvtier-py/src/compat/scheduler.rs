@@ -53,11 +53,7 @@ fn raise_first(result: Result<(), BatchError>) -> PyResult<()> {
 
 impl Scheduler {
     fn count(&self, kinds: &[StateKind]) -> usize {
-        let core = self.inner.core();
-        core.request_ids()
-            .iter()
-            .filter(|id| core.request_state(id).is_some_and(|k| kinds.contains(&k)))
-            .count()
+        self.inner.core().count_in(kinds)
     }
 
     fn group_index(&self, group_id: &str, method: &str) -> PyResult<usize> {
@@ -204,21 +200,16 @@ impl Scheduler {
 
     /// Free device pages (cached pages are not free).
     fn available_kv_pages(&mut self) -> u32 {
-        self.inner.stats().available_device_pages
+        self.inner.available_pages(kvtier_types::Tier::Device)
     }
 
     /// Distinct device pages of the requests in prefill or decode.
     fn active_kv_pages(&self) -> usize {
+        // `occupied_pages` answers for running requests only.
         let core = self.inner.core();
         let mut pages = BTreeSet::new();
         for id in core.request_ids() {
-            let running = matches!(
-                core.request_state(&id),
-                Some(StateKind::Prefilling | StateKind::PrefillDone | StateKind::Decoding)
-            );
-            if running {
-                pages.extend(core.occupied_pages(&id).unwrap_or_default());
-            }
+            pages.extend(core.occupied_pages(&id).unwrap_or_default());
         }
         pages.len()
     }
