@@ -22,14 +22,11 @@ pub fn sched_error(error: &SchedError) -> PyErr {
     }
 }
 
-/// The exception for a failed call of the actor system.
+/// The exception for a failed call of the actor system (refused batch items are
+/// `RejectedError`s, made by the caller).
 pub fn kv_error(error: &kvtier::KvError) -> PyErr {
     match error {
         kvtier::KvError::Sched(e) => sched_error(e),
-        kvtier::KvError::Batch(batch) => match batch.rejected.first() {
-            Some(first) if batch.rejected.len() == 1 => sched_error(&first.error),
-            _ => PyValueError::new_err(error.to_string()),
-        },
         kvtier::KvError::Setup(_) => PyValueError::new_err(error.to_string()),
         _ => PyRuntimeError::new_err(error.to_string()),
     }

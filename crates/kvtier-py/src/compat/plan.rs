@@ -339,6 +339,35 @@ fn by_kind(pairs: &[Vec<TransferPair>], src: bool) -> BTreeMap<&'static str, Vec
     ])
 }
 
+/// The page views both flattened copy ops offer: KV pages per op on each side (`src`:
+/// device for a write-back, host for a load-back), and both kinds keyed by name.
+macro_rules! copy_op_views {
+    ($op:ty) => {
+        #[pymethods]
+        impl $op {
+            #[getter]
+            fn src_pages(&self) -> Vec<Vec<u32>> {
+                side(&self.pairs, TransferKind::Kv, true)
+            }
+
+            #[getter]
+            fn dst_pages(&self) -> Vec<Vec<u32>> {
+                side(&self.pairs, TransferKind::Kv, false)
+            }
+
+            #[getter]
+            fn src_pages_by_kind(&self) -> BTreeMap<&'static str, Vec<Vec<u32>>> {
+                by_kind(&self.pairs, true)
+            }
+
+            #[getter]
+            fn dst_pages_by_kind(&self) -> BTreeMap<&'static str, Vec<Vec<u32>>> {
+                by_kind(&self.pairs, false)
+            }
+        }
+    };
+}
+
 /// Every device→host copy of the plan, one entry per op; acknowledge each op id with
 /// `Cache.WriteBackDoneEvent`.
 #[pyclass(module = "tokenspeed_scheduler.Cache")]
@@ -351,30 +380,7 @@ pub struct WriteBackOp {
     is_retract: Vec<bool>,
 }
 
-#[pymethods]
-impl WriteBackOp {
-    /// Device pages (KV), per op.
-    #[getter]
-    fn src_pages(&self) -> Vec<Vec<u32>> {
-        side(&self.pairs, TransferKind::Kv, true)
-    }
-
-    /// Host pages (KV), per op.
-    #[getter]
-    fn dst_pages(&self) -> Vec<Vec<u32>> {
-        side(&self.pairs, TransferKind::Kv, false)
-    }
-
-    #[getter]
-    fn src_pages_by_kind(&self) -> BTreeMap<&'static str, Vec<Vec<u32>>> {
-        by_kind(&self.pairs, true)
-    }
-
-    #[getter]
-    fn dst_pages_by_kind(&self) -> BTreeMap<&'static str, Vec<Vec<u32>>> {
-        by_kind(&self.pairs, false)
-    }
-}
+copy_op_views!(WriteBackOp);
 
 /// Every host→device copy of the plan, to finish before its forward runs.
 #[pyclass(module = "tokenspeed_scheduler.Cache")]
@@ -385,30 +391,7 @@ pub struct LoadBackOp {
     pairs: Vec<Vec<TransferPair>>,
 }
 
-#[pymethods]
-impl LoadBackOp {
-    /// Host pages (KV), per op.
-    #[getter]
-    fn src_pages(&self) -> Vec<Vec<u32>> {
-        side(&self.pairs, TransferKind::Kv, true)
-    }
-
-    /// Device pages (KV), per op.
-    #[getter]
-    fn dst_pages(&self) -> Vec<Vec<u32>> {
-        side(&self.pairs, TransferKind::Kv, false)
-    }
-
-    #[getter]
-    fn src_pages_by_kind(&self) -> BTreeMap<&'static str, Vec<Vec<u32>>> {
-        by_kind(&self.pairs, true)
-    }
-
-    #[getter]
-    fn dst_pages_by_kind(&self) -> BTreeMap<&'static str, Vec<Vec<u32>>> {
-        by_kind(&self.pairs, false)
-    }
-}
+copy_op_views!(LoadBackOp);
 
 /// An L3→host fetch for a waiting request; acknowledge with `Cache.PrefetchDoneEvent`.
 #[pyclass(module = "tokenspeed_scheduler.Cache", get_all)]
