@@ -464,24 +464,24 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         first_pos: u32,
         target: u32,
     ) -> Result<(), PagedError> {
-        let rounds = self.snapshots.len();
-        for _ in 0..=rounds {
-            match self.acquire(tables, first_pos, target, None) {
-                Err(PagedError::OutOfPages { group, .. }) => {
-                    let failed: Vec<usize> = (0..self.adjunct.groups().len())
-                        .filter(|&i| self.adjunct.groups()[i].id == group)
-                        .collect();
-                    let pruned = self
-                        .starved(&failed)
-                        .is_some_and(|kind| self.prune_sparing(tree, kind, None));
-                    if !pruned {
-                        return self.acquire(tables, first_pos, target, None);
-                    }
-                }
-                other => return other,
+        // At most one prune per snapshot; each round retries the whole acquisition.
+        let mut rounds = self.snapshots.len();
+        loop {
+            let short = match self.acquire(tables, first_pos, target, None) {
+                Err(PagedError::OutOfPages { group, .. }) if rounds > 0 => group,
+                done => return done,
+            };
+            rounds -= 1;
+            let failed: Vec<usize> = (0..self.adjunct.groups().len())
+                .filter(|&i| self.adjunct.groups()[i].id == short)
+                .collect();
+            let pruned = self
+                .starved(&failed)
+                .is_some_and(|kind| self.prune_sparing(tree, kind, None));
+            if !pruned {
+                return self.acquire(tables, first_pos, target, None);
             }
         }
-        self.acquire(tables, first_pos, target, None)
     }
 
     /// Owned pages group `i`'s sliding release would free before an op at `first_pos`.
