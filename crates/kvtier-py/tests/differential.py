@@ -1248,7 +1248,9 @@ def _published_other_mamba_slot(d, ref, ours, current_ref, current_ours, comp) -
     oracle (kvtier-sim/tests/state_oracle.rs) checks that what it caches is right."""
     if "mamba" not in d.what:
         return False
-    stopped = [rid for rid in ref.mamba_slots if rid in ours.mamba_slots and rid in ref.closed | _retracted(ref)]
+    # Any request with rows on both sides (a running one keeps its slots, so only a
+    # stopped one's can be handed out again).
+    stopped = [rid for rid in ref.mamba_slots if rid in ours.mamba_slots]
     pair = _conflicting_pair(d.note or "")
     mapping = comp.idmap("mamba").bwd  # our id -> the reference's, as learned
     for rid in stopped:
@@ -1302,11 +1304,6 @@ def _released_tables_earlier(d, ref, ours) -> bool:
         raise
     except BaseException:  # noqa: BLE001 (a Rust panic is a BaseException)
         return False
-
-
-def _retracted(side) -> set:
-    """Requests of a side that were ever retracted (their rows stopped while live)."""
-    return set(side.mamba_slots) - side.closed
 
 
 def _refused_transport_only_groups(cfg: dict, d) -> bool:
