@@ -313,7 +313,9 @@ impl SchedulerCore {
                         if kind == StateKind::Decoding && (families || window_capped) {
                             self.publish_decoded(key, before);
                         }
-                        if kind == StateKind::Decoding {
+                        // Only paged models hold tables (a branch per decode row, not a
+                        // state lookup: W2's hot path).
+                        if kind == StateKind::Decoding && self.config.paged.is_some() {
                             self.rewind_tables(key);
                         }
                         Ok(())
