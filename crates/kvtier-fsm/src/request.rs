@@ -94,6 +94,10 @@ pub(crate) struct Running {
     /// First page-table entry swapped for the tree's copy since the request's last row
     /// (its next row reports the table as new from there).
     pub table_changed_from: Option<u32>,
+    /// Pages handed to publications whose replies are not in yet: they follow
+    /// `prefix_pages` in the page table. A finish in the same advance as a decode's
+    /// publication must not publish them again from the old prefix.
+    pub published_ahead: u32,
     /// Hybrid models: its working and checkpoint state slots.
     pub states: Option<RequestStates>,
     /// Hybrid models: the node of the last decode state it cached (a deeper one
@@ -106,6 +110,15 @@ pub(crate) struct Running {
 impl Running {
     pub fn window_end(&self) -> u32 {
         self.window_begin + self.window_size
+    }
+
+    /// A publication of `pages` pages is answered (or taken back).
+    pub fn landed(&mut self, pages: usize) {
+        debug_assert!(
+            pages as u32 <= self.published_ahead,
+            "more pages landed than sent"
+        );
+        self.published_ahead = self.published_ahead.saturating_sub(pages as u32);
     }
 
     pub fn occupied_len(&self) -> usize {
@@ -127,6 +140,7 @@ impl Running {
             own_pages,
         } = republish;
         let published_from = *published_from;
+        self.landed(own_pages.len());
         self.device_lock = lock;
         self.prefix_pages = path_pages;
         let first_changed = self.prefix_pages
@@ -149,8 +163,10 @@ impl Running {
         republish: Option<&Republish>,
         checkpoint: Option<kvtier_mamba::Slot>,
     ) {
-        if let (Some((lock, path_pages)), Some(r)) = (published, republish) {
-            self.adopt_published(lock, path_pages, r);
+        match (published, republish) {
+            (Some((lock, path_pages)), Some(r)) => self.adopt_published(lock, path_pages, r),
+            (None, Some(r)) => self.landed(r.own_pages.len()),
+            _ => {}
         }
         if let Some(states) = self.states.as_mut() {
             states.checkpoint = checkpoint;
@@ -333,12 +349,16 @@ impl Request {
         let publication = self
             .publication(&mut run, full, page_size)
             .map(|(p, _)| p)
-            .unwrap_or_else(|| Publication {
-                tokens: TokenRef::new(&self.tokens, run.prefix_pages.len() * page_size as usize),
-                prefix: run.prefix_pages.len() as u32,
-                pages: Default::default(),
-                at: None,
-                tables: run.tables.as_ref().map(GroupTables::key),
+            .unwrap_or_else(|| {
+                // Nothing new: the prefix it published, with what is still on its way.
+                let prefix = run.prefix_pages.len() as u32 + run.published_ahead;
+                Publication {
+                    tokens: TokenRef::new(&self.tokens, (prefix * page_size) as usize),
+                    prefix,
+                    pages: Default::default(),
+                    at: None,
+                    tables: run.tables.as_ref().map(GroupTables::key),
+                }
             });
         let Running {
             device_lock,
@@ -384,7 +404,10 @@ impl Request {
         pages: u32,
         page_size: u32,
     ) -> Option<(Publication, Republish)> {
-        let prefix = run.prefix_pages.len() as u32;
+        // Pages of publications not answered yet are in the tree by the time this one
+        // runs (the cache applies a batch in order): publish after them, and walk from
+        // the root, since the locked node is still the old prefix's end.
+        let prefix = run.prefix_pages.len() as u32 + run.published_ahead;
         // Overlap scheduling can grow tokens past allocated slots: never take more pages
         // than the request holds.
         let pages = pages.min(prefix + run.local_kv.pages.len() as u32);
@@ -396,17 +419,19 @@ impl Request {
             .pages
             .take_first((pages - prefix) as usize)
             .ok()?;
+        run.published_ahead += taken.len() as u32;
         let republish = Republish {
             published_from: prefix,
             own_pages: taken.ids().to_vec(),
         };
         let tokens = TokenRef::new(&self.tokens, (pages * page_size) as usize);
+        let at = (prefix == run.prefix_pages.len() as u32).then(|| run.device_lock.node());
         Some((
             Publication {
                 tokens,
                 prefix,
                 pages: taken,
-                at: Some(run.device_lock.node()),
+                at,
                 tables: run.tables.as_ref().map(GroupTables::key),
             },
             republish,

@@ -730,6 +730,7 @@ impl SchedulerCore {
             checkpoint,
         } = commit;
         if let Some(p) = publication {
+            run.landed(p.pages.len());
             let mut pages = p.pages;
             let rest = pages.append(&mut run.local_kv.pages);
             debug_assert!(rest.is_ok(), "pages of another pool");
@@ -849,6 +850,7 @@ impl SchedulerCore {
             window_size: admission.tokens,
             reserve: self.config.decode_input_tokens,
             table_changed_from: None,
+            published_ahead: 0,
             states,
             decode_state: None,
             tables: admission.tables,
@@ -1251,6 +1253,7 @@ impl SchedulerCore {
             window_size: 0,
             reserve: d,
             table_changed_from: None,
+            published_ahead: 0,
             states,
             decode_state: None,
             tables: None,

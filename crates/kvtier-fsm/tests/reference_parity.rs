@@ -240,3 +240,53 @@ fn an_admitted_op_gets_its_group_pages_after_a_terminal_continuation() {
         check(&mut s);
     }
 }
+
+/// Hybrid seed 26: a decode result crosses a page and its `Finish` comes in the same
+/// step. The decode's publication is still on its way when the finish settles, so the
+/// finish has no new pages: the reference caches no state then (it inserts nothing),
+/// and kvtier, under its own policy, caches the working state where that publication
+/// ended. The finish used to publish the decode's pages again from the old prefix, and
+/// under the reference policy cached a state the reference frees.
+#[test]
+fn a_finish_in_the_step_of_a_decode_publication_publishes_nothing_twice() {
+    for policy in [Policy::Reference, Policy::Default] {
+        let mut s = sched(SchedulerConfig {
+            policy,
+            publish_prefix_mid_flight: false,
+            page_size: 2,
+            device_pages: 5,
+            host_pages: 0,
+            disable_l2_cache: true,
+            max_scheduled_tokens: 5,
+            max_batch_size: 1,
+            mamba: Some(kvtier_types::MambaSettings {
+                device_slots: 38,
+                host_slots: 0,
+                chunk: 2,
+            }),
+            ..fixture()
+        });
+        submit(&mut s, "r02", vec![1]);
+        let mut engine = Engine::default();
+        engine.max_new.insert("r02".into(), 6);
+        drain(&mut s, &mut engine, 20);
+        // 7 tokens: the 6 computed ones fill 3 pages; the last result ended page 3.
+        let tokens = [1, 1000, 1001, 1002, 1003, 1004, 1005];
+        let cached = s.cache().cached_states(&tokens);
+        let states = s.stats().states.expect("hybrid");
+        match policy {
+            Policy::Reference => {
+                assert!(cached.is_empty(), "{cached:?}");
+                assert_eq!(states.free_device_slots, 38);
+            }
+            Policy::Default => {
+                assert_eq!(cached.len(), 1, "{cached:?}");
+                assert_eq!(cached[0].pages, 3);
+                assert_eq!(states.free_device_slots, 37);
+            }
+        }
+        // Every page is back: 3 cached on the path, the 4th (token 7's) free.
+        assert_eq!(free_device(&mut s), 1);
+        check(&mut s);
+    }
+}

@@ -648,8 +648,22 @@ impl RadixCore {
                 let (lock, pages) = self.publish(publication, None);
                 if let Some(states) = states {
                     // The reference caches a finishing request's state only when it
-                    // published pages at the end.
-                    let terminal = lock.as_ref().map_or(device_lock.node(), |l| l.node());
+                    // published pages at the end. Without new pages the terminal is
+                    // where its last publication ended, which may be one of this batch
+                    // (a decode's, the same step) its lock does not know yet.
+                    let terminal = match &lock {
+                        Some(lock) => lock.node(),
+                        None => {
+                            let ps = self.page_size() as usize;
+                            let held = device_lock.node();
+                            let published = &tokens[..pages as usize * ps];
+                            if self.depth_pages(held) == pages {
+                                held
+                            } else {
+                                self.node_ending(published).unwrap_or(held)
+                            }
+                        }
+                    };
                     let publish = inserted || !self.is_reference();
                     self.settle_states(terminal, states, publish);
                 }

@@ -160,6 +160,14 @@ impl RadixCore {
         self.is_live(node) && self.depth_pages(node) as usize * self.page_size == tokens.len()
     }
 
+    /// The node whose path is exactly the whole pages of `tokens`, when one is cached
+    /// (read-only).
+    pub(crate) fn node_ending(&self, tokens: &[Token]) -> Option<NodeId> {
+        let &(node, matched) = self.cached_path(tokens).last()?;
+        let whole = matched == self.node(node).pages(self.page_size) as usize;
+        (whole && self.depth_pages(node) as usize * self.page_size == tokens.len()).then_some(node)
+    }
+
     /// Page hashes stored along the longest cached prefix of `tokens` (whole pages, any
     /// tier), without touching anything. Empty unless page hashes are kept.
     pub fn prefix_page_hashes(&self, tokens: &[Token]) -> Vec<PageHash> {
