@@ -489,8 +489,21 @@ impl SchedulerCore {
         let Some(publication) = publication else {
             return;
         };
+        // The reference publishes a decode's checkpoint only where its prefill-chunk rule
+        // says so for the result's tokens (with pages of one token: every decode), and
+        // frees it otherwise (C.2 in docs/notes/mamba-reference.md).
         let reference = self.config.policy == kvtier_types::Policy::Reference;
-        let checkpoint = checkpoint.map(|(slot, at)| (slot, if reference { None } else { at }));
+        let reference_frees = || {
+            let (n, chunk) = (
+                self.requests[key].tokens.len() as u32,
+                self.config.mamba.map_or(1, |m| m.chunk),
+            );
+            kvtier_mamba::checkpoint_depth(before as u32, n - before as u32, ps, chunk).is_none()
+        };
+        let checkpoint = checkpoint.map(|(slot, at)| {
+            let kept = !(reference && reference_frees());
+            (slot, at.filter(|_| kept))
+        });
         let retire = if reference { None } else { retire };
         self.queue_publication(key, publication, checkpoint, retire, true);
     }

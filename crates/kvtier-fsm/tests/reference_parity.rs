@@ -290,3 +290,45 @@ fn a_finish_in_the_step_of_a_decode_publication_publishes_nothing_twice() {
         check(&mut s);
     }
 }
+
+/// Hybrid seed 61: with pages of one token every decode result ends a page at the
+/// depth its row checkpointed, and the reference caches that checkpoint (its
+/// prefill-chunk rule holds there). Under the reference policy kvtier used to free
+/// every decode checkpoint, so the finish's write-back lacked that state.
+#[test]
+fn a_decode_checkpoint_the_reference_rule_keeps_is_cached() {
+    let mut s = sched(reference(SchedulerConfig {
+        page_size: 1,
+        device_pages: 5,
+        host_pages: 162,
+        mamba: Some(kvtier_types::MambaSettings {
+            device_slots: 4,
+            host_slots: 33,
+            chunk: 4,
+        }),
+        ..fixture()
+    }));
+    submit(&mut s, "r01", vec![1]);
+    let mut engine = Engine::default();
+    engine.max_new.insert("r01".into(), 2);
+    let plans = drain(&mut s, &mut engine, 20);
+    // Tokens 1, 1000, 1001: the prefill's state at depth 1, the decode's at depth 2.
+    let cached = s.cache().cached_states(&[1, 1000, 1001]);
+    assert_eq!(
+        cached.iter().map(|c| c.pages).collect::<Vec<_>>(),
+        [1, 2],
+        "{cached:?}"
+    );
+    let copied: usize = plans
+        .iter()
+        .flat_map(|p| &p.write_backs)
+        .map(|op| {
+            op.pairs
+                .iter()
+                .filter(|p| p.kind == kvtier_types::TransferKind::Mamba)
+                .count()
+        })
+        .sum();
+    assert_eq!(copied, 2, "both states go to host with the finish");
+    check(&mut s);
+}
