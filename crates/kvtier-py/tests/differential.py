@@ -464,6 +464,10 @@ def make_config(mod, cfg: dict):
     return c
 
 
+def is_mamba_config(cfg: dict) -> bool:
+    return bool(cfg.get("enable_mamba"))
+
+
 def is_hybrid_config(cfg: dict) -> bool:
     return bool(cfg.get("enable_mamba") or cfg.get("paged_cache_groups"))
 
@@ -800,6 +804,92 @@ def _call(fn, *args):
         return None, e
 
 
+class StateTracker:
+    """The depth (in tokens) of the recurrent state each Mamba slot holds, as an engine
+    that follows the plans would leave it: a row's working slot holds the state after
+    the tokens it computed, its checkpoint the state where the worker's rule copies it
+    (`kvtier_mamba::checkpoint_depth`; on a decode, a page-aligned new length), and copy
+    ops move states between the tiers. A row that starts from a slot at another depth
+    than its history (a copy-on-write source, or its own working slot) computes on a
+    wrong state: `apply` returns those rows' request ids. None: a slot whose content is
+    wrong (or never written); UNKNOWN: one the engine's answers decide (a speculative
+    decode's state depends on how many of its tokens are accepted), never reported."""
+
+    UNKNOWN = "?"
+
+    def __init__(self, cfg: dict):
+        self.speculative = cfg.get("decode_input_tokens", 1) > 1
+        self.page = cfg["page_size"]
+        self.chunk = cfg.get("mamba_cache_chunk_size") or 1
+        self.device: dict[int, int | None] = {}
+        self.host: dict[int, int | None] = {}
+
+    def _checkpoint(self, begin: int, size: int) -> int | None:
+        end, p = begin + size, self.page
+        last = end // p * p
+        if size <= 0 or last <= begin:
+            return None
+        if last == end:
+            return end
+        return last if (last - begin) % self.chunk == 0 else None
+
+    def apply(self, snap: dict) -> list[str]:
+        """Applies one plan; the requests whose rows read a wrong state."""
+        for c in snap["cache"]:
+            src = (c.get("src_pages_by_kind") or {}).get("mamba") or []
+            dst = (c.get("dst_pages_by_kind") or {}).get("mamba") or []
+            to_host = c["type"] == "WriteBackOp"
+            if c["type"] not in ("WriteBackOp", "LoadBackOp"):
+                continue
+            for s_list, d_list in zip(src, dst):
+                for a, b in zip(s_list or [], d_list or []):
+                    if to_host:
+                        self.host[b] = self.device.get(a)
+                    else:
+                        self.device[b] = self.host.get(a)
+        wrong = []
+        for f in snap["forward"]:
+            n_ext = f["num_extends"]
+            hist = f.get("hist_token_lens") or []
+            for i, rid in enumerate(f["request_ids"]):
+                w = f["mamba_pool_indices"][i]
+                if w < 0:
+                    continue
+                ckpt = f["mamba_checkpoint_dst_indices"][i]
+                src = f["mamba_cow_src_indices"][i]
+                size = f["input_lengths"][i]
+                decode_hist = hist[i - n_ext] if i >= n_ext and i - n_ext < len(hist) else -1
+                if i < n_ext:
+                    begin = f["extend_prefix_lens"][i]
+                elif src >= 0 or decode_hist >= 0:
+                    begin = decode_hist
+                else:
+                    begin = self.device.get(w)
+                if src >= 0:
+                    start = self.device.get(src)
+                elif i < n_ext and begin == 0:
+                    start = 0  # a fresh state
+                else:
+                    start = self.device.get(w)
+                unknown = self.UNKNOWN in (begin, start)
+                ok = begin is not None and start == begin
+                if not ok and not unknown:
+                    wrong.append(rid)
+                if unknown or (self.speculative and i >= n_ext):
+                    end = at = self.UNKNOWN
+                elif not ok:
+                    end = at = None
+                elif i < n_ext:
+                    end, at = begin + size, self._checkpoint(begin, size)
+                else:
+                    end = begin + size
+                    at = end if end % self.page == 0 else None
+                self.device[w] = end
+                if ckpt >= 0:
+                    self.device[ckpt] = at
+        return wrong
+
+
 class Side:
     """One module's scheduler and the driver that feeds it events from its own plans."""
 
@@ -827,6 +917,10 @@ class Side:
         # Each request's Mamba slots (working, checkpoint) as of its last row.
         self.mamba_slots: dict[str, tuple[int, int]] = {}
         self.abort_steps: list[int] = []
+        # The states its Mamba slots hold, and the step at which a row of its last
+        # read a wrong one.
+        self.states = StateTracker(self.cfg)
+        self.read_wrong_state_at: int | None = None
 
     def submit(self, step: int):
         rids = self.arrivals.get(step, [])
@@ -1077,6 +1171,14 @@ def run_script(script: dict, ref_module, kv_module, id_modes: dict | None = None
             s_ref = snapshot_plan(p_ref, hybrid)
             s_ours = _read_ours(comp, "reading the plan", lambda: snapshot_plan(p_ours, hybrid))
             current_ref, current_ours = s_ref, s_ours
+            if hybrid and is_mamba_config(script["config"]):
+                if ref.states.apply(s_ref):
+                    ref.read_wrong_state_at = step
+                wrong = ours.states.apply(s_ours)
+                if wrong:
+                    ours.read_wrong_state_at = step
+                    raise Divergence(step, comp.phase, "rows computing on a recurrent state of "
+                                     "another depth than their history (ours)", [], wrong)
             comp.compare_plan(s_ref, s_ours, hybrid)
             for side, snap in ((ref, s_ref), (ours, s_ours)):
                 if hybrid:
@@ -1187,6 +1289,13 @@ KNOWN_DIFFERENCES = {
         "kvtier caches the slot that holds the state at that depth; the slots each frees, "
         "and so later slot ids, differ"
     ),
+    "wrong-state-read": (
+        "the reference runs a row on a recurrent state of another depth than the row's "
+        "history: a checkpoint its worker never wrote, cached by a request that stopped "
+        "(C.3 in docs/notes/mamba-reference.md), or a retracted request's recovery source "
+        "shallower than its tokens (C.6); kvtier reuses a state only at exactly that "
+        "depth, so it computes that row otherwise (or later)"
+    ),
     "early-table-release": (
         "a paged model's finished or given-up request: kvtier frees its group pages at once, "
         "the reference when it forgets the request at its next plan; the free counts differ "
@@ -1218,6 +1327,8 @@ def classify_divergence(d, ref, ours, current_ref, current_ours, comp) -> str | 
     if current_ref is not None and current_ours is not None and _same_copies_split_otherwise(
             current_ref, current_ours, comp):
         return "pending-copy"
+    if ref.read_wrong_state_at == d.step and ours.read_wrong_state_at is None:
+        return "wrong-state-read"
     if ref.abort_during_copy:
         return "abort-during-copy"
     if _reference_stalls(ref, d.step):

@@ -3,8 +3,9 @@
 reference bugs kvtier fixes on purpose (`differential.KNOWN_DIFFERENCES`) and the
 divergences listed as open in open_divergences.json.
 
-KVTIER_DIFF_SEEDS sets the number of scripts (300 in CI; 10000 for the nightly-sized
-run, where any divergence past the listed range fails)."""
+KVTIER_DIFF_SEEDS sets the number of plain scripts (300 in CI; 10000 for the
+nightly-sized run, where any divergence past the listed range fails), and
+KVTIER_DIFF_HYBRID_SEEDS that of hybrid ones (Mamba and paged-cache groups; 100)."""
 
 import json
 import os
@@ -26,23 +27,41 @@ def describe(result):
     return f"seed {result.script['seed']}: {d.report()}\n{differential.format_script(result.script)}"
 
 
+def triage(results, n, kind):
+    """Fails on a crash, on a divergence that is neither known nor listed as open under
+    `kind` in open_divergences.json, and on a listed one that no longer diverges.
+    Returns the number of scripts that agree."""
+    crashed = [r.script["seed"] for r in results if r.crashed]
+    assert not crashed, f"crashes (whose: see the harness) on {kind} seeds {crashed}"
+    new = {r.script["seed"]: r for r in results if r.divergence is not None and r.known is None}
+    listed = {s for s in OPEN[kind] if s < n}
+    unlisted = [new[s] for s in sorted(new) if s not in listed]
+    assert not unlisted, f"{kind} divergences from the reference:\n" + "\n".join(map(describe, unlisted))
+    fixed = sorted(listed - set(new))
+    assert not fixed, f"{kind} seeds {fixed} no longer diverge: remove them from open_divergences.json"
+    agreeing = sum(1 for r in results if r.divergence is None)
+    known = sum(1 for r in results if r.known is not None)
+    print(f"{kind}: {agreeing} agree, {known} known differences, {len(new)} open, of {n}")
+    return agreeing
+
+
 def test_plans_equal_the_reference_on_random_scripts(reference, ours):
     n = int(os.environ.get("KVTIER_DIFF_SEEDS", "300"))
     results = run(reference, ours, range(n))
-    crashed = [r.script["seed"] for r in results if r.crashed]
-    assert not crashed, f"crashes (whose: see the harness) on seeds {crashed}"
-    new = {r.script["seed"]: r for r in results if r.divergence is not None and r.known is None}
-    listed = {s for s in OPEN["plain"] if s < n}
-    unlisted = [new[s] for s in sorted(new) if s not in listed]
-    assert not unlisted, "divergences from the reference:\n" + "\n".join(map(describe, unlisted))
-    fixed = sorted(listed - set(new))
-    assert not fixed, f"seeds {fixed} no longer diverge: remove them from open_divergences.json"
-    agreeing = sum(1 for r in results if r.divergence is None)
-    known = sum(1 for r in results if r.known is not None)
+    triage(results, n, "plain")
     # The scripts exercise what they must: retraction, write-back, load-back, eviction.
     flags = {flag for r in results for flag in r.flags}
     assert {"retract", "writeback", "loadback", "evict"} <= flags, flags
-    print(f"{agreeing} agree, {known} known differences, {len(new)} open, of {n}")
+
+
+def test_hybrid_plans_equal_the_reference_or_are_listed(reference, ours):
+    # Hybrid configs: far from parity yet (docs/python.md lists what is open), so the
+    # run pins the triage. Every row of ours must compute on a recurrent state at
+    # exactly its history (the harness's state tracker raises a divergence otherwise,
+    # never a known one).
+    n = int(os.environ.get("KVTIER_DIFF_HYBRID_SEEDS", "100"))
+    agreeing = triage(run(reference, ours, range(n), hybrid=True), n, "hybrid")
+    assert agreeing >= n // 5, f"only {agreeing} of {n} hybrid scripts agree"
 
 
 def test_the_harness_finds_planted_bugs_and_accepts_relabelled_ids(reference):

@@ -1,0 +1,58 @@
+# kvtier differential script: python differential.py --replay FILE
+{
+    'version': 1,
+    'seed': 19,
+    'hybrid': True,
+    'config': {
+        'page_size': 2,
+        'decode_input_tokens': 1,
+        'max_batch_size': 7,
+        'max_scheduled_tokens': 2,
+        'enable_mixed_prefill_decode': False,
+        'enable_kv_cache_events': True,
+        'disable_l2_cache': False,
+        'disable_prefix_cache': True,
+        'num_device_pages': 21,
+        'num_host_pages': 132,
+        'enable_mamba': True,
+        'mamba_cache_chunk_size': 2,
+        'mamba_pool_total_chunks': 36,
+    },
+    'requests': [
+        {
+            'id': 'r03',
+            'arrive': 2,
+            'prompt': [1, 17, 23, 12, 2, 19, 5, 24, 16, 9, 35, 6, 40, 32],
+            'gen': 12,
+            'abort_at': None,
+            'reserve': {},
+        },
+        {
+            'id': 'r00',
+            'arrive': 0,
+            'prompt': [1, 17, 23, 12, 2, 19, 5, 24, 26, 33, 38, 20, 18, 5],
+            'gen': 8,
+            'abort_at': None,
+            'reserve': {},
+        },
+        {
+            'id': 'r02',
+            'arrive': 5,
+            'prompt': [1, 17, 23, 12, 2, 19, 5, 24, 26, 33, 38, 20, 18, 5, 23, 1, 11, 37, 24, 10],
+            'gen': 15,
+            'abort_at': None,
+            'reserve': {14: 2, 10: 5},
+        },
+        {
+            'id': 'r01',
+            'arrive': 33,
+            'prompt': [1, 17, 23, 12, 2, 19, 5, 24, 26, 33, 38, 20, 18, 5, 23, 1, 11, 37, 24, 10],
+            'gen': 10,
+            'abort_at': 42,
+            'reserve': {},
+        },
+    ],
+    'wb_delays': {23: 4, 30: 6, 45: 5, 46: 6, 56: 1, 63: 1, 90: 6, 103: 6, 111: 1, 134: 1, 140: 6},
+    'max_steps': 400,
+}
+

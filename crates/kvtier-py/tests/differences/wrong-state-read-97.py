@@ -1,0 +1,43 @@
+# kvtier differential script: python differential.py --replay FILE
+{
+    'version': 1,
+    'seed': 97,
+    'hybrid': True,
+    'config': {
+        'page_size': 8,
+        'decode_input_tokens': 1,
+        'max_batch_size': 5,
+        'max_scheduled_tokens': 64,
+        'enable_mixed_prefill_decode': False,
+        'enable_kv_cache_events': True,
+        'disable_l2_cache': True,
+        'disable_prefix_cache': False,
+        'num_device_pages': 11,
+        'num_host_pages': 136,
+        'enable_mamba': True,
+        'mamba_cache_chunk_size': 8,
+        'mamba_pool_total_chunks': 5,
+    },
+    'requests': [
+        {
+            'id': 'r00',
+            'arrive': 0,
+            'prompt': [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1],
+            'gen': 2,
+            'abort_at': None,
+            'reserve': {},
+        },
+        {
+            'id': 'r01',
+            'arrive': 0,
+            'prompt': [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                 1, 1, 1, 1],
+            'gen': 2,
+            'abort_at': None,
+            'reserve': {},
+        },
+    ],
+    'wb_delays': {},
+    'max_steps': 400,
+}
