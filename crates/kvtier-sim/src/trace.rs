@@ -233,6 +233,15 @@ impl TraceRequest {
         tokens
     }
 
+    /// Its submission: the id `t{line:06}` and prompt, with the answer's length.
+    pub fn spec(&self) -> (kvtier_types::RequestSpec, usize) {
+        let id = kvtier_types::RequestId::from(format!("t{:06}", self.line));
+        (
+            kvtier_types::RequestSpec::new(id, self.prompt()),
+            self.output_length.max(1) as usize,
+        )
+    }
+
     /// Its arrival on the virtual clock (µs) with the trace's time divided by `scale`.
     pub fn arrival_us(&self, scale: f64) -> f64 {
         self.timestamp_ms as f64 * 1e3 / scale

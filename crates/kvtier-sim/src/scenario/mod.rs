@@ -14,25 +14,21 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
 
 use kvtier::KvError;
-use kvtier_device::{DeviceCore, DeviceError, FailEveryNth, KvGeometry, NewRequest, StateGeometry};
+use kvtier_device::{DeviceCore, DeviceError, KvGeometry, StateGeometry};
 use kvtier_fsm::{BatchError, SchedError};
 use kvtier_l3::{
     L3Backend, L3Core, L3Error, L3Faults, L3Key, LocalStore, LocalStoreConfig, MooncakeConfig,
     MooncakeStore, Namespace,
 };
-use kvtier_types::{
-    EngineEvent, GroupSpec, MambaSettings, PagedSettings, RequestId, RequestSpec, SchedulerConfig,
-    Token,
-};
+use kvtier_types::{GroupSpec, MambaSettings, PagedSettings, RequestId, RequestSpec, Token};
 use serde::Serialize;
 
-use crate::api::{Path, system_on};
+use crate::api::Path;
 use crate::reference::{IntegrityError, ReferenceEngine, Verify};
 use crate::tokens::{gen_tokens, tag};
-use crate::trace::{TraceRequest, unbounded_hit_tokens};
+use crate::trace::TraceRequest;
 
 /// The model a scenario serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -643,6 +639,9 @@ pub enum ScenarioError {
     /// The L3 store could not be set up.
     #[error("L3 store: {0}")]
     L3(String),
+    /// A cluster's router failed (its events stopped coming, say).
+    #[error("router: {0}")]
+    Router(String),
 }
 
 impl From<L3Error> for ScenarioError {
@@ -763,13 +762,15 @@ fn l3_core(
     arena: std::sync::Arc<kvtier_host::HostArena>,
     states: Option<std::sync::Arc<kvtier_host::HostArena>>,
     scratch: &mut Option<tempfile::TempDir>,
+    shared: Option<Box<dyn L3Backend>>,
 ) -> Result<Option<L3Core>, ScenarioError> {
     if !o.l3_on() {
         return Ok(None);
     }
-    let backend: Box<dyn L3Backend> = match o.l3 {
-        L3Store::Off => return Ok(None),
-        L3Store::Local => {
+    let backend: Box<dyn L3Backend> = match (o.l3, shared) {
+        (L3Store::Off, _) => return Ok(None),
+        (_, Some(shared)) => shared,
+        (L3Store::Local, None) => {
             let dir = match &o.l3_dir {
                 Some(dir) => dir.clone(),
                 None => scratch
@@ -783,7 +784,7 @@ fn l3_core(
                 1 << 30,
             ))?)
         }
-        L3Store::Mooncake => {
+        (L3Store::Mooncake, None) => {
             let config = mooncake_cluster(o.mooncake.as_ref())?;
             let mut store = MooncakeStore::connect(&config)?;
             store.register_arena(&arena)?;
@@ -806,6 +807,9 @@ fn l3_core(
         page_bytes,
     }))))
 }
+
+mod instance;
+pub(crate) use instance::{Instance, Step};
 
 struct Turn {
     conversation: usize,
@@ -1026,161 +1030,12 @@ pub fn run_scenario_with(
     mut progress: impl FnMut(u64, u64),
     mut between_steps: impl FnMut(u64),
 ) -> Result<ScenarioReport, ScenarioError> {
-    const PAGE: u32 = SCENARIO_PAGE_SIZE;
     let trace = match (o.scenario, &o.trace) {
         (Scenario::Trace, Some(trace)) => Some(Arc::clone(trace)),
         (Scenario::Trace, None) => return Err(ScenarioError::NoTrace),
         _ => None,
     };
-    let (device_pages, host_pages, batch, budget) = match o.scenario {
-        // Working set 16 × 4 × 128 tokens = 512 pages; device holds under a third.
-        Scenario::Chat => (161, 641, 16, 2048),
-        // 2 prompts × 8 samples × (2048 + 256) tokens.
-        Scenario::Rollout => (2400, 2400, 16, 8192),
-        // A document is 2,048 pages: the device holds one and a quarter, the host two
-        // and a bit, so a document is gone from both by its next question.
-        Scenario::Longdoc => (2601, 4401, 16, 8192),
-        // A modern GPU's KV for an 8B-class model (about 260,000 tokens), four times
-        // that in host DRAM: a production batch of 64 rows.
-        Scenario::Trace => (16_385, 65_537, 64, 8192),
-    };
-    let device_pages = o.device_pages.unwrap_or(device_pages);
-    let host_pages = o.host_pages.unwrap_or(host_pages);
-    // A hybrid model: two state slots per running request, as many again for cached
-    // states; host copies with the host tier.
-    let states = (o.model == Model::MambaHybrid).then(|| MambaSettings {
-        device_slots: 4 * batch,
-        host_slots: if o.cache { 16 * batch } else { 0 },
-        chunk: o.state_chunk.unwrap_or(SCENARIO_STATE_CHUNK),
-    });
-    let groups = o
-        .groups
-        .clone()
-        .or_else(|| o.model.group_templates())
-        .map(|t| scenario_groups(&t, device_pages, batch, budget));
-    let config = SchedulerConfig {
-        mamba: states,
-        paged: groups.clone(),
-        page_size: PAGE,
-        device_pages,
-        host_pages,
-        max_batch_size: batch,
-        max_scheduled_tokens: budget,
-        disable_prefix_cache: !o.cache,
-        disable_l2_cache: !o.cache,
-        publish_prefix_mid_flight: o.publish,
-        midflight_publish_max_pages: o.publish_cap,
-        enable_l3_storage: o.l3_on(),
-        enable_kv_cache_events: o.kv_events.is_some(),
-        // Watched runs say why hits were lost.
-        track_lost_hits: o.metrics.is_some() || o.timeline || o.kv_events.is_some(),
-        ..SchedulerConfig::default()
-    };
-    let mut device = hybrid_reference_device(
-        PAGE,
-        device_pages,
-        host_pages,
-        o.verify,
-        states,
-        groups.as_ref(),
-    )?
-    .with_faults(Box::new(
-        FailEveryNth::new(o.fail_every_nth_write_back).with_load_backs(o.fail_every_nth_load_back),
-    ));
-    // Declared before the system: the store's scratch directory outlives it.
-    let mut scratch = None;
-    let arenas = device.arenas_mut();
-    let (host, host_states) = (arenas.host_arena(), arenas.host_state_arena());
-    let l3 = l3_core(o, PAGE, host, host_states, &mut scratch)?;
-    let lost_hits_tracked = config.track_lost_hits;
-    let mut s = system_on(o.path, config, Some(device), l3)?;
-    // A step computes at least one token of some request: a run that takes more steps
-    // than its requests have tokens has stopped making progress.
-    let step_limit = match &trace {
-        Some(t) => t
-            .requests
-            .iter()
-            .map(|q| u64::from(q.input_length) + u64::from(q.output_length.max(1)))
-            .sum::<u64>()
-            .max(100_000),
-        None => 100_000,
-    };
-    // Requests submitted since the last plan, announced to the engine with the next one.
-    let mut new_requests: Vec<NewRequest> = Vec::new();
-    // Tokens generated so far per request, and the finished requests' answers.
-    let mut generating: BTreeMap<RequestId, Vec<Token>> = BTreeMap::new();
-    let mut outputs: BTreeMap<RequestId, Vec<Token>> = BTreeMap::new();
-    let mut r = ScenarioReport {
-        workload: trace
-            .as_ref()
-            .map_or(o.scenario.name().into(), |t| t.name.clone()),
-        cache: o.cache,
-        requests: 0,
-        finished: 0,
-        aborted: 0,
-        steps: 0,
-        prompt_tokens: 0,
-        generated_tokens: 0,
-        hit_tokens: 0,
-        hit_tokens_host: 0,
-        ideal_hit_tokens: 0,
-        writeback_ops: 0,
-        writeback_pages: 0,
-        loadback_ops: 0,
-        loadback_pages: 0,
-        moved_bytes: 0,
-        retractions: 0,
-        failed_write_backs: 0,
-        failed_load_backs: 0,
-        void_rows: 0,
-        l3: if o.l3_on() { o.l3.name() } else { "off" }.into(),
-        hit_tokens_l3: 0,
-        scheduler_hit_tokens: [0; 3],
-        l3_lookup_hit_pages: 0,
-        l3_prefetch_ops: 0,
-        l3_prefetched_pages: 0,
-        l3_prefetched_bytes: 0,
-        l3_failed_prefetches: 0,
-        l3_backup_ops: 0,
-        l3_lookup_errors: 0,
-        l3_failed_backups: 0,
-        l3_backed_up_pages: 0,
-        l3_backed_up_bytes: 0,
-        l3_backed_up_states: 0,
-        l3_prefetched_states: 0,
-        l3_corrupt_objects: 0,
-        integrity_errors: 0,
-        hybrid: o.model == Model::MambaHybrid,
-        model: o
-            .model_label
-            .clone()
-            .unwrap_or_else(|| o.model.name().into()),
-        output_digest: String::new(),
-        scheduler_ns: 0,
-        virtual_s: 0.0,
-        ttft_mean_ms: 0.0,
-        ttft_p50_ms: 0.0,
-        evicted_device_pages: 0,
-        evicted_host_pages: 0,
-        refused: 0,
-        abort_reasons: BTreeMap::new(),
-        ttft_p90_ms: 0.0,
-        ttft_p99_ms: 0.0,
-        tpot_p50_ms: 0.0,
-        tpot_p99_ms: 0.0,
-        unbounded_hit_tokens: trace
-            .as_ref()
-            .map_or(0, |t| unbounded_hit_tokens(&t.requests, PAGE)),
-        tpot_mean_ms: 0.0,
-        throughput_tokens_per_s: 0.0,
-        outputs: BTreeMap::new(),
-        first_errors: Vec::new(),
-        residency: Vec::new(),
-        lost_hits_tracked: false,
-        lost_hit_tokens: [0; 4],
-        timeline: Vec::new(),
-        ttft_ms: Vec::new(),
-    };
+    let mut instance = Instance::start(o, trace.as_ref(), None)?;
     // Chat state: per conversation, history, next turn, whether a turn is live.
     const CONVERSATIONS: usize = 16;
     const TURNS: usize = 4;
@@ -1198,16 +1053,15 @@ pub fn run_scenario_with(
     };
     // Trace: the next request to arrive.
     let mut next_arrival = 0usize;
-    // Pages prefetched from L3 for a request that has not run its first chunk yet.
-    let mut prefetched_for: BTreeMap<RequestId, u64> = BTreeMap::new();
-    let mut started = std::collections::HashSet::new();
-    // Virtual clock (µs): submit, first-token and finish times per request.
-    let mut now = 0.0f64;
-    let mut submitted_at: BTreeMap<RequestId, f64> = BTreeMap::new();
-    let mut first_token: BTreeMap<RequestId, f64> = BTreeMap::new();
-    let mut finished_at: BTreeMap<RequestId, f64> = BTreeMap::new();
+    let total = match o.scenario {
+        Scenario::Chat => (CONVERSATIONS * TURNS) as u64,
+        Scenario::Rollout => PROMPTS * SAMPLES,
+        Scenario::Longdoc => (DOCS * QUESTIONS) as u64,
+        Scenario::Trace => trace.as_ref().map_or(0, |t| t.requests.len() as u64),
+    };
     loop {
         // Arrivals.
+        let now = instance.now();
         let mut batch_specs: Vec<(RequestSpec, usize)> = Vec::new();
         match o.scenario {
             Scenario::Chat => {
@@ -1235,7 +1089,8 @@ pub fn run_scenario_with(
             Scenario::Longdoc => {
                 // One question at a time: the next comes once every earlier one is
                 // answered (or aborted).
-                let settled = outputs.len() as u64 + r.aborted == r.requests;
+                let r = instance.report();
+                let settled = instance.outputs().len() as u64 + r.aborted == r.requests;
                 if settled && next_question < DOCS * QUESTIONS {
                     let (d, q) = (next_question % DOCS, next_question / DOCS);
                     let question =
@@ -1253,9 +1108,7 @@ pub fn run_scenario_with(
                 while let Some(request) = requests.get(next_arrival)
                     && request.arrival_us(scale) <= now
                 {
-                    let id = RequestId::from(format!("t{:06}", request.line));
-                    let answer = request.output_length.max(1) as usize;
-                    batch_specs.push((RequestSpec::new(id, request.prompt()), answer));
+                    batch_specs.push(request.spec());
                     next_arrival += 1;
                 }
             }
@@ -1272,176 +1125,28 @@ pub fn run_scenario_with(
                 }
             }
         }
-        if !batch_specs.is_empty() {
-            let mut specs = Vec::with_capacity(batch_specs.len());
-            for (spec, max_new) in batch_specs {
-                new_requests.push(NewRequest {
-                    id: spec.id.clone(),
-                    prompt: spec.tokens.clone(),
-                    max_new_tokens: max_new,
-                });
-                submitted_at.insert(spec.id.clone(), now);
-                r.requests += 1;
-                r.prompt_tokens += spec.tokens.len() as u64;
-                specs.push(spec);
-            }
-            let ids: Vec<RequestId> = specs.iter().map(|spec| spec.id.clone()).collect();
-            let t = Instant::now();
-            // Plans on the virtual clock see every lookup, on every runtime.
-            let submitted = s.submit_settled(specs);
-            r.scheduler_ns += t.elapsed().as_nanos() as u64;
-            match submitted {
-                // A trace may hold a prompt no pool of this size can take: it is refused
-                // (and counted), the others run.
-                Err(KvError::Batch(refused)) if trace.is_some() => {
-                    for rejected in &refused.rejected {
-                        let id = &ids[rejected.index];
-                        new_requests.retain(|n| &n.id != id);
-                        submitted_at.remove(id);
-                        r.refused += 1;
-                        let why = match rejected.error {
-                            SchedError::PromptTooLong { .. } => "PromptTooLong".to_string(),
-                            ref other => other.to_string(),
-                        };
-                        *r.abort_reasons.entry(why).or_default() += 1;
-                    }
-                }
-                other => other?,
-            }
-        }
-        let t = Instant::now();
-        let plan = s.next_plan()?;
-        r.scheduler_ns += t.elapsed().as_nanos() as u64;
-        r.steps += 1;
-        if plan.is_empty() && new_requests.is_empty() && s.stats()?.scheduler.idle {
+        instance.submit(batch_specs)?;
+        let aborted = match instance.step(&mut between_steps)? {
+            Step::Ran { aborted } => aborted,
             // Idle until the trace's next arrival, if one is to come.
-            match trace
+            Step::Idle => match trace
                 .as_ref()
                 .and_then(|t| t.requests.get(next_arrival).map(|q| (t, q)))
             {
                 Some((t, next)) => {
-                    now = now.max(next.arrival_us(t.time_scale));
+                    instance.wait_until(next.arrival_us(t.time_scale));
                     continue;
                 }
                 None => break,
-            }
-        }
-        if r.steps > step_limit {
-            return Err(ScenarioError::Stalled(r.steps));
-        }
-        // Counters.
-        for op in &plan.write_backs {
-            r.writeback_ops += 1;
-            r.writeback_pages += op.pairs.len() as u64;
-            r.retractions += u64::from(op.is_retract);
-        }
-        r.loadback_ops += plan.load_backs.len() as u64;
-        let lb = plan.load_back_pages() as u64;
-        r.loadback_pages += lb;
-        // Hits by tier, per request at its first chunk: of the prefix it reuses, the
-        // pages this plan loads back came from host, and of those, the ones its own
-        // prefetch brought from L3.
-        // Only prompt rows are attributed: a decode-only plan builds no set.
-        let loaded: std::collections::HashSet<u32> = if plan.forward.num_prefill_rows == 0 {
-            std::collections::HashSet::new()
-        } else {
-            plan.load_backs
-                .iter()
-                .flat_map(|op| op.pairs.iter())
-                .filter(|pair| pair.kind == kvtier_types::TransferKind::Kv)
-                .map(|pair| pair.dst)
-                .collect()
+            },
         };
-        for row in plan.forward.prefill_rows() {
-            if started.insert(row.request_id.clone()) {
-                r.hit_tokens += u64::from(row.extend_prefix_len);
-                let prefix_pages = (row.extend_prefix_len / PAGE) as usize;
-                let table = plan.forward.page_table_of(row);
-                let from_host = table[..prefix_pages.min(table.len())]
-                    .iter()
-                    .filter(|page| loaded.contains(page))
-                    .count() as u64;
-                let from_l3 = prefetched_for
-                    .remove(&row.request_id)
-                    .unwrap_or(0)
-                    .min(from_host);
-                r.hit_tokens_host += from_host * u64::from(PAGE);
-                r.hit_tokens_l3 += from_l3 * u64::from(PAGE);
-            }
-        }
-        for notice in &plan.aborted {
-            r.aborted += 1;
-            *r.abort_reasons
-                .entry(format!("{:?}", notice.reason))
-                .or_default() += 1;
-            generating.remove(&notice.request_id);
-            if let Some(turn) = live.remove(&notice.request_id) {
+        for id in aborted {
+            if let Some(turn) = live.remove(&id) {
                 history[turn.conversation].extend_from_slice(&turn.user);
             }
         }
-        let prefill_tokens: u64 = plan
-            .forward
-            .prefill_rows()
-            .iter()
-            .map(|row| u64::from(row.input_length))
-            .sum();
-        let decode_rows = plan.forward.decode_rows().len() as u64;
-        let events = s.execute(plan, std::mem::take(&mut new_requests))?;
-        let mut prefetched = 0u64;
-        for event in &events {
-            if let EngineEvent::PrefetchDone {
-                request_id,
-                completed_pages,
-                success: true,
-                ..
-            } = event
-            {
-                prefetched += u64::from(*completed_pages);
-                *prefetched_for.entry(request_id.clone()).or_default() +=
-                    u64::from(*completed_pages);
-            }
-        }
-        now += o.cost.step_cost(StepWork {
-            prefill_tokens,
-            decode_rows,
-            loaded_tokens: lb * u64::from(PAGE),
-            prefetched_tokens: prefetched * u64::from(PAGE),
-        });
-        for event in &events {
-            match event {
-                kvtier_types::EngineEvent::ExtendResult { request_id, tokens } => {
-                    first_token.entry(request_id.clone()).or_insert(now);
-                    generating
-                        .entry(request_id.clone())
-                        .or_default()
-                        .extend_from_slice(tokens);
-                }
-                kvtier_types::EngineEvent::Finish { request_id } => {
-                    finished_at.insert(request_id.clone(), now);
-                    let answer = generating.remove(request_id).unwrap_or_default();
-                    outputs.insert(request_id.clone(), answer);
-                }
-                _ => {}
-            }
-        }
-        let t = Instant::now();
-        s.advance(events)?;
-        r.scheduler_ns += t.elapsed().as_nanos() as u64;
-        between_steps(r.steps);
-        if let Some(sink) = &o.kv_events {
-            publish_kv_events(&mut s, sink, now)?;
-        }
-        if (o.metrics.is_some() || o.timeline) && r.steps.is_multiple_of(METRICS_EVERY) {
-            let timeline = o.timeline.then_some(&mut r.timeline);
-            refresh_metrics(&mut s, o.metrics.as_ref(), timeline, now)?;
-        }
-        let total = match o.scenario {
-            Scenario::Chat => (CONVERSATIONS * TURNS) as u64,
-            Scenario::Rollout => PROMPTS * SAMPLES,
-            Scenario::Longdoc => (DOCS * QUESTIONS) as u64,
-            Scenario::Trace => trace.as_ref().map_or(0, |t| t.requests.len() as u64),
-        };
-        progress(outputs.len() as u64 + r.aborted, total);
+        let outputs = instance.outputs();
+        progress(outputs.len() as u64 + instance.report().aborted, total);
         // Finished turns extend their conversation with the engine's own answer.
         let done: Vec<RequestId> = live
             .keys()
@@ -1456,90 +1161,10 @@ pub fn run_scenario_with(
             }
         }
     }
-    if o.metrics.is_some() || o.timeline {
-        let timeline = o.timeline.then_some(&mut r.timeline);
-        refresh_metrics(&mut s, o.metrics.as_ref(), timeline, now)?;
-    }
-    if let Some(sink) = &o.kv_events {
-        publish_kv_events(&mut s, sink, now)?;
-    }
-    if let Some(t) = &trace {
-        r.residency = prefix_residency(&mut s, &t.requests[..o.residency.min(t.requests.len())])?;
-    }
-    let stats = s.stats()?;
-    let sched = &stats.scheduler;
-    r.scheduler_hit_tokens = [sched.hit_tokens, sched.hit_tokens_host, sched.hit_tokens_l3];
-    r.lost_hits_tracked = lost_hits_tracked;
-    r.lost_hit_tokens = sched.lost_hit_tokens;
-    r.evicted_device_pages = stats.scheduler.evicted_device_pages;
-    r.evicted_host_pages = stats.scheduler.evicted_host_pages;
-    if let Some(l3) = stats.l3 {
-        r.l3_lookup_hit_pages = l3.lookup_hit_pages;
-        r.l3_prefetch_ops = l3.prefetch_ops;
-        r.l3_prefetched_pages = l3.prefetched_pages;
-        r.l3_prefetched_bytes = l3.prefetched_bytes;
-        r.l3_failed_prefetches = l3.failed_prefetches;
-        r.l3_lookup_errors = l3.lookup_errors;
-        r.l3_failed_backups = l3.failed_backups;
-        r.l3_backup_ops = l3.backup_ops;
-        r.l3_backed_up_pages = l3.backed_up_pages;
-        r.l3_backed_up_bytes = l3.backed_up_bytes;
-        r.l3_backed_up_states = l3.backed_up_states;
-        r.l3_prefetched_states = l3.prefetched_states;
-        r.l3_corrupt_objects = l3.backend.corrupt_objects;
-    }
-    r.output_digest = output_digest(&outputs);
-    // The device actor's counters, and the reference engine's findings.
-    let device = s.take_device()?.ok_or(KvError::NoDevice)?;
-    // Every request is done: shutdown lets go of everything, and the pools must balance
-    // (a page neither free nor in the tree fails the run).
-    let report = s.shutdown()?;
-    report.conservation.map_err(ScenarioError::System)?;
-    let engine = ReferenceEngine::of(&device).ok_or(KvError::NoDevice)?;
-    debug_assert_eq!(engine.outputs, outputs, "answers as the engine saw them");
-    let stats = device.stats();
-    r.finished = outputs.len() as u64;
-    r.generated_tokens = outputs.values().map(|v| v.len() as u64).sum();
-    r.ideal_hit_tokens = engine.ideal_hit_pages * u64::from(PAGE);
-    r.moved_bytes = stats.moved_bytes;
-    r.integrity_errors = engine.errors.len() as u64;
-    r.failed_write_backs = stats.failed_write_backs;
-    r.failed_load_backs = stats.failed_load_backs;
-    r.void_rows = engine.void_rows;
-    r.first_errors = engine.errors.iter().take(8).cloned().collect();
-    let mut ttft: Vec<f64> = first_token
-        .iter()
-        .filter_map(|(id, t)| submitted_at.get(id).map(|s| t - s))
-        .collect();
-    ttft.sort_by(f64::total_cmp);
-    if !ttft.is_empty() {
-        r.ttft_mean_ms = ttft.iter().sum::<f64>() / ttft.len() as f64 / 1e3;
-        r.ttft_p50_ms = percentile(&ttft, 50) / 1e3;
-        r.ttft_p90_ms = percentile(&ttft, 90) / 1e3;
-        r.ttft_p99_ms = percentile(&ttft, 99) / 1e3;
-    }
-    r.ttft_ms = ttft.iter().map(|us| us / 1e3).collect();
-    let tpot: Vec<f64> = finished_at
-        .iter()
-        .filter_map(|(id, end)| {
-            let n = outputs.get(id)?.len();
-            let first = first_token.get(id)?;
-            (n > 1).then(|| (end - first) / (n - 1) as f64)
-        })
-        .collect();
-    if !tpot.is_empty() {
-        r.tpot_mean_ms = tpot.iter().sum::<f64>() / tpot.len() as f64 / 1e3;
-        let mut sorted = tpot;
-        sorted.sort_by(f64::total_cmp);
-        r.tpot_p50_ms = percentile(&sorted, 50) / 1e3;
-        r.tpot_p99_ms = percentile(&sorted, 99) / 1e3;
-    }
-    r.virtual_s = now / 1e6;
-    if now > 0.0 {
-        r.throughput_tokens_per_s = r.generated_tokens as f64 / r.virtual_s;
-    }
-    r.outputs = outputs;
-    Ok(r)
+    let residency = trace.as_ref().map_or(&[][..], |t| {
+        &t.requests[..o.residency.min(t.requests.len())]
+    });
+    instance.finish(residency)
 }
 
 /// FNV-1a 64 over each request's id (length, bytes) and its tokens (count, each as a
@@ -1557,7 +1182,7 @@ pub fn output_digest(outputs: &BTreeMap<RequestId, Vec<Token>>) -> String {
 }
 
 /// The `p`-th percentile of sorted values (nearest rank).
-fn percentile(sorted: &[f64], p: usize) -> f64 {
+pub(crate) fn percentile(sorted: &[f64], p: usize) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
