@@ -28,6 +28,7 @@ mod local;
 mod mooncake;
 pub mod protocol;
 mod segments;
+mod shared;
 mod tier;
 
 pub use backend::{Capabilities, L3Backend, L3Stats, PutOutcome};
@@ -39,4 +40,5 @@ pub use mooncake::testing;
 pub use mooncake::{MooncakeConfig, MooncakeStore};
 pub use protocol::{L3Msg, L3Reply};
 pub use segments::payload_extents;
+pub use shared::SharedStore;
 pub use tier::{L3Core, L3Faults, L3TierStats, LOOKUP_CHUNK, NoL3Faults};

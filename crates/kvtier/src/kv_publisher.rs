@@ -72,6 +72,8 @@ pub struct KvEventPublisher {
     replay_endpoint: Option<String>,
     data_parallel_rank: Option<u32>,
     thread: Option<JoinHandle<()>>,
+    /// Batches queued so far: the next one's sequence number.
+    published: std::sync::atomic::AtomicU64,
 }
 
 /// What the socket thread tells the caller once its sockets are bound.
@@ -112,6 +114,7 @@ impl KvEventPublisher {
             replay_endpoint,
             data_parallel_rank,
             thread: Some(thread),
+            published: std::sync::atomic::AtomicU64::new(0),
         };
         publisher.publish(0.0, &[WireEvent::AllBlocksCleared]);
         Ok(publisher)
@@ -131,7 +134,15 @@ impl KvEventPublisher {
     pub fn publish(&self, ts: f64, events: &[WireEvent<'_>]) {
         if let Some(tx) = &self.tx {
             let _ = tx.send(encode_batch(ts, events, self.data_parallel_rank));
+            self.published
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
+    }
+
+    /// Batches published so far (the first, `AllBlocksCleared`, included): a
+    /// subscriber that has sequence numbers `0..published()` has them all.
+    pub fn published(&self) -> u64 {
+        self.published.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
