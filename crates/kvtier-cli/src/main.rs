@@ -145,6 +145,22 @@ struct ReplayArgs {
     /// TTFT distribution, L3 traffic over the virtual clock) to this file.
     #[arg(long)]
     report: Option<std::path::PathBuf>,
+    /// Traces: replay on this many complete instances together, on one virtual clock,
+    /// behind a router (docs/cluster.md).
+    #[arg(long)]
+    instances: Option<usize>,
+    /// With --instances: where each request goes. `prefix` reads the instances' KV
+    /// events (ZeroMQ on loopback) into an index and picks the longest cached prefix.
+    #[arg(long, value_parser = ["round-robin", "least-loaded", "prefix"])]
+    router: Option<String>,
+    /// With --instances: one L3 store for all (`shared`, the default) or one each
+    /// (`private`); `--l3 off` has none.
+    #[arg(long, value_enum)]
+    l3_scope: Option<kvtier_sim::cluster::L3Scope>,
+    /// With --instances: the router sees an instance's events this much later (virtual
+    /// milliseconds) than the step that made them ends.
+    #[arg(long)]
+    router_lag_ms: Option<f64>,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -261,6 +277,17 @@ struct SweepArgs {
     /// Write the points as JSON here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// Sweep clusters instead: these instance counts, comma-separated, each instance
+    /// with the first device and host capacity (docs/cluster.md).
+    #[arg(long, value_delimiter = ',')]
+    instances: Vec<usize>,
+    /// With --instances: the routers, comma-separated.
+    #[arg(long, value_delimiter = ',', value_parser = ["round-robin", "least-loaded", "prefix"], default_values_t = ["round-robin".to_string(), "prefix".to_string()])]
+    routers: Vec<String>,
+    /// With --instances: the L3 arrangements, comma-separated (`--l3` names the store:
+    /// local, or mooncake under `cargo xtask mooncake run`).
+    #[arg(long, value_delimiter = ',', value_enum, default_values_t = [kvtier_sim::cluster::L3Scope::Off, kvtier_sim::cluster::L3Scope::Private, kvtier_sim::cluster::L3Scope::Shared])]
+    l3_scopes: Vec<kvtier_sim::cluster::L3Scope>,
 }
 
 fn main() -> Result<()> {

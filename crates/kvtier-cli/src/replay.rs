@@ -363,6 +363,12 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         timeline: args.report.is_some(),
         ..options
     };
+    if let Some(instances) = args.instances {
+        return run_cluster(&args, options, instances);
+    }
+    if args.router.is_some() || args.l3_scope.is_some() || args.router_lag_ms.is_some() {
+        bail!("--router, --l3-scope and --router-lag-ms apply with --instances");
+    }
     let bar = indicatif::ProgressBar::new(0).with_style(
         indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} requests")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
@@ -393,6 +399,39 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             report.integrity_errors,
             report.first_errors.first()
         );
+    }
+    Ok(())
+}
+
+/// `replay --instances N`: the trace on N instances behind the router.
+fn run_cluster(args: &ReplayArgs, options: ScenarioOptions, instances: usize) -> Result<()> {
+    use kvtier_sim::cluster::{ClusterOptions, L3Scope, run_cluster};
+    if options.trace.is_none() {
+        bail!("--instances replays a trace (--trace, or nothing for the embedded one)");
+    }
+    if options.kv_events.is_some() || options.metrics.is_some() || options.timeline {
+        bail!("--kv-events, --metrics-addr, --otlp-endpoint and --report apply to one instance");
+    }
+    let policy: kvtier_router::Policy = args.router.as_deref().unwrap_or("round-robin").parse()?;
+    let scope = match (args.l3_scope, options.l3_on()) {
+        (_, false) => L3Scope::Off,
+        (Some(scope), true) => scope,
+        (None, true) => L3Scope::Shared,
+    };
+    let cluster = ClusterOptions {
+        router_lag_us: args.router_lag_ms.unwrap_or(0.0) * 1e3,
+        ..ClusterOptions::new(options, instances, policy, scope)
+    };
+    eprintln!(
+        "replaying on {instances} instances, {} routing, L3 {}",
+        policy.name(),
+        scope.name()
+    );
+    let report = run_cluster(&cluster).context("cluster replay failed")?;
+    report::cluster(&report);
+    report::write_json(args.json.as_deref(), &report)?;
+    if report.integrity_errors > 0 {
+        bail!("{} integrity errors", report.integrity_errors);
     }
     Ok(())
 }

@@ -25,6 +25,67 @@ pub fn pct(n: u64, d: u64) -> f64 {
     }
 }
 
+/// The report of a cluster replay.
+pub fn cluster(r: &kvtier_sim::cluster::ClusterReport) {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    println!(
+        "replay {} on {} instances: {} routing, L3 {}",
+        r.workload, r.instances, r.router.policy, r.l3
+    );
+    println!(
+        "  requests            {} ({} finished, {} aborted, {} refused)",
+        r.requests, r.finished, r.aborted, r.refused
+    );
+    println!(
+        "  hit tokens          {} = {:.1}% of prompts, {:.1}% of the ideal bound ({}); from host {}, from L3 {}",
+        r.hit_tokens,
+        pct(r.hit_tokens, r.prompt_tokens),
+        100.0 * r.hit_ratio_of_ideal,
+        r.unbounded_hit_tokens,
+        r.hit_tokens_host,
+        r.hit_tokens_l3
+    );
+    println!(
+        "  TTFT                mean {:.1} ms, p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms ({:.1} s virtual)",
+        r.ttft_mean_ms, r.ttft_p50_ms, r.ttft_p90_ms, r.ttft_p99_ms, r.virtual_s
+    );
+    let per = |v: &[u64]| {
+        v.iter()
+            .map(|&b| format!("{:.2}", gib(b)))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    };
+    println!("  L3 read, GiB        {}", per(&r.l3_prefetched_bytes));
+    println!("  L3 written, GiB     {}", per(&r.l3_backed_up_bytes));
+    if r.l3_failed_prefetches + r.l3_lookup_errors > 0 {
+        println!(
+            "  L3 failures         {} prefetches, {} lookups (served as misses)",
+            r.l3_failed_prefetches, r.l3_lookup_errors
+        );
+    }
+    let q = &r.router;
+    println!(
+        "  routed              {}",
+        q.routed
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(" / ")
+    );
+    println!(
+        "  router view         {} requests reused less than it showed, {} more; {} batches, {} events, {} replays",
+        q.overestimated, q.underestimated, q.batches, q.events, q.replays
+    );
+    println!(
+        "  router index        {} blocks at the end, {} at most ({:.1} MiB); {:.1} µs per request",
+        q.index_blocks,
+        q.index_peak_blocks,
+        q.index_peak_bytes as f64 / (1 << 20) as f64,
+        q.route_ns as f64 / 1e3 / r.requests.max(1) as f64
+    );
+    println!("  integrity errors    {}", r.integrity_errors);
+}
+
 /// The report of a scenario replay.
 pub fn scenario(r: &ScenarioReport) {
     println!(

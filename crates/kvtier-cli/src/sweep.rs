@@ -12,6 +12,9 @@ use crate::replay::load_trace;
 
 /// Runs the grid, prints its table, writes the plot (and the JSON when asked).
 pub fn run(args: SweepArgs) -> Result<()> {
+    if !args.instances.is_empty() {
+        return run_clusters(&args);
+    }
     if args.device_tokens.is_empty() || args.host_tokens.is_empty() || args.l3.is_empty() {
         bail!("--device-tokens, --host-tokens and --l3 each need a value");
     }
@@ -33,17 +36,8 @@ pub fn run(args: SweepArgs) -> Result<()> {
         l3: args.l3.clone(),
         jobs: jobs.max(1),
     };
-    let bar = indicatif::ProgressBar::new(0).with_style(
-        indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} replays ({eta})")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    bar.set_message("sweep");
-    let report = run_sweep(&options, |done, total| {
-        bar.set_length(total as u64);
-        bar.set_position(done as u64);
-    })
-    .context("sweep failed")?;
-    bar.finish_and_clear();
+    let report = with_progress("replays", |progress| run_sweep(&options, progress))
+        .context("sweep failed")?;
     println!(
         "sweep {} ({} requests, {} prompt tokens; unbounded cache {:.1} %)",
         report.trace,
@@ -74,4 +68,110 @@ pub fn run(args: SweepArgs) -> Result<()> {
         .with_context(|| format!("writing {}", args.svg.display()))?;
     println!("  plot: {}", args.svg.display());
     crate::report::write_json(args.json.as_deref(), &report)
+}
+
+/// Runs `sweep` under a progress bar counting `what` (it reports `(done, total)`).
+fn with_progress<T>(what: &str, sweep: impl FnOnce(&(dyn Fn(usize, usize) + Sync)) -> T) -> T {
+    let template = format!("{{msg}} [{{bar:40}}] {{pos}}/{{len}} {what} ({{eta}})");
+    let bar = indicatif::ProgressBar::new(0).with_style(
+        indicatif::ProgressStyle::with_template(&template)
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_message("sweep");
+    let result = sweep(&|done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    });
+    bar.finish_and_clear();
+    result
+}
+
+/// Tokens of KV as pages of 16, page 0 included.
+fn pages(tokens: u64) -> Result<u32> {
+    u32::try_from(tokens.div_ceil(16) + 1).context("capacity too large")
+}
+
+/// `sweep --instances ...`: the cluster grid, its table and its plot.
+fn run_clusters(args: &SweepArgs) -> Result<()> {
+    use kvtier_sim::cluster::{ClusterSweepOptions, L3Scope, run_cluster_sweep};
+    use kvtier_sim::scenario::ScenarioOptions;
+    let (Some(&device), Some(&host)) = (args.device_tokens.first(), args.host_tokens.first())
+    else {
+        bail!("--device-tokens and --host-tokens each need a value");
+    };
+    let store = match args.l3.iter().copied().find(|&l| l != L3Store::Off) {
+        Some(store) => store,
+        None if args.l3_scopes.iter().all(|&s| s == L3Scope::Off) => L3Store::Local,
+        None => bail!("--l3-scopes private or shared need a store: --l3 local or mooncake"),
+    };
+    let slice = TraceSlice {
+        window_ms: None,
+        limit: Some(args.limit),
+    };
+    let trace = load_trace(args.trace.as_deref(), &slice, 1.0)?;
+    let policies = args
+        .routers
+        .iter()
+        .map(|r| r.parse::<kvtier_router::Policy>())
+        .collect::<Result<Vec<_>, _>>()?;
+    let options = ClusterSweepOptions {
+        base: ScenarioOptions {
+            device_pages: Some(pages(device)?),
+            host_pages: Some(pages(host)?),
+            l3: store,
+            ..ScenarioOptions::trace(trace)
+        },
+        instances: args.instances.clone(),
+        policies,
+        scopes: args.l3_scopes.clone(),
+    };
+    let sweep = with_progress("clusters", |progress| run_cluster_sweep(&options, progress))
+        .context("sweep failed")?;
+    println!(
+        "sweep {} on clusters ({} requests, {} prompt tokens, ideal bound {} tokens; each instance {} device and {} host tokens)",
+        sweep.trace, sweep.requests, sweep.prompt_tokens, sweep.unbounded_hit_tokens, device, host
+    );
+    println!(
+        "  {:>9} {:>12} {:>14} {:>9} {:>9} {:>9} {:>10} {:>10} {:>12} {:>9}",
+        "instances",
+        "router",
+        "L3",
+        "of ideal",
+        "from L3",
+        "TTFT p50",
+        "TTFT p90",
+        "L3 read",
+        "L3 written",
+        "stale"
+    );
+    for p in &sweep.points {
+        let r = &p.report;
+        let n = r.instances.max(1) as f64;
+        let mib = |v: &[u64]| v.iter().sum::<u64>() as f64 / n / (1 << 20) as f64;
+        println!(
+            "  {:>9} {:>12} {:>14} {:>8.1}% {:>8.1}% {:>7.0}ms {:>8.0}ms {:>7.1}MiB {:>9.1}MiB {:>9}",
+            p.instances,
+            p.policy,
+            r.l3,
+            100.0 * r.hit_ratio_of_ideal,
+            100.0 * r.hit_tokens_l3 as f64 / r.unbounded_hit_tokens.max(1) as f64,
+            r.ttft_p50_ms,
+            r.ttft_p90_ms,
+            mib(&r.l3_prefetched_bytes),
+            mib(&r.l3_backed_up_bytes),
+            r.router.overestimated
+        );
+        if r.integrity_errors > 0 {
+            bail!(
+                "{} integrity errors at {} × {}",
+                r.integrity_errors,
+                p.instances,
+                p.policy
+            );
+        }
+    }
+    std::fs::write(&args.svg, sweep.svg())
+        .with_context(|| format!("writing {}", args.svg.display()))?;
+    eprintln!("plot: {}", args.svg.display());
+    crate::report::write_json(args.json.as_deref(), &sweep)
 }

@@ -9,6 +9,7 @@
 
 pub mod api;
 pub mod campaign;
+pub mod cluster;
 mod digest;
 pub mod engine;
 pub mod groups;

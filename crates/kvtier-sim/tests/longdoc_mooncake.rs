@@ -6,27 +6,16 @@
 
 mod common;
 
-use common::{assert_later_questions_came_from_l3, cache_off, checked, longdoc, run_checked};
+use common::{
+    assert_later_questions_came_from_l3, cache_off, checked, fresh_model, longdoc, run_checked,
+};
 use kvtier_l3::{MooncakeConfig, testing};
 use kvtier_sim::scenario::{L3Store, Model, ScenarioOptions, ScenarioReport, run_scenario_with};
-
-/// The cluster the environment describes, or a loud skip (a failure under CI).
-fn cluster() -> Option<MooncakeConfig> {
-    testing::cluster_from_env().expect("a Mooncake cluster under CI")
-}
-
-/// A model id no earlier run used: the master keeps objects between runs.
-fn fresh_model(test: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("longdoc-{test}-{}-{nanos}", std::process::id())
-}
 
 fn mooncake_options(test: &str, cluster: MooncakeConfig) -> ScenarioOptions {
     ScenarioOptions {
         l3: L3Store::Mooncake,
-        l3_model: fresh_model(test),
+        l3_model: fresh_model("longdoc", test),
         mooncake: Some(cluster),
         ..longdoc()
     }
@@ -34,7 +23,9 @@ fn mooncake_options(test: &str, cluster: MooncakeConfig) -> ScenarioOptions {
 
 #[test]
 fn documents_come_back_from_mooncake_with_the_answers_of_a_run_without_cache() {
-    let Some(cluster) = cluster() else { return };
+    let Some(cluster) = common::mooncake() else {
+        return;
+    };
     let off = cache_off();
     // A master of its own: every question must find its document, so no other test's
     // objects may compete for the master's memory (it evicts when full).
@@ -69,7 +60,9 @@ fn model_against_mooncake(
 /// in Mooncake as objects of their own from a second registered buffer.
 #[test]
 fn hybrid_documents_come_back_from_mooncake_with_their_states() {
-    let Some(cluster) = cluster() else { return };
+    let Some(cluster) = common::mooncake() else {
+        return;
+    };
     let (on, off) = model_against_mooncake(Model::MambaHybrid, "hybrid", &cluster);
     assert_later_questions_came_from_l3(&on, &off);
     assert_eq!(on.l3_prefetched_states, on.l3_prefetch_ops);
@@ -81,7 +74,9 @@ fn hybrid_documents_come_back_from_mooncake_with_their_states() {
 /// answers are the cache-off run's.
 #[test]
 fn window_documents_come_back_from_mooncake_and_refill_their_windows() {
-    let Some(cluster) = cluster() else { return };
+    let Some(cluster) = common::mooncake() else {
+        return;
+    };
     let (on, off) = model_against_mooncake(Model::SlidingWindow, "window", &cluster);
     assert_eq!(
         on.outputs, off.outputs,
@@ -101,7 +96,9 @@ fn window_documents_come_back_from_mooncake_and_refill_their_windows() {
 /// prefetches and backups fail, those documents are recomputed, answers stay right.
 #[test]
 fn killing_the_master_mid_run_turns_the_rest_into_misses() {
-    let Some(cluster) = cluster() else { return };
+    let Some(cluster) = common::mooncake() else {
+        return;
+    };
     let off = cache_off();
     // A master of its own (on free ports), apart from the shared one.
     let own = testing::LoopbackMaster::start(&cluster).expect("start the test's own master");

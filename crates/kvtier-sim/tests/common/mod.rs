@@ -1,11 +1,19 @@
 //! What the scenario tests share: a run of a model, the check every run passes, the
-//! `longdoc` defaults, and the cache-off run every answer is compared with.
+//! `longdoc` defaults, the cache-off run every answer is compared with, the cluster
+//! tests' conversations, and the Mooncake cluster of the environment.
 
 // Each test binary uses part of this module.
 #![allow(dead_code)]
 
+use std::sync::Arc;
+
+use kvtier_l3::{MooncakeConfig, testing};
 use kvtier_sim::Path;
-use kvtier_sim::scenario::{Model, Scenario, ScenarioOptions, ScenarioReport, run_scenario};
+use kvtier_sim::reference::Verify;
+use kvtier_sim::scenario::{
+    Model, Scenario, ScenarioOptions, ScenarioReport, TraceWorkload, run_scenario,
+};
+use kvtier_sim::trace::{TraceSlice, parse_trace};
 
 /// `scenario` on `model`, the cache on or off, through `path`.
 pub fn run_model(model: Model, scenario: Scenario, cache: bool, path: Path) -> ScenarioReport {
@@ -94,5 +102,50 @@ pub fn corrupt_new_objects(
             bytes[mid as usize] ^= 0x5a;
         }
         std::fs::write(&path, &bytes).expect("rewrite segment");
+    }
+}
+
+/// The Mooncake cluster the environment describes, or a loud skip (a failure under CI).
+pub fn mooncake() -> Option<MooncakeConfig> {
+    testing::cluster_from_env().expect("a Mooncake cluster under CI")
+}
+
+/// A model id no earlier run used (`what` and `test` name it): a master keeps objects
+/// between runs.
+pub fn fresh_model(what: &str, test: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{what}-{test}-{}-{nanos}", std::process::id())
+}
+
+/// `conversations` conversations of `turns` turns in a trace of the Mooncake format:
+/// turn `t` of a conversation repeats its earlier blocks and adds one (512 tokens),
+/// turns interleaved over the conversations two seconds apart. With 13 conversations
+/// round-robin sends a conversation's turns to different instances of three.
+pub fn conversations(conversations: u64, turns: u64) -> ScenarioOptions {
+    let mut lines = Vec::new();
+    for t in 0..turns {
+        for c in 0..conversations {
+            let blocks: Vec<String> = (0..=t).map(|b| (c * 100 + b).to_string()).collect();
+            lines.push(format!(
+                r#"{{"timestamp": {}, "input_length": {}, "output_length": 8, "hash_ids": [{}]}}"#,
+                (t * conversations + c) * 2000,
+                512 * (t + 1) - 100,
+                blocks.join(", ")
+            ));
+        }
+    }
+    let requests = parse_trace(&lines.join("\n"), &TraceSlice::default()).expect("a valid trace");
+    ScenarioOptions {
+        // Device and host hold about four conversations of one instance.
+        device_pages: Some(257),
+        host_pages: Some(513),
+        verify: Verify::Full,
+        ..ScenarioOptions::shared_trace(Arc::new(TraceWorkload {
+            name: "conversations".into(),
+            requests,
+            time_scale: 1.0,
+        }))
     }
 }
