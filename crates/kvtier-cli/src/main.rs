@@ -161,6 +161,14 @@ struct ReplayArgs {
     /// milliseconds) than the step that made them ends.
     #[arg(long)]
     router_lag_ms: Option<f64>,
+    /// With --instances: each instance in a process of its own (this binary again),
+    /// driven over its stdin and stdout; its KV events reach the router over ZeroMQ.
+    #[arg(long, requires = "instances")]
+    processes: bool,
+    /// Internal: serve instance N of the cluster the other flags describe on stdin and
+    /// stdout (what --processes starts).
+    #[arg(long, hide = true, requires = "instances")]
+    member: Option<usize>,
 }
 
 #[derive(Debug, Clone, clap::Args)]

@@ -422,12 +422,50 @@ fn run_cluster(args: &ReplayArgs, options: ScenarioOptions, instances: usize) ->
         router_lag_us: args.router_lag_ms.unwrap_or(0.0) * 1e3,
         ..ClusterOptions::new(options, instances, policy, scope)
     };
+    if let Some(i) = args.member {
+        // A member process: its stdout is the protocol's.
+        let member = kvtier_sim::cluster::local_member(&cluster, i, None)?;
+        let stdin = std::io::stdin();
+        return Ok(kvtier_sim::cluster::serve(
+            member,
+            stdin.lock(),
+            std::io::stdout(),
+        )?);
+    }
     eprintln!(
-        "replaying on {instances} instances, {} routing, L3 {}",
+        "replaying on {instances} instances{}, {} routing, L3 {}",
+        if args.processes {
+            " (a process each)"
+        } else {
+            ""
+        },
         policy.name(),
         scope.name()
     );
-    let report = run_cluster(&cluster).context("cluster replay failed")?;
+    let report = if args.processes {
+        if scope == L3Scope::Shared && cluster.base.l3 == L3Store::Local {
+            bail!(
+                "processes cannot share the embedded store: --l3 mooncake, or --l3-scope private"
+            );
+        }
+        let exe = std::env::current_exe().context("finding this binary")?;
+        let argv: Vec<String> = std::env::args()
+            .skip(1)
+            .filter(|a| a != "--processes")
+            .collect();
+        let members = (0..instances)
+            .map(|i| {
+                let mut command = std::process::Command::new(&exe);
+                command.args(&argv).args(["--member", &i.to_string()]);
+                kvtier_sim::cluster::Remote::spawn(command)
+                    .map(|m| Box::new(m) as Box<dyn kvtier_sim::cluster::Member>)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        kvtier_sim::cluster::run_members(&cluster, members, |_, _| {})
+    } else {
+        run_cluster(&cluster)
+    }
+    .context("cluster replay failed")?;
     report::cluster(&report);
     report::write_json(args.json.as_deref(), &report)?;
     if report.integrity_errors > 0 {

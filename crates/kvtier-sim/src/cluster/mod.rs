@@ -13,8 +13,10 @@
 //! the clock has passed it. Its view therefore lags by the steps still running. The
 //! report counts how often what the index promised was not what the instance reused.
 
+pub mod member;
 mod sweep;
 
+pub use member::{Member, Remote, serve};
 pub use sweep::{ClusterPoint, ClusterSweep, ClusterSweepOptions, run_cluster_sweep};
 
 use std::collections::BTreeMap;
@@ -24,13 +26,15 @@ use std::time::Instant;
 use kvtier::kv_publisher::{KvEventPublisher, PublisherConfig};
 use kvtier_l3::{L3Backend, LocalStore, LocalStoreConfig, MooncakeConfig, SharedStore};
 use kvtier_router::{Feed, Policy, Router, RouterError};
-use kvtier_types::{RequestId, RequestSpec};
+use kvtier_types::RequestId;
 use serde::Serialize;
+
+use member::Local;
 
 use crate::api::Path;
 use crate::scenario::{
     Instance, KvEventsSink, L3Store, SCENARIO_PAGE_SIZE, ScenarioError, ScenarioOptions,
-    ScenarioReport, Step, percentile, scratch_dir,
+    ScenarioReport, percentile, scratch_dir,
 };
 use crate::trace::unbounded_hit_tokens;
 
@@ -217,44 +221,68 @@ pub fn run_cluster(o: &ClusterOptions) -> Result<ClusterReport, ScenarioError> {
     run_cluster_with(o, |_, _| {})
 }
 
+/// Instance `i` of the cluster `o` in this process: its system and its KV event
+/// publisher. `shared`: the store the instances share, when it is this process's (a
+/// member in a process of its own passes `None`).
+pub fn local_member(
+    o: &ClusterOptions,
+    i: usize,
+    shared: Option<&SharedStore>,
+) -> Result<Box<dyn Member>, ScenarioError> {
+    let trace = o.base.trace.clone().ok_or(ScenarioError::NoTrace)?;
+    if o.l3 == L3Scope::Shared && o.base.l3_on() && o.base.l3 == L3Store::Local && shared.is_none()
+    {
+        return Err(ScenarioError::L3(
+            "instances in processes of their own cannot share the embedded store: use \
+             --l3 mooncake, or --l3-scope private"
+                .into(),
+        ));
+    }
+    let publisher = Arc::new(KvEventPublisher::start(PublisherConfig {
+        replay_endpoint: Some("tcp://127.0.0.1:0".into()),
+        data_parallel_rank: Some(i as u32),
+        ..PublisherConfig::new("tcp://127.0.0.1:0", "kv-events")
+    })?);
+    let opts = instance_options(o, i, &publisher);
+    let store = shared.map(|s| Box::new(s.clone()) as Box<dyn L3Backend>);
+    let instance = Instance::start(&opts, Some(&trace), store)?;
+    Ok(Box::new(Local {
+        instance,
+        publisher,
+        trace,
+    }))
+}
+
 /// [`run_cluster`], calling `between_steps(instance, step)` after each instance step
 /// (tests inject faults there, such as killing the Mooncake master).
 pub fn run_cluster_with(
     o: &ClusterOptions,
+    between_steps: impl FnMut(usize, u64),
+) -> Result<ClusterReport, ScenarioError> {
+    // Declared before the instances: the shared store's directory outlives them.
+    let mut scratch = None;
+    let shared = shared_store(o, &mut scratch)?;
+    let members = (0..o.instances)
+        .map(|i| local_member(o, i, shared.as_ref()))
+        .collect::<Result<Vec<_>, _>>()?;
+    run_members(o, members, between_steps)
+}
+
+/// The cluster loop over `members` (in this process or others), instance `i` being the
+/// `i`-th.
+pub fn run_members(
+    o: &ClusterOptions,
+    mut members: Vec<Box<dyn Member>>,
     mut between_steps: impl FnMut(usize, u64),
 ) -> Result<ClusterReport, ScenarioError> {
     let trace = o.base.trace.clone().ok_or(ScenarioError::NoTrace)?;
-    let n = o.instances;
+    let n = members.len();
     let router_error = |e: RouterError| ScenarioError::Router(e.to_string());
     let shared_disk = o.l3 == L3Scope::Shared && o.base.l3_on();
     let mut router = Router::new(o.policy, n, SCENARIO_PAGE_SIZE as usize, shared_disk)
         .map_err(router_error)?
         .with_max_imbalance(o.max_imbalance);
-    // Declared before the instances: the shared store's directory outlives them.
-    let mut scratch = None;
-    let shared = shared_store(o, &mut scratch)?;
-    let mut publishers = Vec::with_capacity(n);
-    let mut instances = Vec::with_capacity(n);
-    for i in 0..n {
-        let publisher = Arc::new(KvEventPublisher::start(PublisherConfig {
-            replay_endpoint: Some("tcp://127.0.0.1:0".into()),
-            data_parallel_rank: Some(i as u32),
-            ..PublisherConfig::new("tcp://127.0.0.1:0", "kv-events")
-        })?);
-        let opts = instance_options(o, i, &publisher);
-        let store = shared.clone().map(|s| Box::new(s) as Box<dyn L3Backend>);
-        instances.push(Instance::start(&opts, Some(&trace), store)?);
-        publishers.push(publisher);
-    }
-    let endpoints: Vec<(String, Option<String>)> = publishers
-        .iter()
-        .map(|p| {
-            (
-                p.endpoint().to_owned(),
-                p.replay_endpoint().map(str::to_owned),
-            )
-        })
-        .collect();
+    let endpoints: Vec<(String, Option<String>)> = members.iter().map(|m| m.endpoints()).collect();
     let mut feed = Feed::connect(&endpoints).map_err(router_error)?;
     let mut report = RouterReport {
         policy: o.policy.name().into(),
@@ -262,7 +290,7 @@ pub fn run_cluster_with(
         ..RouterReport::default()
     };
     // Routed, not yet submitted (an instance submits at its next step).
-    let mut pending: Vec<Vec<(RequestSpec, usize)>> = vec![Vec::new(); n];
+    let mut pending: Vec<Vec<usize>> = vec![Vec::new(); n];
     let mut busy = vec![false; n];
     let mut predicted: BTreeMap<RequestId, (usize, u64)> = BTreeMap::new();
     let requests = &trace.requests;
@@ -272,22 +300,22 @@ pub fn run_cluster_with(
             .get(next_arrival)
             .map(|q| q.arrival_us(trace.time_scale));
         let stepper = (0..n).filter(|&i| busy[i]).min_by(|&a, &b| {
-            instances[a]
+            members[a]
                 .now()
-                .total_cmp(&instances[b].now())
+                .total_cmp(&members[b].now())
                 .then(a.cmp(&b))
         });
-        let route_at = arrival.filter(|&t| stepper.is_none_or(|i| t <= instances[i].now()));
+        let route_at = arrival.filter(|&t| stepper.is_none_or(|i| t <= members[i].now()));
         match (route_at, stepper) {
             (Some(t), _) => {
                 let started = Instant::now();
-                let published: Vec<u64> = publishers.iter().map(|p| p.published()).collect();
+                let published: Vec<u64> = members.iter().map(|m| m.published()).collect();
                 feed.receive(&published).map_err(router_error)?;
                 feed.apply_until((t - o.router_lag_us) / 1e6, router.index_mut());
                 let loads: Vec<u64> = (0..n)
-                    .map(|i| outstanding(&instances[i]) + pending[i].len() as u64)
+                    .map(|i| members[i].outstanding() + pending[i].len() as u64)
                     .collect();
-                let (spec, answer) = requests[next_arrival].spec();
+                let (spec, _) = requests[next_arrival].spec();
                 let decision = router.route(&spec.tokens, &loads).map_err(router_error)?;
                 report.route_ns += started.elapsed().as_nanos() as u64;
                 let index = router.index();
@@ -301,20 +329,19 @@ pub fn run_cluster_with(
                     (spec.tokens.len().saturating_sub(1) / SCENARIO_PAGE_SIZE as usize) as u64;
                 let promised = u64::from(decision.predicted_blocks).min(reusable)
                     * u64::from(SCENARIO_PAGE_SIZE);
-                predicted.insert(spec.id.clone(), (w, promised));
+                predicted.insert(spec.id, (w, promised));
                 report.routed[w] += 1;
                 if !busy[w] {
-                    instances[w].wait_until(t);
+                    members[w].wait_until(t);
                     busy[w] = true;
                 }
-                pending[w].push((spec, answer));
+                pending[w].push(next_arrival);
                 next_arrival += 1;
             }
-            (_, Some(i)) => {
-                instances[i].submit(std::mem::take(&mut pending[i]))?;
-                let instance = &mut instances[i];
+            (None, Some(i)) => {
+                let submit = std::mem::take(&mut pending[i]);
                 let mut hook = |step| between_steps(i, step);
-                if let Step::Idle = instance.step(&mut hook)? {
+                if members[i].step(&submit, &mut hook)? {
                     busy[i] = false;
                 }
             }
@@ -323,7 +350,7 @@ pub fn run_cluster_with(
     }
     // What each instance reused against what the router saw there.
     for (id, &(w, promised)) in &predicted {
-        let Some(&reused) = instances[w].hits().get(id) else {
+        let Some(&reused) = members[w].hits().get(id) else {
             continue;
         };
         report.predicted_hit_tokens += promised;
@@ -336,14 +363,10 @@ pub fn run_cluster_with(
     report.replays = stats.replays;
     report.wire_bytes = stats.bytes;
     report.index_blocks = router.index().len() as u64;
-    let residency = &[][..];
-    let mut per_instance = Vec::with_capacity(n);
-    for instance in instances {
-        let mut r = instance.finish(residency)?;
-        r.outputs.clear();
-        per_instance.push(r);
-    }
-    drop(publishers);
+    let per_instance = members
+        .into_iter()
+        .map(|m| m.finish())
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(summarize(
         o,
         &trace.name,
@@ -351,12 +374,6 @@ pub fn run_cluster_with(
         per_instance,
         report,
     ))
-}
-
-/// Requests an instance holds that are not done.
-fn outstanding(instance: &Instance) -> u64 {
-    let r = instance.report();
-    r.requests - r.refused - r.aborted - instance.outputs().len() as u64
 }
 
 fn summarize(

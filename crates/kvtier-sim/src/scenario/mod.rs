@@ -642,6 +642,9 @@ pub enum ScenarioError {
     /// A cluster's router failed (its events stopped coming, say).
     #[error("router: {0}")]
     Router(String),
+    /// A cluster member in a process of its own failed or broke the protocol.
+    #[error("cluster member: {0}")]
+    Member(String),
 }
 
 impl From<L3Error> for ScenarioError {
