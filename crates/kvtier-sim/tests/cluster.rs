@@ -44,6 +44,12 @@ fn one_instance_is_the_single_replay() {
     );
     assert_eq!(one.virtual_s, single.virtual_s);
     assert_eq!(r.router.routed, [39]);
+    // A router tells at most 64 instances apart: more is a typed error, before any starts.
+    let too_many = run_cluster(&ClusterOptions::new(base, 65, Policy::Prefix, L3Scope::Off));
+    assert!(matches!(
+        too_many,
+        Err(kvtier_sim::scenario::ScenarioError::Router(_))
+    ));
 }
 
 #[test]

@@ -259,6 +259,11 @@ pub fn run_cluster_with(
     o: &ClusterOptions,
     between_steps: impl FnMut(usize, u64),
 ) -> Result<ClusterReport, ScenarioError> {
+    if !(1..=kvtier_router::MAX_WORKERS).contains(&o.instances) {
+        return Err(ScenarioError::Router(
+            RouterError::Workers(o.instances).to_string(),
+        ));
+    }
     // Declared before the instances: the shared store's directory outlives them.
     let mut scratch = None;
     let shared = shared_store(o, &mut scratch)?;
