@@ -41,6 +41,9 @@ use crate::trace::unbounded_hit_tokens;
 /// The segment each instance's Mooncake client contributes, at least.
 pub const MOONCAKE_SEGMENT_BYTES: u64 = 256 << 20;
 
+/// Batches each instance's publisher keeps for replay.
+const REPLAY_BATCHES: usize = 4096;
+
 /// How the instances' L3 tier is arranged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
@@ -241,6 +244,9 @@ pub fn local_member(
     let publisher = Arc::new(KvEventPublisher::start(PublisherConfig {
         replay_endpoint: Some("tcp://127.0.0.1:0".into()),
         data_parallel_rank: Some(i as u32),
+        // The router asks for replays only while it joins and for rare gaps; a
+        // production trace's batches would hold gigabytes.
+        keep: REPLAY_BATCHES,
         ..PublisherConfig::new("tcp://127.0.0.1:0", "kv-events")
     })?);
     let opts = instance_options(o, i, &publisher);
