@@ -30,10 +30,13 @@ pub trait Member {
     fn outstanding(&self) -> u64;
     /// KV event batches it has published (its publisher's sequence numbers `0..`).
     fn published(&self) -> u64;
+    /// Steps it has run (idle ones included).
+    fn steps(&self) -> u64;
     /// Its publisher's endpoint and replay endpoint.
     fn endpoints(&self) -> (String, Option<String>);
     /// Submits the trace's requests `submit` (indices) and runs one step; whether it
-    /// found nothing to do and went idle.
+    /// found nothing to do and went idle. `between_steps(step)` runs once the step's
+    /// events are applied (in another process: once its answer is in).
     fn step(
         &mut self,
         submit: &[usize],
@@ -68,6 +71,10 @@ impl Member for Local {
 
     fn published(&self) -> u64 {
         self.publisher.published()
+    }
+
+    fn steps(&self) -> u64 {
+        self.instance.report().steps
     }
 
     fn endpoints(&self) -> (String, Option<String>) {
@@ -120,6 +127,7 @@ enum Answer {
     },
     Stepped {
         idle: bool,
+        steps: u64,
         now: f64,
         outstanding: u64,
         published: u64,
@@ -225,6 +233,7 @@ pub struct Remote {
     wait: Option<f64>,
     outstanding: u64,
     published: u64,
+    steps: u64,
     hits: BTreeMap<RequestId, u64>,
 }
 
@@ -248,6 +257,7 @@ impl Remote {
             wait: None,
             outstanding: 0,
             published: 0,
+            steps: 0,
             hits: BTreeMap::new(),
         };
         match member.read()? {
@@ -298,6 +308,10 @@ impl Member for Remote {
         self.published
     }
 
+    fn steps(&self) -> u64 {
+        self.steps
+    }
+
     fn endpoints(&self) -> (String, Option<String>) {
         self.endpoints.clone()
     }
@@ -315,18 +329,20 @@ impl Member for Remote {
         match self.read()? {
             Answer::Stepped {
                 idle,
+                steps,
                 now,
                 outstanding,
                 published,
                 started,
             } => {
                 self.now = now;
+                self.steps = steps;
                 self.outstanding = outstanding;
                 self.published = published;
                 for (id, tokens) in started {
                     self.hits.insert(RequestId::from(id), tokens);
                 }
-                between_steps(0);
+                between_steps(steps);
                 Ok(idle)
             }
             other => Err(protocol(format!("a member answered a step with {other:?}"))),
@@ -397,6 +413,7 @@ pub fn serve(
                         }
                         Answer::Stepped {
                             idle,
+                            steps: member.steps(),
                             now: member.now(),
                             outstanding: member.outstanding(),
                             published: member.published(),
