@@ -1547,44 +1547,6 @@ fn paged(config: SchedulerConfig, pages: u32) -> SchedulerConfig {
     }
 }
 
-/// Found by `drains_to_idle_without_outside_aborts` (its case is in
-/// proptest-regressions/): a first chunk over a cached prefix computes the widest
-/// window (12) before it again, so the one-token window group's table spans 12
-/// positions, more than its pool of 11 usable pages; the request waited forever. Its
-/// prompt is refused at submission.
-#[test]
-fn regression_paged_window_refill_larger_than_a_group_pool() {
-    use kvtier_types::{GroupRole, GroupSpec, PagedSettings, Retention};
-    let group = |id: &str, rows_per_page, total_pages, window, role| GroupSpec {
-        id: id.into(),
-        rows_per_page,
-        entry_stride_tokens: 1,
-        total_pages,
-        retention: Retention::SlidingWindow { window },
-        role,
-    };
-    let config = SchedulerConfig {
-        paged: Some(PagedSettings {
-            groups: vec![
-                group("h", 4, 6, 12, GroupRole::History),
-                group("s", 1, 12, 1, GroupRole::State),
-            ],
-            required: vec!["h".into()],
-        }),
-        ..small_config(4, 8, 8, 10, 1, 0, false, false)
-    };
-    let mut s = Scheduler::new(config).expect("a valid config");
-    let refused = s.submit(vec![RequestSpec::new("r4", vec![0; 12])]);
-    let err = refused.expect_err("12 pages of group `s` in a pool of 11");
-    assert!(
-        matches!(&err.rejected[0].error, SchedError::PromptTooLongForGroup { group, pages: 12, usable: 11, .. } if group == "s"),
-        "{err:?}"
-    );
-    // Eleven tokens fit.
-    s.submit(vec![RequestSpec::new("r5", vec![0; 11])])
-        .expect("accepted");
-}
-
 /// Found with the paged configs: a prompt that needs more pages than a group's whole
 /// pool (6 of 5) was accepted and prefilled until its own snapshots filled the pool,
 /// then waited forever. It is refused at submission (`PromptTooLongForGroup`).

@@ -87,19 +87,11 @@ impl PagedSettings {
     /// The first group (in id order) whose pool can never hold a request of `tokens`
     /// tokens, with the pages it would need: a full-history group, or a required history
     /// group (its snapshots keep the request's committed prefix), holds them all; another
-    /// sliding group, its largest op: chunks of `op_tokens` with its window before them,
-    /// or a first chunk over a cached prefix with the widest group's window before it.
+    /// sliding group, its largest op (chunks of `op_tokens`) with the window before it.
     /// Such a request would wait forever.
     pub fn short_group(&self, tokens: u32, op_tokens: u32) -> Option<(&crate::GroupSpec, u32)> {
         let mut groups: Vec<&crate::GroupSpec> = self.groups.iter().collect();
         groups.sort_by(|a, b| a.id.cmp(&b.id));
-        // A first chunk over a cached prefix computes the widest window before it again,
-        // so every window group's table spans that window and the chunk at once.
-        let widest = groups.iter().filter_map(|g| g.window()).max().unwrap_or(0);
-        let refill = widest
-            .saturating_sub(1)
-            .saturating_add(op_tokens)
-            .min(tokens);
         groups.into_iter().find_map(|g| {
             // A required history group's snapshots keep every page of the running
             // request's own committed prefix, sliding or not.
@@ -115,10 +107,7 @@ impl PagedSettings {
                         let chunk = op_tokens.min(tokens - op_tokens);
                         g.pages_for((w - 1).saturating_add(chunk)) + 1
                     });
-                    first
-                        .max(later.unwrap_or(0))
-                        .max(g.pages_for(w) + 1)
-                        .max(g.pages_for(refill))
+                    first.max(later.unwrap_or(0)).max(g.pages_for(w) + 1)
                 }
             };
             (need > g.total_pages.saturating_sub(1)).then_some((g, need))
