@@ -200,6 +200,17 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         RequestTables::new(self.adjunct.groups().len())
     }
 
+    /// Whether a fresh request's op over `[first_pos, target)` could be admitted with
+    /// every pool wholly free: when not, no pruning or waiting ever admits it.
+    pub fn could_ever_admit(&self, first_pos: u32, target: u32) -> bool {
+        let needs = self.needs(&self.new_tables(), first_pos, target, None);
+        self.adjunct
+            .groups()
+            .iter()
+            .zip(&needs)
+            .all(|(g, need)| need.fits(g.total_pages.saturating_sub(1), 0))
+    }
+
     /// A version of everything that could turn a refused admission into an admitted
     /// one: it moves whenever a pool gets pages back, a snapshot comes, changes or goes,
     /// or a request's tables are released (the snapshots it pinned become prunable);

@@ -76,8 +76,17 @@ impl RadixCore {
         let pages = self.depth_pages(node);
         debug_assert_eq!(hit.prefix_len, pages * ps, "a hit ends on its snapshot");
         let host_pages = if use_host { kv.host_pages } else { 0 };
+        // Refill the windows over the whole KV match, unless some group could never
+        // hold that span (the widest window and the chunk at once): then the chunk
+        // starts at the snapshot, which a group holds by the submission check.
         if self.windows_only() && kv.device_pages.max(host_pages) > pages {
-            return self.first_chunk_refilling(ask, kv, host_pages);
+            let (first, target, _) = self.refill_span(&ask, kv.device_pages, host_pages);
+            let fits = self
+                .with_snapshots(|family, _| family.could_ever_admit(first, target))
+                .unwrap_or(true);
+            if fits {
+                return self.first_chunk_refilling(ask, kv, host_pages);
+            }
         }
         let m = Match {
             device: node,
@@ -121,18 +130,27 @@ impl RadixCore {
         let ps = self.page_size();
         let use_host = ask.use_host;
         let shape = ask.shape(m.device_pages, host_pages, ps);
+        let (first, target, fill) = self.refill_span(&ask, m.device_pages, host_pages);
+        let Some(tables) = self.fresh_tables(first, target, None) else {
+            return Outcome::waits();
+        };
+        self.admit_with_tables(m, &shape, use_host, tables, Some(fill))
+    }
+
+    /// What a refilling first chunk over `device` pages (`host` loaded back) computes:
+    /// `[first, target)`, from the widest window before the prefix's end to the chunk's
+    /// end, and where each group's refill starts.
+    fn refill_span(&self, ask: &FirstChunkAsk<'_>, device: u32, host: u32) -> (u32, u32, Vec<u32>) {
+        let ps = self.page_size();
+        let shape = ask.shape(device, host, ps);
         let depth = shape.begin_pages * ps;
         let windows: Vec<u32> = self.snapshots().map_or_else(Vec::new, |f| {
             let groups = f.adjunct().groups();
             groups.iter().map(|g| g.window().unwrap_or(0)).collect()
         });
         let widest = windows.iter().copied().max().unwrap_or(0);
-        let (first, target) = (depth.saturating_sub(widest), depth + shape.tokens);
-        let Some(tables) = self.fresh_tables(first, target, None) else {
-            return Outcome::waits();
-        };
         let fill = windows.iter().map(|&w| depth.saturating_sub(w)).collect();
-        self.admit_with_tables(m, &shape, use_host, tables, Some(fill))
+        (depth.saturating_sub(widest), depth + shape.tokens, fill)
     }
 
     /// Fresh tables for a first chunk over `[first, target)`, admitted (pruning if a
