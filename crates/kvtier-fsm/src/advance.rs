@@ -187,6 +187,7 @@ impl SchedulerCore {
             recomputing: false,
             queried: false,
             prefetched_pages: 0,
+            stopped_tables: None,
             span,
             phase: tracing::Span::none(),
             submitted: std::time::Instant::now(),
@@ -492,7 +493,7 @@ impl SchedulerCore {
         // The reference publishes a decode's checkpoint only where its prefill-chunk rule
         // says so for the result's tokens (with pages of one token: every decode), and
         // frees it otherwise (C.2 in docs/notes/mamba-reference.md).
-        let reference = self.config.policy == kvtier_types::Policy::Reference;
+        let reference = self.reference_policy();
         let reference_frees = || {
             let (n, chunk) = (
                 self.requests[key].tokens.len() as u32,
@@ -669,7 +670,13 @@ impl SchedulerCore {
             host_lock,
             local_kv,
             tables,
-        } = self.requests[key].settle(run, self.config.page_size);
+        } = self.requests[key].settle(run, self.config.page_size, !self.reference_policy());
+        let tables = if self.reference_policy() {
+            self.requests[key].stopped_tables = tables;
+            None
+        } else {
+            tables
+        };
         let write_back = self.config.l2_enabled()
             && !self.config.disable_prefix_cache
             && !publication.tokens.is_empty();

@@ -315,6 +315,10 @@ pub(crate) struct Request {
     pub queried: bool,
     /// Pages its L3 prefetch brought (its host hits of them are L3 hits).
     pub prefetched_pages: u32,
+    /// Paged models under the reference policy: a finished request's group tables,
+    /// released when the request is forgotten at the next plan, as the reference
+    /// releases them.
+    pub stopped_tables: Option<GroupTables>,
     /// The request's lifecycle span: opened at submit, closed when it is forgotten.
     pub span: tracing::Span,
     /// The span of the phase of its life it is in, a child of `span`.
@@ -344,9 +348,15 @@ impl Request {
     /// The request stops running (finish or retraction): its full pages except the
     /// newest token's are to go into the tree. Returns that publication (possibly empty),
     /// the locks it held and its remaining own pages; its slot is released.
-    pub fn settle(&self, mut run: Running, page_size: u32) -> Settled {
+    ///
+    /// `commit_tables`: whether a paged model's group tables are committed into
+    /// snapshots up to the published node. The reference commits a chunk only when the
+    /// request's next row is scheduled, so what a request computed since its last
+    /// commit is never cached when it stops; kvtier caches it, but not under the
+    /// reference policy.
+    pub fn settle(&self, mut run: Running, page_size: u32, commit_tables: bool) -> Settled {
         let full = self.full_pages_except_last(page_size);
-        let publication = self
+        let mut publication = self
             .publication(&mut run, full, page_size)
             .map(|(p, _)| p)
             .unwrap_or_else(|| {
@@ -360,6 +370,9 @@ impl Request {
                     tables: run.tables.as_ref().map(GroupTables::key),
                 }
             });
+        if !commit_tables {
+            publication.tables = None;
+        }
         let Running {
             device_lock,
             host_lock,

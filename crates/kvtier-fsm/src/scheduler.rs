@@ -169,6 +169,12 @@ pub struct SchedulerCore {
 }
 
 impl SchedulerCore {
+    /// Whether decisions follow the reference scheduler where kvtier's own policy
+    /// differs (`Policy::Reference`).
+    pub(crate) fn reference_policy(&self) -> bool {
+        self.config.policy == kvtier_types::Policy::Reference
+    }
+
     /// A scheduler core. Fails on an invalid config.
     pub fn new(config: SchedulerConfig) -> Result<Self, SchedError> {
         config.validate()?;

@@ -767,7 +767,7 @@ impl SchedulerCore {
         rows: &mut Rows,
     ) {
         let ps = self.config.page_size;
-        let reference = self.config.policy == kvtier_types::Policy::Reference;
+        let reference = self.reference_policy();
         let prefill_len = self.requests[key].prefill_len;
         let State::Prefilling(mut run) =
             std::mem::replace(&mut self.requests[key].state, State::Finished)
@@ -915,7 +915,7 @@ impl SchedulerCore {
         rows: &mut Rows,
     ) {
         let ps = self.config.page_size;
-        let reference = self.config.policy == kvtier_types::Policy::Reference;
+        let reference = self.reference_policy();
         let d = self.config.decode_input_tokens;
         // The row's new length: a state there is copied to the checkpoint.
         let new_len = self.requests[key].tokens.len() as u32;
@@ -983,7 +983,7 @@ impl SchedulerCore {
             host_lock,
             local_kv,
             tables,
-        } = self.requests[key].settle(run, self.config.page_size);
+        } = self.requests[key].settle(run, self.config.page_size, !self.reference_policy());
         let published_pages = (publication.tokens.len() / self.config.page_size as usize) as u32;
         draft.retract = Some(Retraction {
             key,
@@ -1044,7 +1044,7 @@ impl SchedulerCore {
                 // history again instead, like the deadlock breaker's victim: its tail
                 // pages go, its prefix stays as evictable cache, nothing is lost.
                 drop(local_kv);
-                if self.config.policy == kvtier_types::Policy::Reference {
+                if self.reference_policy() {
                     self.abort_notice(id, AbortReason::HostPoolExhausted, &mut draft.plan);
                 } else {
                     self.requeue(key, &mut draft.plan);

@@ -332,3 +332,232 @@ fn a_decode_checkpoint_the_reference_rule_keeps_is_cached() {
     assert_eq!(copied, 2, "both states go to host with the finish");
     check(&mut s);
 }
+
+/// Hybrid seeds 48, 63 and 88: a pool of two state slots and no host room. The first
+/// request is retracted at its first decode (its pair fills the pool) and, with no
+/// host page for its copy, given up. The reference aborts it before caching anything
+/// and frees both slots. kvtier, under the reference policy, used to cache its state
+/// at depth 4, so the next request with that prompt needed that state kept beside a
+/// fresh pair (three slots of two) and, as the reference would, waited forever.
+#[test]
+fn a_request_given_up_for_want_of_host_room_caches_no_state() {
+    let mut s = sched(reference(SchedulerConfig {
+        page_size: 2,
+        device_pages: 12,
+        host_pages: 0,
+        disable_l2_cache: true,
+        mamba: Some(kvtier_types::MambaSettings {
+            device_slots: 2,
+            host_slots: 0,
+            chunk: 4,
+        }),
+        ..fixture()
+    }));
+    let prompt = vec![3, 2, 8, 21, 16];
+    submit(&mut s, "r00", prompt.clone());
+    let mut engine = Engine::with_max_new(3);
+    drain(&mut s, &mut engine, 20);
+    assert_eq!(s.stats().retractions, 1);
+    assert!(
+        s.cache().cached_states(&prompt).is_empty(),
+        "both slots freed"
+    );
+    submit(&mut s, "r04", prompt.clone());
+    let plans = drain(&mut s, &mut engine, 20);
+    let first = plans.iter().find_map(|p| row(p, "r04")).expect("r04 runs");
+    assert_eq!(first.extend_prefix_len, 0, "computed from scratch");
+    check(&mut s);
+}
+
+/// Hybrid seed 40: a paged model's request finishes right after its prefill. The
+/// reference commits a chunk into snapshots only when the request's next row is
+/// scheduled, so what a request computed since its last row is never cached when it
+/// stops: here nothing. Under the reference policy kvtier used to commit at the finish
+/// and keep one group page cached that the reference frees; under its own policy it
+/// still does, so the next request with that prompt reuses it.
+#[test]
+fn a_stopping_request_commits_its_group_tables_only_under_kvtiers_policy() {
+    use kvtier_types::{GroupRole, GroupSpec, PagedSettings};
+    for policy in [Policy::Reference, Policy::Default] {
+        let mut s = sched(SchedulerConfig {
+            policy,
+            publish_prefix_mid_flight: false,
+            page_size: 8,
+            device_pages: 3,
+            host_pages: 0,
+            disable_l2_cache: true,
+            max_batch_size: 1,
+            paged: Some(PagedSettings {
+                groups: vec![
+                    GroupSpec::sliding("swa", 4, 1, 19, 9, GroupRole::History),
+                    GroupSpec::full_history("full", 4, 2, 15),
+                ],
+                required: vec!["full".into()],
+            }),
+            ..fixture()
+        });
+        // Free pages by group id.
+        let free = |s: &mut kvtier_fsm::Scheduler| -> Vec<(String, u32)> {
+            let report = s.stats().groups.expect("paged groups");
+            let mut free: Vec<_> = report
+                .groups
+                .iter()
+                .map(|g| (g.id.clone(), g.free_pages))
+                .collect();
+            free.sort();
+            free
+        };
+        let empty = free(&mut s);
+        submit(&mut s, "r02", vec![1; 8]);
+        s.next_plan();
+        advance(&mut s, vec![extend("r02", &[17]), finish("r02")]);
+        s.next_plan();
+        let after = free(&mut s);
+        match policy {
+            Policy::Reference => assert_eq!(after, empty, "nothing cached"),
+            Policy::Default => {
+                let (full, swa) = (&empty[0], &empty[1]);
+                let expected = vec![(full.0.clone(), full.1 - 1), swa.clone()];
+                assert_eq!(after, expected, "the prefix's full-group page");
+            }
+        }
+        check(&mut s);
+    }
+}
+
+fn hybrid_rows(plans: &[kvtier_types::ExecutionPlan], id: &str) -> Vec<(Option<u32>, Option<u32>)> {
+    plans
+        .iter()
+        .filter_map(|p| row(p, id))
+        .map(|r| (r.mamba.working, r.mamba.checkpoint_dst))
+        .collect()
+}
+
+/// Hybrid seed 33: two requests with one prompt, one after the other. The second's
+/// first decode publishes its checkpoint at the node where the first's state is
+/// cached. The reference attaches the new slot there and frees the old one (C.10 in
+/// docs/notes/mamba-reference.md), so its next checkpoint is the old slot; kvtier
+/// used to keep the old slot and free the new one, so later slot ids differed.
+#[test]
+fn a_state_published_again_replaces_the_cached_slot_under_the_reference_policy() {
+    let mut s = sched(SchedulerConfig {
+        policy: Policy::Reference,
+        publish_prefix_mid_flight: false,
+        page_size: 1,
+        device_pages: 6,
+        host_pages: 0,
+        disable_l2_cache: true,
+        max_scheduled_tokens: 1,
+        max_batch_size: 1,
+        mamba: Some(kvtier_types::MambaSettings {
+            device_slots: 4,
+            host_slots: 0,
+            chunk: 4,
+        }),
+        ..fixture()
+    });
+    submit(&mut s, "r00", vec![29]);
+    submit(&mut s, "r02", vec![29]);
+    let mut engine = Engine::default();
+    engine.max_new.insert("r00".into(), 3);
+    engine.max_new.insert("r02".into(), 2);
+    let plans = drain(&mut s, &mut engine, 20);
+    assert_eq!(
+        hybrid_rows(&plans, "r00"),
+        [(Some(0), Some(1)), (Some(0), Some(2)), (Some(0), None)]
+    );
+    // The reference's slots: the first decode's checkpoint is slot 1, freed when
+    // slot 3 replaced it at the prompt's node.
+    assert_eq!(
+        hybrid_rows(&plans, "r02"),
+        [(Some(0), Some(3)), (Some(0), Some(1))]
+    );
+    check(&mut s);
+}
+
+/// Hybrid seed 99: without host states, a prompt whose KV prefix is on host only (its
+/// device copy went after the write-back) has no state to start from, so its row
+/// computes from scratch. The reference counts only the device prefix for the
+/// branching point, so the row's checkpoint goes where the chunk's own rule puts it
+/// (depth 8); kvtier used to count the host prefix and checkpoint at depth 4.
+#[test]
+fn without_host_states_the_branching_point_ignores_a_host_only_prefix() {
+    let mut s = sched(SchedulerConfig {
+        policy: Policy::Reference,
+        publish_prefix_mid_flight: false,
+        page_size: 4,
+        device_pages: 4,
+        host_pages: 44,
+        max_batch_size: 1,
+        mamba: Some(kvtier_types::MambaSettings {
+            device_slots: 34,
+            host_slots: 0,
+            chunk: 4,
+        }),
+        ..fixture()
+    });
+    let prompt = vec![23, 17, 16, 37, 22, 35, 25, 2];
+    submit(&mut s, "r01", prompt.clone());
+    submit(&mut s, "r02", prompt);
+    let mut engine = Engine::with_max_new(1);
+    let plans = drain(&mut s, &mut engine, 20);
+    let branching: Vec<_> = ["r01", "r02"]
+        .iter()
+        .map(|id| {
+            let r = plans.iter().find_map(|p| row(p, id)).expect("runs");
+            (r.extend_prefix_len, r.mamba.branching)
+        })
+        .collect();
+    assert_eq!(branching, [(0, Some(8)), (0, Some(8))]);
+    check(&mut s);
+}
+
+/// Hybrid seeds 54 and 96: a decoding request of a paged model asks for a larger KV
+/// reserve (`UpdateReserveNumTokens`). The reference reserves the KV slots, but its
+/// group tables grow by the row's own input only; kvtier used to grow them over the
+/// whole reserve (here three full-group pages and six window pages where the
+/// reference takes two and three).
+#[test]
+fn a_reserve_update_grows_the_kv_reserve_but_not_the_group_tables() {
+    use kvtier_types::{GroupRole, GroupSpec, PagedSettings};
+    let mut s = sched(SchedulerConfig {
+        policy: Policy::Reference,
+        publish_prefix_mid_flight: false,
+        page_size: 4,
+        device_pages: 4,
+        host_pages: 0,
+        disable_l2_cache: true,
+        max_scheduled_tokens: 8,
+        max_batch_size: 1,
+        paged: Some(PagedSettings {
+            groups: vec![
+                GroupSpec::sliding("swa", 2, 1, 21, 9, GroupRole::State),
+                GroupSpec::full_history("full", 4, 1, 10),
+            ],
+            required: vec!["full".into()],
+        }),
+        ..fixture()
+    });
+    submit(&mut s, "r02", vec![1]);
+    s.next_plan();
+    advance(&mut s, vec![extend("r02", &[17])]);
+    s.next_plan();
+    advance(&mut s, vec![extend("r02", &[39])]);
+    s.next_plan();
+    advance(&mut s, vec![extend("r02", &[5]), reserve("r02", 7)]);
+    let plan = s.next_plan();
+    assert_eq!(row_kinds(&plan), [RowKind::Decode]);
+    // Groups in id byte order: "full", then "swa".
+    let pages: Vec<usize> = plan
+        .forward
+        .groups_of(0)
+        .iter()
+        .map(|t| t.pages.len())
+        .collect();
+    assert_eq!(
+        pages,
+        [2, 3],
+        "a decode row of 4 tokens' history and 1 input"
+    );
+    check(&mut s);
+}

@@ -248,9 +248,17 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
     ) -> CappedMatch<N> {
         let root = tree.root();
         let ps = self.config.page_size;
-        let kv_pages = (tree.depth(device).max(tree.depth(host))) / ps;
-        let dm = self.last_device_state(tree, device);
         let host_states = host_states && self.config.host_copies();
+        // The branching point counts the host tier's KV too, except under the
+        // reference policy without host states, where the reference counts the device
+        // tier's only (its prefix is capped to the device state there anyway).
+        let kv_depth = if host_states || !self.config.reference {
+            tree.depth(device).max(tree.depth(host))
+        } else {
+            tree.depth(device)
+        };
+        let kv_pages = kv_depth / ps;
+        let dm = self.last_device_state(tree, device);
         let hm = if host_states {
             self.last_host_state(tree, host)
         } else {
@@ -510,11 +518,28 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
     // ----- publication -------------------------------------------------------------------
 
     /// Attaches `slot` to `node` as the state after its prefix. A node that already
-    /// has a device state keeps it and the new slot is freed (both hold the same state;
-    /// replacing would free an index a plan may still name). Returns whether it was
-    /// attached.
+    /// has a device state keeps it and the new slot is freed: both hold the same state,
+    /// and the old one may be what a row of this plan copies or a write-back reads.
+    /// The reference replaces it and frees the old slot (C.10 in
+    /// docs/notes/mamba-reference.md); under its policy kvtier does too where nothing
+    /// reads the old slot, so later slot ids stay the reference's. Returns whether it
+    /// was attached.
     pub fn publish<T: StateTree<Node = N>>(&mut self, tree: &T, node: N, slot: Slot) -> bool {
-        if node == tree.root() || self.device_slot(node).is_some() {
+        let held = self.device_slot(node).is_some();
+        if held
+            && self.config.reference
+            && !self.protected.contains(&node)
+            && !self.pending.contains_key(&node)
+        {
+            let id = self.device.adopt(slot);
+            if let Some(old) = self.attached.entry(node).or_default().device.replace(id) {
+                self.device.release(old);
+            }
+            self.track(tree, node);
+            self.stats.discarded += 1;
+            return true;
+        }
+        if node == tree.root() || held {
             self.device.free(slot);
             self.stats.discarded += 1;
             return false;

@@ -527,6 +527,16 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         }
     }
 
+    /// Gives back the tables of a first chunk refused after their acquisition (its KV
+    /// could not be had): each pool's free list is as before, as if they had never
+    /// been taken (the reference takes them only once the KV is there).
+    pub fn undo_acquisition(&mut self, tables: &mut RequestTables) {
+        self.changes += 1;
+        for (t, pool) in tables.tables.iter_mut().zip(&mut self.pools) {
+            t.undo_acquisition(pool);
+        }
+    }
+
     /// Commits the request's computed prefix up to `terminal` (its device node) into
     /// snapshots at every multiple of `A` past what it committed: each step splits the
     /// tree there, checks that every required table can back it, then adopts the

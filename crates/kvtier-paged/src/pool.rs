@@ -80,6 +80,16 @@ impl GroupPool {
         let _ = self.pages.free(pages);
     }
 
+    /// Returns an owned set taken by one acquisition, last page first, so the free
+    /// list is as it was before (the pool hands out the page freed last first).
+    pub fn undo(&mut self, pages: OwnedPages) {
+        self.returned += pages.len() as u64;
+        if let Ok(mut ids) = self.pages.adopt(pages) {
+            ids.reverse();
+            self.pages.free_ids(&ids);
+        }
+    }
+
     /// Returns raw ids a snapshot owned.
     pub fn free_ids(&mut self, ids: &[PageId]) {
         self.returned += ids.len() as u64;

@@ -434,7 +434,17 @@ impl PageTable {
 
     /// Drops every page: owned ones to the pool, borrowed ones from the index.
     pub fn release_all(&mut self, pool: &mut GroupPool) {
-        pool.free(std::mem::take(&mut self.owned));
+        self.release_with(pool, GroupPool::free);
+    }
+
+    /// [`Self::release_all`] of a table that only a first acquisition filled: the pool
+    /// gets its pages back in the order it had them.
+    pub fn undo_acquisition(&mut self, pool: &mut GroupPool) {
+        self.release_with(pool, GroupPool::undo);
+    }
+
+    fn release_with(&mut self, pool: &mut GroupPool, free: fn(&mut GroupPool, OwnedPages)) {
+        free(pool, std::mem::take(&mut self.owned));
         self.borrowed.clear();
         self.base = 0;
         self.cursor = 0;

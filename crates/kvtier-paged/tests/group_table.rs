@@ -196,3 +196,27 @@ fn dropped_tables_return_their_own_pages() {
     drop(t);
     assert_eq!(pool.available(), 15);
 }
+
+/// Hybrid seed 84: a first chunk whose KV cannot be had gives its fresh tables back.
+/// Released in table order, the pool's top pages came back swapped after each refused
+/// try, so later tables differed from the reference's (which takes the pages only once
+/// the KV is there); undone, the pool hands the same pages out in the same order again.
+#[test]
+fn an_undone_acquisition_leaves_the_pool_as_it_was() {
+    let g = full(8);
+    let mut pool = GroupPool::new(&g);
+    let mut first = PageTable::new();
+    first.acquire(&g, &mut pool, 512).unwrap();
+    assert_eq!(first.ids(), [7, 6]);
+    let mut refused = PageTable::new();
+    refused.acquire(&g, &mut pool, 512).unwrap();
+    refused.undo_acquisition(&mut pool);
+    let mut again = PageTable::new();
+    again.acquire(&g, &mut pool, 512).unwrap();
+    assert_eq!(again.ids(), [5, 4], "as if the refused try never took them");
+    // A plain release hands them out the other way round.
+    again.release_all(&mut pool);
+    let mut after = PageTable::new();
+    after.acquire(&g, &mut pool, 512).unwrap();
+    assert_eq!(after.ids(), [4, 5]);
+}

@@ -750,7 +750,12 @@ impl RadixCore {
                     }
                 };
                 if let Some(states) = states {
-                    self.settle_states(m.device, states, true);
+                    // Under the reference policy a retraction that finds no host room
+                    // aborts the request before anything is cached: both slots are
+                    // freed (its pages are published all the same).
+                    let publish =
+                        !(self.is_reference() && matches!(outcome, RetractOutcome::HostExhausted));
+                    self.settle_states(m.device, states, publish);
                 }
                 if let Some(lock) = old_host_lock {
                     self.unlock(lock);
@@ -983,9 +988,14 @@ impl RadixCore {
                     };
                     match tables {
                         None => self.grow_running(t, tail_free, room, commit, checkpoint),
-                        Some(tables) => {
-                            self.grow_with_groups(t, tail_free, room, commit, checkpoint, tables)
-                        }
+                        Some((key, first)) => self.grow_with_groups(
+                            t,
+                            tail_free,
+                            room,
+                            commit,
+                            checkpoint,
+                            (key, first, t),
+                        ),
                     }
                 }
                 Intent::Decode {
@@ -996,10 +1006,19 @@ impl RadixCore {
                     tables,
                 } => {
                     let room = grow(tail_free, reserve, ps).0;
+                    // The KV reserve covers what the engine asked for; the reference's
+                    // group tables cover only the row's own input (#583).
+                    let span = if self.is_reference() { d } else { reserve };
                     match tables {
                         None => self.grow_running(reserve, tail_free, room, commit, checkpoint),
-                        Some(tables) => self
-                            .grow_with_groups(reserve, tail_free, room, commit, checkpoint, tables),
+                        Some((key, first)) => self.grow_with_groups(
+                            reserve,
+                            tail_free,
+                            room,
+                            commit,
+                            checkpoint,
+                            (key, first, span),
+                        ),
                     }
                 }
                 Intent::Recovery {
@@ -1137,6 +1156,8 @@ impl RadixCore {
     /// first position): the groups are admitted first, and the grown row carries their
     /// view. Kept out of line: the dense decode loop never calls it.
     #[inline(never)]
+    /// Grows a running request by `n` KV slots and its group tables by `span`
+    /// positions from `first`.
     fn grow_with_groups(
         &mut self,
         n: u32,
@@ -1144,11 +1165,11 @@ impl RadixCore {
         room: u32,
         commit: Option<Box<ChunkCommit>>,
         checkpoint: CheckpointNeed,
-        (key, first): (TablesKey, u32),
+        (key, first, span): (TablesKey, u32, u32),
     ) -> Outcome {
         // The reference's order: admission, then the op's commit (the request's last
         // chunk, under `Policy::Reference`), then the release and the acquisition.
-        if !self.admit_groups(key, first, first + n) {
+        if !self.admit_groups(key, first, first + span) {
             return Outcome::Waits {
                 held: Vec::new(),
                 commit,
@@ -1156,7 +1177,7 @@ impl RadixCore {
         }
         let mut grown = self.grow_running(n, tail_free, room, commit, checkpoint);
         if let Outcome::Grown { groups, .. } = &mut grown {
-            self.acquire_groups(key, first, first + n);
+            self.acquire_groups(key, first, first + span);
             *groups = Some(Box::new(self.group_view(key)));
         }
         grown

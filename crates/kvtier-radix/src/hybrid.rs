@@ -176,11 +176,15 @@ impl RadixCore {
         let ps = self.page_size();
         let kv = self.match_prefix(tokens);
         let (_, capped) = self.capped(kv, true);
+        // Without host states, a device state stays on a node whose KV went to host,
+        // so the path to the host terminal is searched too (as the reference does):
+        // such a state is not lost.
         let any_state = self
             .states()
             .map(|s| {
                 s.last_device_state(&*self, capped.host).is_some()
                     || s.last_host_state(&*self, capped.host).is_some()
+                    || (!s.config().host_copies() && s.last_device_state(&*self, kv.host).is_some())
             })
             .unwrap_or(false);
         if !any_state && self.is_reference() {
@@ -201,6 +205,12 @@ impl RadixCore {
             .map(|s| (s.device_slot(terminal), s.host_slot(terminal)))
             .unwrap_or((None, None));
         if !exact_state || depth == 0 || (device_state.is_none() && host_state.is_none()) {
+            // The reference resumes from whatever state it finds once it has the room
+            // (a shallower one computes on a wrong state: C.6); kvtier recomputes the
+            // request instead, at that same point rather than at once.
+            if self.is_reference() && !self.reference_could_recover(kv, d) {
+                return Outcome::Waits { held, commit: None };
+            }
             drop(held);
             return Outcome::Recompute;
         }
@@ -251,6 +261,16 @@ impl RadixCore {
         };
         let shape = ChunkShape::recovery(depth, reserve_pages, new_tail_free);
         self.admitted(pinned, &shape, Some(Box::new(grant)))
+    }
+
+    /// Whether the reference's recovery would find its room now: device pages for the
+    /// host part of the prefix and the decode input, and a fresh pair of state slots.
+    fn reference_could_recover(&mut self, kv: Match, d: u32) -> bool {
+        let ps = self.page_size();
+        let load_back = kv.host_pages.saturating_sub(kv.device_pages);
+        let pages = (load_back * ps + d).div_ceil(ps);
+        self.can_free(Tier::Device, pages, 0)
+            && self.with_states(|states, tree| states.could_free(tree, 2)) == Some(true)
     }
 
     /// Commits a hybrid request's last chunk: its new full pages go into the tree and

@@ -191,7 +191,8 @@ impl RadixCore {
             .make_room(m.device, shape.need)
             .and_then(|guard| self.pin_path(m, guard, use_host));
         let Some(pinned) = pinned else {
-            self.return_tables(tables);
+            let mut tables = tables;
+            self.with_snapshots(|family, _| family.undo_acquisition(&mut tables));
             return Outcome::waits();
         };
         let lease = self.lease_tables(tables);
