@@ -916,6 +916,8 @@ class Side:
         self.abort_during_copy = False
         # Each request's Mamba slots (working, checkpoint) as of its last row.
         self.mamba_slots: dict[str, tuple[int, int]] = {}
+        # Each request's paged-group pages as of its last row: group id -> page ids.
+        self.group_pages: dict[str, dict[str, set[int]]] = {}
         self.abort_steps: list[int] = []
         # The states its Mamba slots hold, and the step at which a row of its last
         # read a wrong one.
@@ -1186,6 +1188,7 @@ def run_script(script: dict, ref_module, kv_module, id_modes: dict | None = None
                         for i, rid in enumerate(f["request_ids"]):
                             side.mamba_slots[rid] = (f["mamba_pool_indices"][i],
                                                      f["mamba_checkpoint_dst_indices"][i])
+                            side.group_pages[rid] = _row_group_pages(f, i)
                 for c in snap["cache"]:
                     if c["type"] == "WriteBackOp":
                         for rec in writeback_records(c):
@@ -1270,7 +1273,9 @@ KNOWN_DIFFERENCES = {
     "reference-stall": (
         "the reference deadlocks with retracted requests it can never resume (its recovery "
         "asks ceil(tokens/page) fresh pages, ignoring tail slack, and retracted requests "
-        "keep their tail pages); kvtier's deadlock breaker requeues one to recompute"
+        "keep their tail pages); kvtier's deadlock breaker requeues one to recompute. Or it "
+        "sits idle for good with waiting requests and nothing running: a hybrid request "
+        "it dropped after retracting it kept a slot the waiting ones need"
     ),
     "abort-during-copy": (
         "a request aborted while its write-back is in flight: the reference lets go of the "
@@ -1285,9 +1290,9 @@ KNOWN_DIFFERENCES = {
     ),
     "unwritten-checkpoint": (
         "a hybrid request stops (finish or retraction): the reference caches its checkpoint "
-        "slot even when the worker never wrote it (C.3 in docs/notes/mamba-reference.md), "
-        "kvtier caches the slot that holds the state at that depth; the slots each frees, "
-        "and so later slot ids, differ"
+        "slot even when the worker never wrote it, or its working slot at a depth that slot "
+        "does not hold (C.3 in docs/notes/mamba-reference.md); kvtier caches the slot that "
+        "holds the state at that depth; the slots each frees, and so later slot ids, differ"
     ),
     "wrong-state-read": (
         "the reference runs a row on a recurrent state of another depth than the row's "
@@ -1300,6 +1305,12 @@ KNOWN_DIFFERENCES = {
         "a paged model's finished or given-up request: kvtier frees its group pages at once, "
         "the reference when it forgets the request at its next plan; the free counts differ "
         "until then"
+    ),
+    "stale-group-budget": (
+        "a paged model's plan evicts cached nodes to make room: the reference's paged "
+        "admission counts group pages against budgets read when the plan began, so it "
+        "refuses a row whose group pages that eviction has just freed (until its next "
+        "plan); kvtier's admission reads the live pools and schedules the row"
     ),
     "pending-copy": (
         "a finishing request whose prefix is still being written back by an earlier op: the "
@@ -1329,6 +1340,14 @@ def classify_divergence(d, ref, ours, current_ref, current_ours, comp) -> str | 
         return "pending-copy"
     if ref.read_wrong_state_at == d.step and ours.read_wrong_state_at is None:
         return "wrong-state-read"
+    counts = d.what.startswith("after") and ("retract_count" in d.what or "waiting_size" in d.what)
+    if (counts and is_mamba_config(ref.cfg) and ours.read_wrong_state_at is None
+            and _reference_reads_wrong_state(ref, d.step, d.phase, current_ref)):
+        return "wrong-state-read"
+    if (current_ref is not None and current_ours is not None and d.phase == "next_execution_plan"
+            and _stale_group_budget(current_ref, current_ours, ref, ours,
+                                    snapshot_kv_events(ref.sched.drain_kv_events()))):
+        return "stale-group-budget"
     if ref.abort_during_copy:
         return "abort-during-copy"
     if _reference_stalls(ref, d.step):
@@ -1366,12 +1385,14 @@ def _published_other_mamba_slot(d, ref, ours, current_ref, current_ours, comp) -
     mapping = comp.idmap("mamba").bwd  # our id -> the reference's, as learned
     for rid in stopped:
         (w_r, c_r), (w_o, c_o) = ref.mamba_slots[rid], ours.mamba_slots[rid]
-        if c_r < 0:
-            continue
+        # The checkpoint (never written), or the working slot (a state of another depth
+        # than the node it was cached at: C.3 attaches it without a position check).
         if pair is not None:
             _, ours_id = pair
-            if ours_id in (w_o, c_o) and mapping.get(ours_id) == c_r:
+            if ours_id in (w_o, c_o) and mapping.get(ours_id) in {x for x in (w_r, c_r) if x >= 0}:
                 return True
+        if c_r < 0:
+            continue
         if current_ours is not None and "src_pages_by_kind['mamba']" in d.what:
             ours_src = {x for c in current_ours["cache"] if c["type"] == "WriteBackOp"
                         for rec in writeback_records(c) for x in rec["mamba_src"] or []}
@@ -1393,11 +1414,54 @@ def _conflicting_pair(note: str):
     return None
 
 
+def _row_group_pages(f: dict, i: int) -> dict[str, set[int]]:
+    """Row `i`'s pages in each paged-cache group (padding left out)."""
+    return {g: {p for p in rows[i] if p >= 0} for g, rows in f["paged_cache_block_tables"].items()}
+
+
+def _stale_group_budget(ref_snap, ours_snap, ref, ours, ref_plan_events) -> bool:
+    """The reference left out a row of ours although, after its plan, its own allocators
+    had the pages that row took free, and its plan evicted cached nodes. Its paged
+    admission counts group pages against budgets read when the plan began; the snapshot
+    pages its KV eviction frees during the plan are not seen until the next plan, so it
+    refuses a chunk that fits. kvtier's admission reads the live pools."""
+    if is_mamba_config(ref.cfg) or not ref.group_ids:
+        return False
+    if not any(e[0] == "BlockRemoved" for e in ref_plan_events):
+        return False
+    def rows(snap):
+        return [(rid, f, i) for f in snap["forward"] for i, rid in enumerate(f["request_ids"])]
+
+    def taken(side, row):  # the pages a row took: KV, and per group
+        rid, f, i = row
+        before = side.group_pages.get(rid, {})
+        return f["sizes"][i], {g: len(p - before.get(g, set())) for g, p in _row_group_pages(f, i).items()}
+
+    ref_rows, ours_rows = rows(ref_snap), rows(ours_snap)
+    first = next((k for k, row in enumerate(ours_rows)
+                  if k >= len(ref_rows) or ref_rows[k][0] != row[0]), None)
+    if first is None or ours_rows[first][0] in {r[0] for r in ref_rows}:
+        return False
+    # What the reference had free when it refused that row: free after the plan, plus
+    # what its rows from there on took instead.
+    sizes = ref.sizes()
+    kv_free = sizes["available_kv_pages"]
+    group_free = dict(sizes["paged_cache_group_available_pages"])
+    for row in ref_rows[first:]:
+        kv, groups = taken(ref, row)
+        kv_free += kv
+        for g, n in groups.items():
+            group_free[g] += n
+    kv, groups = taken(ours, ours_rows[first])
+    return kv <= kv_free and all(n <= group_free[g] for g, n in groups.items())
+
+
 def _released_tables_earlier(d, ref, ours) -> bool:
     """Only a paged group's free page count differs, kvtier's being higher, and one more
     step makes the two agree again: kvtier freed a finished (or given up) request's group
     pages at once, the reference frees them when it forgets the request at its next
-    plan."""
+    plan. The next plans may differ by a row the reference refuses only because its
+    budget missed pages freed in that plan (`stale-group-budget`)."""
     if "paged_cache_group_available_pages" not in d.what:
         return False
     if not (isinstance(d.ref, int) and isinstance(d.ours, int) and d.ours > d.ref):
@@ -1407,10 +1471,14 @@ def _released_tables_earlier(d, ref, ours) -> bool:
         if d.phase != "advance":  # finish the step the plan began
             for side in (ref, ours):
                 side.sched.advance(side.mod.ExecutionEvent())
+        plans = []
         for side in (ref, ours):
             side.submit(step)
-            side.sched.next_execution_plan()
-        return ref.sizes() == ours.sizes()
+            plans.append(snapshot_plan(side.sched.next_execution_plan(), True))
+        if ref.sizes() == ours.sizes():
+            return True
+        return _stale_group_budget(plans[0], plans[1], ref, ours,
+                                   snapshot_kv_events(ref.sched.drain_kv_events()))
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException:  # noqa: BLE001 (a Rust panic is a BaseException)
@@ -1444,31 +1512,59 @@ def _same_copies_split_otherwise(ref_snap, ours_snap, comp) -> bool:
     return ref_src == ours_src and same_dst
 
 
+def _write_back_order(snap: dict) -> list[int]:
+    """A plan's write-back op ids in plan order (the order the driver acknowledges)."""
+    return [r["op_id"] for c in snap["cache"] if c["type"] == "WriteBackOp"
+            for r in writeback_records(c)]
+
+
+def _reference_alone(ref, start: int, steps: int):
+    """Drives the reference on alone from step `start`: yields each plan's snapshot,
+    then answers it as its driver would."""
+    for k in range(start, start + steps):
+        ref.submit(k)
+        snap = snapshot_plan(ref.sched.next_execution_plan(), is_hybrid_config(ref.cfg))
+        ref.sched.drain_kv_events()
+        yield snap
+        ref.sched.advance(ref.build_event(k, snap, _write_back_order(snap))[0])
+        ref.sched.drain_kv_events()
+
+
+def _reference_reads_wrong_state(ref, step: int, phase: str, plan: dict | None,
+                                 steps: int = 8) -> bool:
+    """The reference, driven on alone, runs a row on a recurrent state of another depth
+    than the row's history within `steps` steps: what kvtier did instead at `step` (give
+    up a retracted request's shallower state and recompute it) shows first as other
+    queue counts."""
+    try:
+        if phase != "advance" and plan is not None:  # finish the step the plan began
+            ref.sched.advance(ref.build_event(step, plan, _write_back_order(plan))[0])
+            ref.sched.drain_kv_events()
+        return any(ref.states.apply(snap) for snap in _reference_alone(ref, step + 1, steps))
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException:  # noqa: BLE001
+        return False
+
+
 def _reference_stalls(ref, step: int, steps: int = 80, quiet: int = 2) -> bool:
-    """The reference, driven on alone by its driver, holds retracted requests and for
-    `quiet` steps in a row runs no row and no copy, with no acknowledgement due and its
-    sizes unchanged: a deadlock (nothing but an abort the script sends later can end
-    it; kvtier breaks it by recomputing the request, or gives up one that can never fit
-    again)."""
+    """The reference, driven on alone by its driver, for `quiet` steps in a row runs no
+    row and no copy, with no acknowledgement due and its sizes unchanged, while it holds
+    retracted requests, or waiting ones with nothing running: a deadlock (nothing but
+    an abort the script sends later can end it; kvtier breaks it by recomputing the
+    request, or gives up one that can never fit again, or never had it)."""
     try:
         still, last = 0, None
-        for k in range(step + 1, step + 1 + steps):
-            ref.submit(k)
-            plan = ref.sched.next_execution_plan()
-            snap = snapshot_plan(plan, is_hybrid_config(ref.cfg))
-            ref.sched.drain_kv_events()
+        for snap in _reference_alone(ref, step + 1, steps):
             ran = any(f["request_ids"] for f in snap["forward"])
             idle = not ran and not snap["cache"] and not ref.pending_acks
             sizes = ref.sizes()
-            still = still + 1 if idle and ref.sched.retract_count() > 0 and sizes == last else 0
+            stuck = sizes["retract_count"] > 0 or (
+                sizes["waiting_size"] > 0 and not sizes["prefilling_size"] and not sizes["decoding_size"])
+            still = still + 1 if idle and stuck and sizes == last else 0
             last = sizes
             if still >= quiet:
                 return True
-            order = [r["op_id"] for c in snap["cache"] if c["type"] == "WriteBackOp"
-                     for r in writeback_records(c)]
-            event, _ = ref.build_event(k, snap, order)
-            ref.sched.advance(event)
-            ref.sched.drain_kv_events()
         return False
     except (KeyboardInterrupt, SystemExit):
         raise

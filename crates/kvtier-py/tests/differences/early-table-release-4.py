@@ -1,5 +1,4 @@
 # kvtier differential script: python differential.py --replay FILE
-# kvtier differential script: python differential.py --replay FILE
 {
     'version': 1,
     'seed': 4,
@@ -13,8 +12,8 @@
         'enable_kv_cache_events': True,
         'disable_l2_cache': False,
         'disable_prefix_cache': False,
-        'num_device_pages': 7,
-        'num_host_pages': 1,
+        'num_device_pages': 4,
+        'num_host_pages': 0,
         'paged_cache_groups': [
             {
                 'group_id': 'swa',
@@ -39,35 +38,22 @@
     },
     'requests': [
         {
-            'id': 'r02',
+            'id': 'r00',
             'arrive': 0,
-            'prompt': [30, 39, 6, 22, 36, 40, 3, 25, 38, 10, 12, 39, 3, 4, 18, 36, 39, 10, 18, 37,
-                 3, 8, 26, 16, 11, 40, 33, 3, 24, 34],
-            'gen': 16,
+            'prompt': [1, 1, 1, 1],
+            'gen': 5,
+            'abort_at': None,
+            'reserve': {},
+        },
+        {
+            'id': 'r01',
+            'arrive': 0,
+            'prompt': [1, 1, 1, 1, 1, 1],
+            'gen': 11,
             'abort_at': None,
             'reserve': {},
         },
     ],
-    'wb_delays': {
-        5: 5,
-        31: 5,
-        36: 5,
-        42: 6,
-        45: 2,
-        52: 5,
-        53: 2,
-        60: 5,
-        61: 1,
-        64: 2,
-        65: 2,
-        66: 1,
-        70: 1,
-        73: 4,
-        100: 1,
-        110: 2,
-        118: 3,
-        126: 3,
-    },
+    'wb_delays': {},
     'max_steps': 400,
 }
-
