@@ -561,3 +561,58 @@ fn a_reserve_update_grows_the_kv_reserve_but_not_the_group_tables() {
     );
     check(&mut s);
 }
+
+/// Hybrid seeds 6, 9, 40, 41, 54, 60, 96: a new request's first chunk evicts a cached
+/// node to make room for its KV. The reference evicts first, so the evicted node's
+/// snapshot pages go back to the group pools before the chunk takes its pages, and the
+/// chunk gets them; kvtier took its group pages first, and so other ids.
+#[test]
+fn a_first_chunk_takes_the_group_pages_its_own_eviction_freed() {
+    use kvtier_types::{GroupRole, GroupSpec, PagedSettings};
+    let mut s = sched(SchedulerConfig {
+        policy: Policy::Reference,
+        publish_prefix_mid_flight: false,
+        page_size: 8,
+        device_pages: 3,
+        host_pages: 0,
+        disable_l2_cache: true,
+        max_batch_size: 1,
+        paged: Some(PagedSettings {
+            groups: vec![
+                GroupSpec::sliding("swa", 4, 1, 19, 9, GroupRole::History),
+                GroupSpec::full_history("full", 4, 2, 15),
+            ],
+            required: vec!["full".into()],
+        }),
+        ..fixture()
+    });
+    let mut engine = Engine::default();
+    engine.max_new.insert("r01".into(), 2);
+    engine.max_new.insert("r00".into(), 1);
+    submit(&mut s, "r01", vec![1; 7]);
+    let mut plans = vec![step(&mut s, &mut engine)];
+    submit(&mut s, "r00", vec![1; 8]);
+    plans.extend(drain(&mut s, &mut engine, 20));
+    let tables = |id: &str| -> Vec<Vec<u32>> {
+        let (plan, i) = plans
+            .iter()
+            .find_map(|p| {
+                p.forward
+                    .rows
+                    .iter()
+                    .position(|r| r.request_id.as_str() == id)
+                    .map(|i| (p, i))
+            })
+            .expect("runs");
+        plan.forward
+            .groups_of(i)
+            .iter()
+            .map(|t| t.pages.clone())
+            .collect()
+    };
+    assert_eq!(tables("r01"), [vec![14], vec![18, 17]]);
+    // r01's prefix is evicted for r00's KV: its snapshot's pages (14, and the window's
+    // 16 and 17) are the ones r00 gets, in the reference's order.
+    assert_eq!(tables("r00"), [vec![14], vec![16, 17]]);
+    check(&mut s);
+}

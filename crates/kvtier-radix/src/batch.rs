@@ -1167,8 +1167,16 @@ impl RadixCore {
         checkpoint: CheckpointNeed,
         (key, first, span): (TablesKey, u32, u32),
     ) -> Outcome {
-        // The reference's order: admission, then the op's commit (the request's last
-        // chunk, under `Policy::Reference`), then the release and the acquisition.
+        // The reference's order: room for the KV (its eviction stays even when the
+        // groups then refuse), the groups' admission, then the op's commit (the
+        // request's last chunk, under `Policy::Reference`), then the release and the
+        // acquisition.
+        if self.is_reference() && room > 0 && !self.ensure_free(Tier::Device, room) {
+            return Outcome::Waits {
+                held: Vec::new(),
+                commit,
+            };
+        }
         if !self.admit_groups(key, first, first + span) {
             return Outcome::Waits {
                 held: Vec::new(),

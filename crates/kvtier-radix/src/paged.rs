@@ -13,7 +13,7 @@ use kvtier_paged::{PagedFamily, PagedHit, RequestTables};
 use kvtier_types::GroupTable;
 
 use crate::batch::{ChunkShape, FirstChunkAsk, Outcome};
-use crate::{Match, NodeId, RadixCore};
+use crate::{Match, NodeId, NodeLock, RadixCore};
 
 /// Names a request's group tables inside the cache (plain data: it travels in intents
 /// and publications; the [`GroupTables`] lease owns them).
@@ -95,14 +95,23 @@ impl RadixCore {
             host_pages: 0,
         };
         let shape = ask.shape(pages, 0, ps);
-        // The groups first, before the KV room locks the hit: a prune may take any
-        // snapshot but those of the hit's path, and the request's own lock must not
-        // pin the snapshots below its hit that it needs to prune.
         let (first, target) = (pages * ps, pages * ps + shape.tokens);
-        let Some(tables) = self.fresh_tables(first, target, Some((&hit, node))) else {
-            if self.is_reference() {
+        // The reference's order: room for the KV (its eviction frees the evicted
+        // nodes' snapshot pages), then the groups, whose pages are those pages.
+        if self.is_reference() {
+            let Some(guard) = self.make_room(m.device, shape.need) else {
                 return Outcome::waits();
-            }
+            };
+            let Some(tables) = self.fresh_tables(first, target, Some((&hit, node))) else {
+                self.unlock(guard);
+                return Outcome::waits();
+            };
+            return self.admit_in_room(m, &shape, false, tables, None, guard);
+        }
+        // kvtier's: the groups first, before the KV room locks the hit. A prune may
+        // take any snapshot but those of the hit's path, and the request's own lock
+        // must not pin the snapshots below its hit that it needs to prune.
+        let Some(tables) = self.fresh_tables(first, target, Some((&hit, node))) else {
             let version = self.group_version();
             return Outcome::Denied(Denial {
                 version,
@@ -131,6 +140,16 @@ impl RadixCore {
         let use_host = ask.use_host;
         let shape = ask.shape(m.device_pages, host_pages, ps);
         let (first, target, fill) = self.refill_span(&ask, m.device_pages, host_pages);
+        if self.is_reference() {
+            let Some(guard) = self.make_room(m.device, shape.need) else {
+                return Outcome::waits();
+            };
+            let Some(tables) = self.fresh_tables(first, target, None) else {
+                self.unlock(guard);
+                return Outcome::waits();
+            };
+            return self.admit_in_room(m, &shape, use_host, tables, Some(fill), guard);
+        }
         let Some(tables) = self.fresh_tables(first, target, None) else {
             return Outcome::waits();
         };
@@ -187,10 +206,25 @@ impl RadixCore {
         tables: RequestTables,
         fill: Option<Vec<u32>>,
     ) -> Outcome {
-        let pinned = self
-            .make_room(m.device, shape.need)
-            .and_then(|guard| self.pin_path(m, guard, use_host));
-        let Some(pinned) = pinned else {
+        let Some(guard) = self.make_room(m.device, shape.need) else {
+            let mut tables = tables;
+            self.with_snapshots(|family, _| family.undo_acquisition(&mut tables));
+            return Outcome::waits();
+        };
+        self.admit_in_room(m, shape, use_host, tables, fill, guard)
+    }
+
+    /// [`Self::admit_with_tables`] once the room is made (`guard` locks it).
+    fn admit_in_room(
+        &mut self,
+        m: Match,
+        shape: &ChunkShape,
+        use_host: bool,
+        tables: RequestTables,
+        fill: Option<Vec<u32>>,
+        guard: NodeLock,
+    ) -> Outcome {
+        let Some(pinned) = self.pin_path(m, guard, use_host) else {
             let mut tables = tables;
             self.with_snapshots(|family, _| family.undo_acquisition(&mut tables));
             return Outcome::waits();
