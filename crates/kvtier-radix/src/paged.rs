@@ -96,17 +96,14 @@ impl RadixCore {
         };
         let shape = ask.shape(pages, 0, ps);
         let (first, target) = (pages * ps, pages * ps + shape.tokens);
-        // The reference's order: room for the KV (its eviction frees the evicted
-        // nodes' snapshot pages), then the groups, whose pages are those pages.
         if self.is_reference() {
-            let Some(guard) = self.make_room(m.device, shape.need) else {
-                return Outcome::waits();
-            };
-            let Some(tables) = self.fresh_tables(first, target, Some((&hit, node))) else {
-                self.unlock(guard);
-                return Outcome::waits();
-            };
-            return self.admit_in_room(m, &shape, false, tables, None, guard);
+            return self.admit_after_room(
+                m,
+                &shape,
+                false,
+                (first, target, Some((&hit, node))),
+                None,
+            );
         }
         // kvtier's: the groups first, before the KV room locks the hit. A prune may
         // take any snapshot but those of the hit's path, and the request's own lock
@@ -141,14 +138,7 @@ impl RadixCore {
         let shape = ask.shape(m.device_pages, host_pages, ps);
         let (first, target, fill) = self.refill_span(&ask, m.device_pages, host_pages);
         if self.is_reference() {
-            let Some(guard) = self.make_room(m.device, shape.need) else {
-                return Outcome::waits();
-            };
-            let Some(tables) = self.fresh_tables(first, target, None) else {
-                self.unlock(guard);
-                return Outcome::waits();
-            };
-            return self.admit_in_room(m, &shape, use_host, tables, Some(fill), guard);
+            return self.admit_after_room(m, &shape, use_host, (first, target, None), Some(fill));
         }
         let Some(tables) = self.fresh_tables(first, target, None) else {
             return Outcome::waits();
@@ -209,6 +199,27 @@ impl RadixCore {
         let Some(guard) = self.make_room(m.device, shape.need) else {
             let mut tables = tables;
             self.with_snapshots(|family, _| family.undo_acquisition(&mut tables));
+            return Outcome::waits();
+        };
+        self.admit_in_room(m, shape, use_host, tables, fill, guard)
+    }
+
+    /// A first chunk in the reference's order: room for its KV (the eviction frees the
+    /// evicted nodes' snapshot pages, and stays even when the groups then refuse), then
+    /// fresh tables over `[first, target)`, whose pages are those pages.
+    fn admit_after_room(
+        &mut self,
+        m: Match,
+        shape: &ChunkShape,
+        use_host: bool,
+        (first, target, hit): (u32, u32, Option<(&PagedHit, NodeId)>),
+        fill: Option<Vec<u32>>,
+    ) -> Outcome {
+        let Some(guard) = self.make_room(m.device, shape.need) else {
+            return Outcome::waits();
+        };
+        let Some(tables) = self.fresh_tables(first, target, hit) else {
+            self.unlock(guard);
             return Outcome::waits();
         };
         self.admit_in_room(m, shape, use_host, tables, fill, guard)
