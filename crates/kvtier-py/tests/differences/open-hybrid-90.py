@@ -1,0 +1,51 @@
+# kvtier differential script: python differential.py --replay FILE
+{
+    'version': 1,
+    'seed': 90,
+    'hybrid': True,
+    'config': {
+        'page_size': 1,
+        'decode_input_tokens': 1,
+        'max_batch_size': 1,
+        'max_scheduled_tokens': 1,
+        'enable_mixed_prefill_decode': False,
+        'enable_kv_cache_events': True,
+        'disable_l2_cache': False,
+        'disable_prefix_cache': False,
+        'num_device_pages': 8,
+        'num_host_pages': 0,
+        'paged_cache_groups': [
+            {
+                'group_id': 'swa',
+                'rows_per_page': 2,
+                'entry_stride_tokens': 1,
+                'retention': 'SlidingWindow',
+                'sliding_window_tokens': 2,
+                'family': 'State',
+                'total_pages': 10,
+            },
+            {
+                'group_id': 'full',
+                'rows_per_page': 1,
+                'entry_stride_tokens': 1,
+                'retention': 'FullHistory',
+                'sliding_window_tokens': None,
+                'family': 'History',
+                'total_pages': 61,
+            },
+        ],
+        'prefix_cache_adjunct': ['full'],
+    },
+    'requests': [
+        {
+            'id': 'r00',
+            'arrive': 0,
+            'prompt': [1, 1, 1, 1, 1],
+            'gen': 1,
+            'abort_at': None,
+            'reserve': {},
+        },
+    ],
+    'wb_delays': {},
+    'max_steps': 400,
+}
