@@ -142,6 +142,9 @@ pub struct MambaStats {
     pub published: u64,
     /// Checkpoints freed instead (nothing to publish, or the node already had a state).
     pub discarded: u64,
+    /// Cached states replaced by a newer slot holding the same state (reference policy,
+    /// C.10): the old slot was freed.
+    pub replaced: u64,
     /// Decode states dropped because the same request cached a deeper one.
     pub retired: u64,
 }
@@ -536,7 +539,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
                 self.device.release(old);
             }
             self.track(tree, node);
-            self.stats.discarded += 1;
+            self.stats.replaced += 1;
             return true;
         }
         if node == tree.root() || held {

@@ -1006,19 +1006,21 @@ impl RadixCore {
                     tables,
                 } => {
                     let room = grow(tail_free, reserve, ps).0;
-                    // The KV reserve covers what the engine asked for; the reference's
-                    // group tables cover only the row's own input (#583).
-                    let span = if self.is_reference() { d } else { reserve };
                     match tables {
                         None => self.grow_running(reserve, tail_free, room, commit, checkpoint),
-                        Some((key, first)) => self.grow_with_groups(
-                            reserve,
-                            tail_free,
-                            room,
-                            commit,
-                            checkpoint,
-                            (key, first, span),
-                        ),
+                        Some((key, first)) => {
+                            // The KV reserve covers what the engine asked for; the
+                            // reference's group tables only the row's own input (#583).
+                            let span = if self.is_reference() { d } else { reserve };
+                            self.grow_with_groups(
+                                reserve,
+                                tail_free,
+                                room,
+                                commit,
+                                checkpoint,
+                                (key, first, span),
+                            )
+                        }
                     }
                 }
                 Intent::Recovery {
