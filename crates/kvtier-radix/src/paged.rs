@@ -197,9 +197,7 @@ impl RadixCore {
         fill: Option<Vec<u32>>,
     ) -> Outcome {
         let Some(guard) = self.make_room(m.device, shape.need) else {
-            let mut tables = tables;
-            self.with_snapshots(|family, _| family.undo_acquisition(&mut tables));
-            return Outcome::waits();
+            return self.undo_tables(tables);
         };
         self.admit_in_room(m, shape, use_host, tables, fill, guard)
     }
@@ -225,6 +223,13 @@ impl RadixCore {
         self.admit_in_room(m, shape, use_host, tables, fill, guard)
     }
 
+    /// A first chunk that cannot go on with the tables it took: they go back in the
+    /// pools' own order, and the chunk waits.
+    fn undo_tables(&mut self, mut tables: RequestTables) -> Outcome {
+        self.with_snapshots(|family, _| family.undo_acquisition(&mut tables));
+        Outcome::waits()
+    }
+
     /// [`Self::admit_with_tables`] once the room is made (`guard` locks it).
     fn admit_in_room(
         &mut self,
@@ -236,9 +241,7 @@ impl RadixCore {
         guard: NodeLock,
     ) -> Outcome {
         let Some(pinned) = self.pin_path(m, guard, use_host) else {
-            let mut tables = tables;
-            self.with_snapshots(|family, _| family.undo_acquisition(&mut tables));
-            return Outcome::waits();
+            return self.undo_tables(tables);
         };
         let lease = self.lease_tables(tables);
         let mut groups = self.group_view(lease.key());
