@@ -8,17 +8,15 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use kvtier_tests::tool_from_env;
 use serde_json::Value;
 
-const KVTIER: &str = env!("CARGO_BIN_EXE_kvtier");
+mod common;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use common::{KVTIER, replay_report, repo};
 
 /// A loopback port nothing listens on now.
 fn free_port() -> u16 {
@@ -29,23 +27,8 @@ fn free_port() -> u16 {
 /// `kvtier replay` of the conversation trace's first `limit` requests, with `extra`
 /// flags; answers its JSON report.
 fn replay(limit: usize, extra: &[&str], dir: &Path, name: &str) -> Value {
-    let report = dir.join(format!("{name}.json"));
-    let status = Command::new(KVTIER)
-        .current_dir(repo())
-        .args([
-            "replay",
-            "--trace",
-            "data/mooncake-traces/conversation_trace.jsonl",
-        ])
-        .args(["--limit", &limit.to_string(), "--json"])
-        .arg(&report)
-        .args(extra)
-        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-        .stdout(Stdio::null())
-        .status()
-        .expect("kvtier runs");
-    assert!(status.success(), "kvtier replay {extra:?} failed");
-    serde_json::from_slice(&std::fs::read(&report).expect("the report")).expect("JSON")
+    let limit = limit.to_string();
+    replay_report(&[&["--limit", limit.as_str()], extra].concat(), dir, name)
 }
 
 /// The counters two runs must agree on, whatever is exported.

@@ -4,37 +4,21 @@
 //! real Mooncake master (`cargo xtask ci` provides one) the processes share one L3 and
 //! read each other's pages, checked by their integrity oracles.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
-const KVTIER: &str = env!("CARGO_BIN_EXE_kvtier");
+mod common;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use common::{KVTIER, replay_report, repo};
 
 /// `kvtier replay --instances 3` of the conversation trace's first 150 requests, with
 /// `extra` flags; its JSON report.
 fn cluster(extra: &[&str], dir: &Path, name: &str) -> Value {
-    let report = dir.join(format!("{name}.json"));
-    let status = Command::new(KVTIER)
-        .current_dir(repo())
-        .args([
-            "replay",
-            "--trace",
-            "data/mooncake-traces/conversation_trace.jsonl",
-        ])
-        .args(["--limit", "150", "--instances", "3", "--router", "prefix"])
-        .args(["--device-pages", "2049", "--host-pages", "4097", "--json"])
-        .arg(&report)
-        .args(extra)
-        .stdout(Stdio::null())
-        .status()
-        .expect("kvtier runs");
-    assert!(status.success(), "kvtier replay {extra:?} failed");
-    serde_json::from_slice(&std::fs::read(&report).expect("the report")).expect("JSON")
+    let sizes = ["--device-pages", "2049", "--host-pages", "4097"];
+    let cluster = ["--limit", "150", "--instances", "3", "--router", "prefix"];
+    replay_report(&[&cluster[..], &sizes, extra].concat(), dir, name)
 }
 
 /// What the two ways of running must agree on (not wall-clock timings).
