@@ -44,6 +44,8 @@ pub trait Member {
     ) -> Result<bool, ScenarioError>;
     /// The reused prefix (tokens) of each request that started.
     fn hits(&self) -> &BTreeMap<RequestId, u64>;
+    /// The requests that started, in the order they did.
+    fn starts(&self) -> &[RequestId];
     /// Ends the run: its counters.
     fn finish(self: Box<Self>) -> Result<ScenarioReport, ScenarioError>;
 }
@@ -99,6 +101,10 @@ impl Member for Local {
 
     fn hits(&self) -> &BTreeMap<RequestId, u64> {
         self.instance.hits()
+    }
+
+    fn starts(&self) -> &[RequestId] {
+        self.instance.starts()
     }
 
     fn finish(self: Box<Self>) -> Result<ScenarioReport, ScenarioError> {
@@ -235,6 +241,7 @@ pub struct Remote {
     published: u64,
     steps: u64,
     hits: BTreeMap<RequestId, u64>,
+    starts: Vec<RequestId>,
 }
 
 impl Remote {
@@ -259,6 +266,7 @@ impl Remote {
             published: 0,
             steps: 0,
             hits: BTreeMap::new(),
+            starts: Vec::new(),
         };
         match member.read()? {
             Answer::Ready { endpoint, replay } => member.endpoints = (endpoint, replay),
@@ -340,7 +348,9 @@ impl Member for Remote {
                 self.outstanding = outstanding;
                 self.published = published;
                 for (id, tokens) in started {
-                    self.hits.insert(RequestId::from(id), tokens);
+                    let id = RequestId::from(id);
+                    self.hits.insert(id.clone(), tokens);
+                    self.starts.push(id);
                 }
                 between_steps(steps);
                 Ok(idle)
@@ -351,6 +361,10 @@ impl Member for Remote {
 
     fn hits(&self) -> &BTreeMap<RequestId, u64> {
         &self.hits
+    }
+
+    fn starts(&self) -> &[RequestId] {
+        &self.starts
     }
 
     fn finish(mut self: Box<Self>) -> Result<ScenarioReport, ScenarioError> {
@@ -390,7 +404,8 @@ pub fn serve(
     let (endpoint, replay) = member.endpoints();
     say(&Answer::Ready { endpoint, replay })?;
     let mut member = member;
-    let mut reported: std::collections::HashSet<RequestId> = std::collections::HashSet::new();
+    // How many of the member's starts were answered already.
+    let mut reported = 0;
     for line in input.lines() {
         let line = line.map_err(|e| protocol(format!("reading an order: {e}")))?;
         let order: Order = serde_json::from_str(&line).map_err(protocol)?;
@@ -402,15 +417,12 @@ pub fn serve(
                 match member.step(&submit, &mut |_| {}) {
                     Ok(idle) => {
                         // The hits of requests that started since the last answer.
-                        let hits = member.hits();
-                        let mut started = Vec::new();
-                        if hits.len() > reported.len() {
-                            for (id, &tokens) in hits {
-                                if reported.insert(id.clone()) {
-                                    started.push((id.to_string(), tokens));
-                                }
-                            }
-                        }
+                        let new = &member.starts()[reported..];
+                        reported += new.len();
+                        let started = new
+                            .iter()
+                            .map(|id| (id.to_string(), member.hits()[id]))
+                            .collect();
                         Answer::Stepped {
                             idle,
                             steps: member.steps(),

@@ -3,6 +3,7 @@
 //! drives one ([`super::run_scenario_with`]); a cluster drives several
 //! ([`crate::cluster`]), which is why submitting, stepping and reporting are separate.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
@@ -53,9 +54,10 @@ pub(crate) struct Instance {
     outputs: BTreeMap<RequestId, Vec<Token>>,
     /// Pages prefetched from L3 for a request that has not run its first chunk yet.
     prefetched_for: BTreeMap<RequestId, u64>,
-    started: HashSet<RequestId>,
-    /// Each request's reused prefix (tokens) at its first chunk.
+    /// Each request's reused prefix (tokens) at its first chunk, and the requests in the
+    /// order they started.
     hits: BTreeMap<RequestId, u64>,
+    starts: Vec<RequestId>,
     /// Virtual clock (µs) and, per request, its submit, first-token and finish times.
     now: f64,
     submitted_at: BTreeMap<RequestId, f64>,
@@ -170,8 +172,8 @@ impl Instance {
             generating: BTreeMap::new(),
             outputs: BTreeMap::new(),
             prefetched_for: BTreeMap::new(),
-            started: HashSet::new(),
             hits: BTreeMap::new(),
+            starts: Vec::new(),
             now: 0.0,
             submitted_at: BTreeMap::new(),
             first_token: BTreeMap::new(),
@@ -203,6 +205,11 @@ impl Instance {
     /// Each started request's reused prefix (tokens) at its first chunk.
     pub(crate) fn hits(&self) -> &BTreeMap<RequestId, u64> {
         &self.hits
+    }
+
+    /// The requests that started, in the order they did.
+    pub(crate) fn starts(&self) -> &[RequestId] {
+        &self.starts
     }
 
     /// Submits requests (each with the tokens its answer has) now. A trace's prompt no
@@ -289,10 +296,10 @@ impl Instance {
                 .collect()
         };
         for row in plan.forward.prefill_rows() {
-            if self.started.insert(row.request_id.clone()) {
+            if let Entry::Vacant(first) = self.hits.entry(row.request_id.clone()) {
+                first.insert(u64::from(row.extend_prefix_len));
+                self.starts.push(row.request_id.clone());
                 r.hit_tokens += u64::from(row.extend_prefix_len);
-                self.hits
-                    .insert(row.request_id.clone(), u64::from(row.extend_prefix_len));
                 let prefix_pages = (row.extend_prefix_len / PAGE) as usize;
                 let table = plan.forward.page_table_of(row);
                 let from_host = table[..prefix_pages.min(table.len())]
