@@ -228,7 +228,10 @@ struct BenchArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum PolicyArg {
     Default,
+    /// The reference at 350cf505 (HYBRID-WORKLOADS.md's counters).
     Reference,
+    /// The reference as the PyPI wheel `tokenspeed-scheduler==0.1.0` builds it.
+    ReferenceWheel,
 }
 
 impl From<PolicyArg> for kvtier_types::Policy {
@@ -236,6 +239,7 @@ impl From<PolicyArg> for kvtier_types::Policy {
         match p {
             PolicyArg::Default => kvtier_types::Policy::Default,
             PolicyArg::Reference => kvtier_types::Policy::Reference,
+            PolicyArg::ReferenceWheel => kvtier_types::Policy::ReferenceWheel,
         }
     }
 }

@@ -83,7 +83,7 @@ impl SchedulerCore {
         match (&self.config.mamba, self.config.policy) {
             // The reference commits a paged request's chunk when its next op is
             // admitted, as a hybrid one's.
-            (None, Policy::Reference) if self.config.paged.is_some() => {}
+            (None, p) if p.is_reference() && self.config.paged.is_some() => {}
             (None, _) if self.config.publish_prefix_mid_flight || self.config.paged.is_some() => {
                 self.publish_computed_prompts()
             }
@@ -373,7 +373,7 @@ impl SchedulerCore {
         let threshold = c.prefetch_threshold;
         let hybrid = c.mamba.is_some();
         let paged = c.paged.is_some();
-        let reference = c.policy == kvtier_types::Policy::Reference;
+        let reference = c.policy.is_reference();
         let ranked = self.candidates();
         let mut intents = Vec::with_capacity(ranked.len());
         let mut candidates = Vec::with_capacity(ranked.len());

@@ -275,7 +275,7 @@ fn a_finish_in_the_step_of_a_decode_publication_publishes_nothing_twice() {
         let cached = s.cache().cached_states(&tokens);
         let states = s.stats().states.expect("hybrid");
         match policy {
-            Policy::Reference => {
+            Policy::Reference | Policy::ReferenceWheel => {
                 assert!(cached.is_empty(), "{cached:?}");
                 assert_eq!(states.free_device_slots, 38);
             }
@@ -414,7 +414,9 @@ fn a_stopping_request_commits_its_group_tables_only_under_kvtiers_policy() {
         s.next_plan();
         let after = free(&mut s);
         match policy {
-            Policy::Reference => assert_eq!(after, empty, "nothing cached"),
+            Policy::Reference | Policy::ReferenceWheel => {
+                assert_eq!(after, empty, "nothing cached")
+            }
             Policy::Default => {
                 let (full, swa) = (&empty[0], &empty[1]);
                 let expected = vec![(full.0.clone(), full.1 - 1), swa.clone()];
@@ -615,4 +617,58 @@ fn a_first_chunk_takes_the_group_pages_its_own_eviction_freed() {
     // 16 and 17) are the ones r00 gets, in the reference's order.
     assert_eq!(tables("r00"), [vec![14], vec![16, 17]]);
     check(&mut s);
+}
+
+/// Hybrid seed 190: one request of 29 tokens on a window model (pages of 8; a history
+/// group and a 4-token window state group, not required). Its first decode commits the
+/// prompt: the terminal snapshot at 24 takes the window below it, and the 0.1.0 wheel
+/// then detaches the window the snapshot at 16 kept (#460, by its rule: nothing else
+/// holds it, and the request's own table no longer reads it once the checkpoint at 24
+/// dropped what lies below its window). The reference at 350cf505 keeps it.
+#[test]
+fn the_wheel_detaches_a_superseded_window_at_the_first_decode_commit() {
+    use kvtier_types::{GroupRole, GroupSpec, PagedSettings};
+    let mut freed = Vec::new();
+    for policy in [Policy::Reference, Policy::ReferenceWheel] {
+        let mut s = sched(SchedulerConfig {
+            policy,
+            publish_prefix_mid_flight: false,
+            page_size: 8,
+            device_pages: 21,
+            host_pages: 0,
+            disable_l2_cache: true,
+            max_batch_size: 1,
+            max_scheduled_tokens: 16,
+            paged: Some(PagedSettings {
+                groups: vec![
+                    GroupSpec::full_history("full", 4, 2, 11),
+                    GroupSpec::sliding("swa", 4, 1, 11, 4, GroupRole::State),
+                ],
+                required: vec!["full".into()],
+            }),
+            ..fixture()
+        });
+        let swa_free = |s: &mut kvtier_fsm::Scheduler| {
+            let report = s.stats().groups.expect("paged groups");
+            report
+                .groups
+                .iter()
+                .find(|g| g.id == "swa")
+                .expect("swa")
+                .free_pages
+        };
+        submit(&mut s, "r00", tokens(1, 29));
+        s.next_plan();
+        advance(&mut s, vec![]);
+        s.next_plan();
+        advance(&mut s, vec![extend("r00", &[23])]);
+        let before = swa_free(&mut s);
+        let plan = s.next_plan();
+        assert_eq!(row_kinds(&plan), [RowKind::Decode], "{policy:?}");
+        freed.push(swa_free(&mut s) - before);
+        check(&mut s);
+    }
+    // The window slid past pages 3 and 4 (one freed, one the snapshot at 16 keeps) and
+    // page 5 went into the snapshot at 24; the wheel also frees the one at 16.
+    assert_eq!(freed, [1, 2]);
 }

@@ -117,6 +117,26 @@ pub fn group_need(
     }
 }
 
+/// The owned pages of a continuation-only state group that a terminal checkpoint at
+/// `depth` (a commit due before the op's acquisition) turns into snapshot pages, out of
+/// those the op's slide from `first_pos` would otherwise free: the slide no longer
+/// returns them to the pool.
+pub fn checkpointed_credit(group: &GroupSpec, view: AdmitView, first_pos: u32, depth: u32) -> u32 {
+    let (Some(window), tpp) = (group.window(), group.tokens_per_page()) else {
+        return 0;
+    };
+    let aligned = depth.is_multiple_of(tpp) && window.is_multiple_of(tpp);
+    if !aligned || depth <= view.committed || depth > view.cursor {
+        return 0;
+    }
+    let owned_begin = view.base + view.borrowed;
+    let owned_end = owned_begin + view.owned;
+    let slide_end = (first_pos + 1).saturating_sub(window) / tpp;
+    let begin = owned_begin.max(depth.saturating_sub(window) / tpp);
+    let end = owned_end.min(depth / tpp).min(slide_end);
+    end.saturating_sub(begin)
+}
+
 /// Decides one group's share of an op against `simulated_free` (the pool's free pages
 /// less what earlier admissions of this step took), adding `credit` pages the caller
 /// knows will be freed first: on success the count is updated and `true` comes back;

@@ -11,12 +11,14 @@
 //! Everything is ordered: snapshot nodes by their ids, prune victims by `(time, deeper
 //! first, id)`, groups by id; nothing depends on an address.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
+
+use kvtier_types::PageId;
 
 use crate::{
     Adjunct, AdmitView, GroupNeed, GroupPool, GroupRole, PageTable, PagedError, PagedHit, Snapshot,
-    cap_match, group_need,
+    cap_match, checkpointed_credit, group_need,
 };
 
 /// Prune order: oldest first, deeper first on a tie, then creation order.
@@ -75,6 +77,17 @@ impl RequestTables {
             .iter()
             .all(|t| t.is_empty() && t.cursor() == 0 && t.base() == 0)
     }
+}
+
+/// A commit due between a running request's admission and its acquisition: the depth
+/// it publishes to, and the node there when the tree already has one. Its terminal
+/// checkpoint takes state windows the op's slide would otherwise have freed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PendingCommit<N> {
+    /// Tokens up to the published node.
+    pub depth: u32,
+    /// The node at that depth, if it exists before the commit.
+    pub terminal: Option<N>,
 }
 
 /// Why a group failed admission: what a prune must free.
@@ -156,6 +169,10 @@ pub struct PagedFamily<N> {
     /// Detach superseded state windows of ancestors after a terminal commit (#460;
     /// the reference at 350cf505 does not).
     detach_stale_state: bool,
+    /// #460 as the 0.1.0 wheel has it: every state window of an ancestor that only the
+    /// committing request holds goes, unless some request's table still borrows its
+    /// pages (kvtier's own rule keeps the required windows where others branch off).
+    wheel_detach: bool,
     /// A snapshot is pinned when a device lock is on its node or any ancestor (the
     /// reference's test), rather than on its node alone.
     pin_by_path: bool,
@@ -175,6 +192,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
             pools,
             snapshots: BTreeMap::new(),
             detach_stale_state,
+            wheel_detach: false,
             pin_by_path: true,
             changes: 0,
             stats: PagedStats::default(),
@@ -190,6 +208,52 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         self
     }
 
+    /// Detaches superseded state windows by the 0.1.0 wheel's rule (#460): a commit
+    /// then needs the state pages that request tables borrow
+    /// ([`Self::reads_borrowed_state`]).
+    pub fn detaching_as_the_wheel(mut self) -> Self {
+        self.detach_stale_state = true;
+        self.wheel_detach = true;
+        self
+    }
+
+    /// Whether a commit reads which state pages request tables borrow.
+    pub fn reads_borrowed_state(&self) -> bool {
+        self.wheel_detach
+    }
+
+    /// The state-group pages request tables borrow, as `(group, page)`: every one of
+    /// `others`, and those of `committing` inside each group's window at `depth` (the
+    /// wheel's checkpoint there drops the ones below it first).
+    pub fn borrowed_state<'a>(
+        &self,
+        others: impl IntoIterator<Item = &'a RequestTables>,
+        committing: &RequestTables,
+        depth: u32,
+    ) -> BTreeSet<(usize, PageId)> {
+        let state = self.adjunct.continuation();
+        let mut borrowed: BTreeSet<(usize, PageId)> = others
+            .into_iter()
+            .flat_map(|t| {
+                state
+                    .iter()
+                    .flat_map(move |&i| t.tables[i].borrowed().iter().map(move |&p| (i, p)))
+            })
+            .collect();
+        for &i in state {
+            let g = &self.adjunct.groups()[i];
+            let lower = depth.saturating_sub(g.window().unwrap_or(0)) / g.tokens_per_page().max(1);
+            let table = &committing.tables[i];
+            borrowed.extend(
+                (table.base()..)
+                    .zip(table.borrowed())
+                    .filter(|&(page, _)| page >= lower)
+                    .map(|(_, &p)| (i, p)),
+            );
+        }
+        borrowed
+    }
+
     /// The groups and the adjunct's choices.
     pub fn adjunct(&self) -> &Adjunct {
         &self.adjunct
@@ -203,7 +267,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
     /// Whether a fresh request's op over `[first_pos, target)` could be admitted with
     /// every pool wholly free: when not, no pruning or waiting ever admits it.
     pub fn could_ever_admit(&self, first_pos: u32, target: u32) -> bool {
-        let needs = self.needs(&self.new_tables(), first_pos, target, None);
+        let needs = self.needs(&self.new_tables(), first_pos, target, None, None);
         self.adjunct
             .groups()
             .iter()
@@ -330,8 +394,20 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         first_pos: u32,
         target: u32,
         hit: Option<&PagedHit>,
+        pending: Option<PendingCommit<N>>,
     ) -> Vec<GroupNeed> {
         let fresh = tables.is_fresh();
+        // A continuation-only group the terminal's snapshot lacks gets the checkpoint.
+        let checkpointed = |i: usize| {
+            let p = pending.filter(|_| !fresh)?;
+            let has = p
+                .terminal
+                .and_then(|n| self.snapshots.get(&n))
+                .is_some_and(|s| s.segments[i].is_some());
+            let due = p.depth.is_multiple_of(self.adjunct.alignment().max(1));
+            let only = self.adjunct.continuation_only().any(|c| c == i);
+            (only && due && !has).then_some(p.depth)
+        };
         let a = self.adjunct.alignment();
         self.adjunct
             .groups()
@@ -352,7 +428,13 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
                     (true, None) => AdmitView::default(),
                 };
                 let due = (g.role == GroupRole::State && self.adjunct.is_required(i)).then_some(a);
-                group_need(g, view, first_pos, target, due)
+                let mut need = group_need(g, view, first_pos, target, due);
+                if let Some(depth) = checkpointed(i) {
+                    need.releasable_owned = need
+                        .releasable_owned
+                        .saturating_sub(checkpointed_credit(g, view, first_pos, depth));
+                }
+                need
             })
             .collect()
     }
@@ -364,7 +446,6 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
     /// the hit's pages must outlive its admission. All groups or none: on success
     /// every count is debited; on refusal the counts are the live ones after any
     /// prunes.
-    #[allow(clippy::too_many_arguments)]
     pub fn admit<T: SnapshotTree<Node = N>>(
         &mut self,
         tree: &T,
@@ -374,6 +455,43 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         hit: Option<(&PagedHit, N)>,
         simulated_free: &mut [u32],
     ) -> bool {
+        self.admit_op(
+            tree,
+            tables,
+            (first_pos, target),
+            (hit, None),
+            simulated_free,
+        )
+    }
+
+    /// [`Self::admit`] for a running request's op whose `pending` commit comes between
+    /// the admission and the acquisition: a terminal checkpoint it makes in a
+    /// continuation-only group is not credited as freed by the op's slide.
+    pub fn admit_before_commit<T: SnapshotTree<Node = N>>(
+        &mut self,
+        tree: &T,
+        tables: &RequestTables,
+        (first_pos, target): (u32, u32),
+        pending: Option<PendingCommit<N>>,
+        simulated_free: &mut [u32],
+    ) -> bool {
+        self.admit_op(
+            tree,
+            tables,
+            (first_pos, target),
+            (None, pending),
+            simulated_free,
+        )
+    }
+
+    fn admit_op<T: SnapshotTree<Node = N>>(
+        &mut self,
+        tree: &T,
+        tables: &RequestTables,
+        (first_pos, target): (u32, u32),
+        (hit, pending): (Option<(&PagedHit, N)>, Option<PendingCommit<N>>),
+        simulated_free: &mut [u32],
+    ) -> bool {
         let (hit, hit_node) = match hit {
             Some((hit, node)) => (Some(hit), Some(node)),
             None => (None, None),
@@ -381,7 +499,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         let rounds = self.snapshots.len();
         let mut round = 0;
         loop {
-            let needs = self.needs(tables, first_pos, target, hit);
+            let needs = self.needs(tables, first_pos, target, hit, pending);
             let failed: Vec<usize> = (0..needs.len())
                 .filter(|&i| !needs[i].fits(simulated_free[i], 0))
                 .collect();
@@ -432,7 +550,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         target: u32,
         hit: Option<&PagedHit>,
     ) -> Result<(), PagedError> {
-        let needs = self.needs(tables, first_pos, target, hit);
+        let needs = self.needs(tables, first_pos, target, hit, None);
         for (i, need) in needs.iter().enumerate() {
             let free = self.pools[i].available();
             // The sliding release frees owned pages before the acquisition.
@@ -464,10 +582,9 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
     }
 
     /// [`Self::acquire`] for a running request's op already admitted, pruning snapshots
-    /// no running request pins when a group falls short. The commit between admission
-    /// and acquisition may have checkpointed state windows the admission counted as
-    /// freed by the slide (a terminal continuation, which the reference policy's
-    /// admission does not foresee); the op is not refused after its admission.
+    /// no running request pins when a group falls short. The admission foresees the
+    /// commit between them ([`Self::admit_before_commit`]); should that commit still
+    /// keep more than foreseen, the op is not refused after its admission.
     pub fn acquire_admitted<T: SnapshotTree<Node = N>>(
         &mut self,
         tree: &T,
@@ -550,19 +667,22 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         tables: &mut RequestTables,
         terminal: N,
     ) {
-        self.commit_chunk_holding(tree, tables, terminal, None);
+        self.commit_chunk_holding(tree, tables, terminal, None, &BTreeSet::new());
     }
 
     /// [`Self::commit_chunk`] by a request that also still holds a device lock on
     /// `also_held` (the node it published before, released once this publication's
     /// reply is in): #460's detach counts that lock as the request's own, and keeps
-    /// the required state windows from there up.
+    /// the required state windows from there up. `borrowed_state`: the state pages
+    /// request tables borrow, [`Self::borrowed_state`] of them all where
+    /// [`Self::reads_borrowed_state`] (the wheel's detach keeps those windows).
     pub fn commit_chunk_holding<T: SnapshotTree<Node = N>>(
         &mut self,
         tree: &mut T,
         tables: &mut RequestTables,
         terminal: N,
         also_held: Option<N>,
+        borrowed_state: &BTreeSet<(usize, PageId)>,
     ) {
         let a = self.adjunct.alignment();
         let Some(&canonical) = self.adjunct.required().first() else {
@@ -593,7 +713,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
             committed = target;
         }
         if self.terminal_continuation(tables, terminal, depth) && self.detach_stale_state {
-            self.detach_superseded_state(tree, terminal, depth, also_held);
+            self.detach_superseded_state(tree, terminal, depth, also_held, borrowed_state);
         }
     }
 
@@ -792,6 +912,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         terminal: N,
         depth: u32,
         also_held: Option<N>,
+        borrowed_state: &BTreeSet<(usize, PageId)>,
     ) {
         let max_window = self.adjunct.max_continuation_window();
         let all: Vec<usize> = self.adjunct.continuation().to_vec();
@@ -806,9 +927,14 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
             // The request's own locks on the node: the new one, and the previous one
             // once the walk reached it.
             let own = 1 + u32::from(above_previous);
-            let groups = if above_previous { &only } else { &all };
+            let groups = if above_previous && !self.wheel_detach {
+                &only
+            } else {
+                &all
+            };
             if !groups.is_empty()
                 && self.snapshots.contains_key(&node)
+                && !(self.wheel_detach && self.state_borrowed(node, borrowed_state))
                 && tree.depth(node) + max_window <= depth
                 && tree.device_refs(node) == own
                 && self.detach_groups(node, groups)
@@ -817,6 +943,17 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
             }
             cur = tree.parent(node);
         }
+    }
+
+    /// Whether a request table borrows a page of a state segment of `node`'s snapshot.
+    fn state_borrowed(&self, node: N, borrowed_state: &BTreeSet<(usize, PageId)>) -> bool {
+        self.snapshots.get(&node).is_some_and(|s| {
+            self.adjunct.continuation().iter().any(|&i| {
+                s.segments[i]
+                    .as_ref()
+                    .is_some_and(|seg| seg.pages.iter().any(|&p| borrowed_state.contains(&(i, p))))
+            })
+        })
     }
 
     /// Strips every state group from the snapshot on `node` (a snapshot left with

@@ -33,11 +33,12 @@ mod pool;
 mod table;
 
 pub use adjunct::{Adjunct, Completeness, Snapshot};
-pub use admission::{AdmitView, GroupNeed, admit_chunk, group_need};
+pub use admission::{AdmitView, GroupNeed, admit_chunk, checkpointed_credit, group_need};
 pub use budget::PoolBudget;
 pub use error::PagedError;
 pub use family::{
-    GroupStats, PagedFamily, PagedReport, PagedStats, RequestTables, SnapshotTree, Starved,
+    GroupStats, PagedFamily, PagedReport, PagedStats, PendingCommit, RequestTables, SnapshotTree,
+    Starved,
 };
 pub use gate::{CacheShape, MidflightGate};
 pub use kvtier_types::{GroupKind, GroupRole, GroupSpec, Retention};

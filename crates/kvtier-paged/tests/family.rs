@@ -373,29 +373,42 @@ fn rewind_request_releases_rejected_tail_and_keeps_committed_prefix() {
 
 // ---- kvtier's own: the bugs of spec §2.8 and the family's edges ----
 
+/// A history group and a 128-token window state group that is not required.
+fn history_and_window() -> Adjunct {
+    Adjunct::new(
+        vec![
+            GroupSpec::full_history("history", 64, 1, 64),
+            GroupSpec::sliding("window_state", 64, 1, 16, 128, GroupRole::State),
+        ],
+        &["history"],
+    )
+    .expect("a valid adjunct")
+}
+
+/// A first turn of 256 tokens, committed and released: the tree, its terminal and the
+/// terminal hit a second turn reads.
+fn first_turn(family: &mut PagedFamily<usize>) -> (TestTree, usize, kvtier_paged::PagedHit) {
+    let mut tree = TestTree::default();
+    let n256 = tree.insert(0, 256);
+    let mut r1 = family.new_tables();
+    family
+        .acquire(&mut r1, 0, 256, None)
+        .expect("the first turn fits");
+    family.commit_chunk(&mut tree, &mut r1, n256);
+    family.release(&mut r1);
+    let (hit, _) = family.cap_match(&tree, n256);
+    assert!(hit.terminal);
+    (tree, n256, hit)
+}
+
 /// #460: a second turn's terminal commit detaches the superseded state windows of the
 /// first turn's snapshots that only it pins; without the fix they stay, one window a
 /// turn, in the small state pools.
 #[test]
 fn terminal_commit_detaches_superseded_state_windows() {
     for detach in [false, true] {
-        let adjunct = Adjunct::new(
-            vec![
-                GroupSpec::full_history("history", 64, 1, 64),
-                GroupSpec::sliding("window_state", 64, 1, 16, 128, GroupRole::State),
-            ],
-            &["history"],
-        )
-        .unwrap();
-        let mut family = PagedFamily::new(adjunct, detach);
-        let mut tree = TestTree::default();
-        let n256 = tree.insert(0, 256);
-        let mut r1 = family.new_tables();
-        family.acquire(&mut r1, 0, 256, None).unwrap();
-        family.commit_chunk(&mut tree, &mut r1, n256);
-        family.release(&mut r1);
-        let (hit, _) = family.cap_match(&tree, n256);
-        assert!(hit.terminal);
+        let mut family = PagedFamily::new(history_and_window(), detach);
+        let (mut tree, n256, hit) = first_turn(&mut family);
         // Turn 2 extends to 512 and holds its path.
         let n512 = tree.insert(n256, 512);
         tree.lock_path(n512, 1);
@@ -519,4 +532,75 @@ fn admission_never_prunes_its_own_hit() {
     assert!(family.has_snapshot(n8), "the hit's snapshots stay");
     family.release(&mut other);
     family.check_invariants([&r1]).unwrap();
+}
+
+/// #460 as the 0.1.0 wheel has it: a terminal commit detaches every superseded state
+/// window of an ancestor only the committing request holds, but not one whose pages a
+/// request's table still borrows (a stopped request's tables, kept until the request
+/// is forgotten, hold no lock).
+#[test]
+fn the_wheels_detach_spares_a_window_a_table_still_borrows() {
+    for borrowed in [false, true] {
+        let mut family = PagedFamily::new(history_and_window(), false).detaching_as_the_wheel();
+        assert!(family.reads_borrowed_state());
+        let (mut tree, n256, hit) = first_turn(&mut family);
+        // A request that read the first turn's terminal keeps its tables, unlocked.
+        let mut reader = family.new_tables();
+        if borrowed {
+            family.acquire(&mut reader, 256, 257, Some(&hit)).unwrap();
+        }
+        let n512 = tree.insert(n256, 512);
+        tree.lock_path(n512, 1);
+        let mut r2 = family.new_tables();
+        family.acquire(&mut r2, 256, 512, Some(&hit)).unwrap();
+        let census = family.borrowed_state([&reader], &r2, 512);
+        assert_eq!(census.is_empty(), !borrowed, "borrowed {borrowed}");
+        family.commit_chunk_holding(&mut tree, &mut r2, n512, None, &census);
+        let old = family.snapshot(n256).unwrap();
+        assert_eq!(old.segments[1].is_some(), borrowed, "borrowed {borrowed}");
+        assert_eq!(family.stats().stale_state_detached, u64::from(!borrowed));
+        family.release(&mut reader);
+        family.release(&mut r2);
+        family.check_invariants([&r2]).unwrap();
+    }
+}
+
+/// A running request's next op is admitted before its previous chunk is committed.
+/// The commit's terminal checkpoint turns owned pages of a continuation-only window
+/// into snapshot pages, so the op's slide frees fewer than it would have: the
+/// admission must not count them (the wheel's admission does not; kvtier's once did,
+/// and the acquisition then came up short).
+#[test]
+fn an_admission_before_a_terminal_checkpoint_credits_only_what_the_slide_frees() {
+    let adjunct = Adjunct::new(
+        vec![
+            GroupSpec::full_history("fh", 8, 4, 32),
+            GroupSpec::sliding("swa", 4, 1, 14, 16, GroupRole::State),
+        ],
+        &["fh"],
+    )
+    .unwrap();
+    let mut family: PagedFamily<usize> = PagedFamily::new(adjunct, false);
+    let mut tree = TestTree::default();
+    let n40 = tree.insert(0, 40);
+    let n32 = tree.split_at(n40, 32).unwrap();
+    let mut r = family.new_tables();
+    family.acquire(&mut r, 0, 40, None).unwrap();
+    assert_eq!((r.get(1).len(), family.available()[1]), (10, 3));
+    // [40, 72) needs 8 new swa pages; the slide from 40 frees pages 0..6.
+    let pending = kvtier_paged::PendingCommit {
+        depth: 32,
+        terminal: Some(n32),
+    };
+    let mut free = family.available();
+    assert!(family.admit(&tree, &r, 40, 72, None, &mut free));
+    // The checkpoint at 32 keeps the window 16..32 (pages 4..8): only 4 are freed.
+    let mut free = family.available();
+    assert!(!family.admit_before_commit(&tree, &r, (40, 72), Some(pending), &mut free));
+    family.commit_chunk(&mut tree, &mut r, n32);
+    assert!(family.snapshot(n32).unwrap().segments[1].is_some());
+    let err = family.acquire(&mut r, 40, 72, None).unwrap_err();
+    assert!(matches!(err, PagedError::OutOfPages { ref group, .. } if group == "swa"));
+    family.release(&mut r);
+    family.check_invariants([&r]).unwrap();
 }

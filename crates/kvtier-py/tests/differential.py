@@ -1306,12 +1306,6 @@ KNOWN_DIFFERENCES = {
         "the reference when it forgets the request at its next plan; the free counts differ "
         "until then"
     ),
-    "stale-group-budget": (
-        "a paged model's plan evicts cached nodes to make room: the reference's paged "
-        "admission counts group pages against budgets read when the plan began, so it "
-        "refuses a row whose group pages that eviction has just freed (until its next "
-        "plan); kvtier's admission reads the live pools and schedules the row"
-    ),
     "pending-copy": (
         "a finishing request whose prefix is still being written back by an earlier op: the "
         "reference writes nothing (it ignores failed copies), kvtier copies those pages in the "
@@ -1344,10 +1338,6 @@ def classify_divergence(d, ref, ours, current_ref, current_ours, comp) -> str | 
     if (counts and is_mamba_config(ref.cfg) and ours.read_wrong_state_at is None
             and _reference_reads_wrong_state(ref, d.step, d.phase, current_ref)):
         return "wrong-state-read"
-    if (current_ref is not None and current_ours is not None and d.phase == "next_execution_plan"
-            and _stale_group_budget(current_ref, current_ours, ref, ours,
-                                    snapshot_kv_events(ref.sched.drain_kv_events()))):
-        return "stale-group-budget"
     if ref.abort_during_copy:
         return "abort-during-copy"
     if _reference_stalls(ref, d.step):
@@ -1419,49 +1409,11 @@ def _row_group_pages(f: dict, i: int) -> dict[str, set[int]]:
     return {g: {p for p in rows[i] if p >= 0} for g, rows in f["paged_cache_block_tables"].items()}
 
 
-def _stale_group_budget(ref_snap, ours_snap, ref, ours, ref_plan_events) -> bool:
-    """The reference left out a row of ours although, after its plan, its own allocators
-    had the pages that row took free, and its plan evicted cached nodes. Its paged
-    admission counts group pages against budgets read when the plan began; the snapshot
-    pages its KV eviction frees during the plan are not seen until the next plan, so it
-    refuses a chunk that fits. kvtier's admission reads the live pools."""
-    if is_mamba_config(ref.cfg) or not ref.group_ids:
-        return False
-    if not any(e[0] == "BlockRemoved" for e in ref_plan_events):
-        return False
-    def rows(snap):
-        return [(rid, f, i) for f in snap["forward"] for i, rid in enumerate(f["request_ids"])]
-
-    def taken(side, row):  # the pages a row took: KV, and per group
-        rid, f, i = row
-        before = side.group_pages.get(rid, {})
-        return f["sizes"][i], {g: len(p - before.get(g, set())) for g, p in _row_group_pages(f, i).items()}
-
-    ref_rows, ours_rows = rows(ref_snap), rows(ours_snap)
-    first = next((k for k, row in enumerate(ours_rows)
-                  if k >= len(ref_rows) or ref_rows[k][0] != row[0]), None)
-    if first is None or ours_rows[first][0] in {r[0] for r in ref_rows}:
-        return False
-    # What the reference had free when it refused that row: free after the plan, plus
-    # what its rows from there on took instead.
-    sizes = ref.sizes()
-    kv_free = sizes["available_kv_pages"]
-    group_free = dict(sizes["paged_cache_group_available_pages"])
-    for row in ref_rows[first:]:
-        kv, groups = taken(ref, row)
-        kv_free += kv
-        for g, n in groups.items():
-            group_free[g] += n
-    kv, groups = taken(ours, ours_rows[first])
-    return kv <= kv_free and all(n <= group_free[g] for g, n in groups.items())
-
-
 def _released_tables_earlier(d, ref, ours) -> bool:
     """Only a paged group's free page count differs, kvtier's being higher, and one more
     step makes the two agree again: kvtier freed a finished (or given up) request's group
     pages at once, the reference frees them when it forgets the request at its next
-    plan. The next plans may differ by a row the reference refuses only because its
-    budget missed pages freed in that plan (`stale-group-budget`)."""
+    plan."""
     if "paged_cache_group_available_pages" not in d.what:
         return False
     if not (isinstance(d.ref, int) and isinstance(d.ours, int) and d.ours > d.ref):
@@ -1471,14 +1423,10 @@ def _released_tables_earlier(d, ref, ours) -> bool:
         if d.phase != "advance":  # finish the step the plan began
             for side in (ref, ours):
                 side.sched.advance(side.mod.ExecutionEvent())
-        plans = []
         for side in (ref, ours):
             side.submit(step)
-            plans.append(snapshot_plan(side.sched.next_execution_plan(), True))
-        if ref.sizes() == ours.sizes():
-            return True
-        return _stale_group_budget(plans[0], plans[1], ref, ours,
-                                   snapshot_kv_events(ref.sched.drain_kv_events()))
+            side.sched.next_execution_plan()
+        return ref.sizes() == ours.sizes()
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException:  # noqa: BLE001 (a Rust panic is a BaseException)

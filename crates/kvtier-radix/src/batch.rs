@@ -907,6 +907,7 @@ impl RadixCore {
                 states.demote_idle(tree);
             }
         });
+        self.begin_group_budget();
         let ps = self.page_size();
         let mut rows = 0usize;
         let mut prefill_rows = 0usize;
@@ -1179,7 +1180,8 @@ impl RadixCore {
                 commit,
             };
         }
-        if !self.admit_groups(key, first, first + span) {
+        let publication = commit.as_deref().and_then(|c| c.publication.as_ref());
+        if !self.admit_groups(key, first, first + span, publication) {
             return Outcome::Waits {
                 held: Vec::new(),
                 commit,

@@ -9,10 +9,10 @@
 //! reuses KV only as deep as a snapshot makes its groups complete (§2.5).
 
 use kvtier_host::Releaser;
-use kvtier_paged::{PagedFamily, PagedHit, RequestTables};
+use kvtier_paged::{PagedFamily, PagedHit, PendingCommit, RequestTables, SnapshotTree};
 use kvtier_types::GroupTable;
 
-use crate::batch::{ChunkShape, FirstChunkAsk, Outcome};
+use crate::batch::{ChunkShape, FirstChunkAsk, Outcome, Publication};
 use crate::{Match, NodeId, NodeLock, RadixCore};
 
 /// Names a request's group tables inside the cache (plain data: it travels in intents
@@ -171,17 +171,19 @@ impl RadixCore {
         target: u32,
         hit: Option<(&PagedHit, NodeId)>,
     ) -> Option<RequestTables> {
-        self.with_snapshots(|family, tree| {
+        let mut budget = self.take_group_budget();
+        let tables = self.with_snapshots(|family, tree| {
             let mut tables = family.new_tables();
-            let mut free = family.available();
-            if !family.admit(tree, &tables, first, target, hit, &mut free) {
+            let free = budget.get_or_insert_with(|| family.available());
+            if !family.admit(tree, &tables, first, target, hit, free) {
                 return None;
             }
             let acquired = family.acquire(&mut tables, first, target, hit.map(|(h, _)| h));
             debug_assert!(acquired.is_ok(), "admitted, yet {acquired:?}");
             acquired.is_ok().then_some(tables)
-        })
-        .flatten()
+        });
+        self.keep_group_budget(budget);
+        tables.flatten()
     }
 
     /// The end of a paged first chunk, its tables in hand: room for its KV with the
@@ -271,19 +273,45 @@ impl RadixCore {
     /// Admits a running request's op over `[first, target)` in every group (pruning
     /// unpinned snapshots if a pool is short): `false` when a pool cannot take it.
     /// Nothing is acquired yet: the op's commit comes first ([`Self::acquire_groups`]).
-    pub(crate) fn admit_groups(&mut self, key: TablesKey, first: u32, target: u32) -> bool {
+    /// `commit`: the publication due before the acquisition, if any (its terminal
+    /// checkpoint keeps state windows the slide would have freed).
+    pub(crate) fn admit_groups(
+        &mut self,
+        key: TablesKey,
+        first: u32,
+        target: u32,
+        commit: Option<&Publication>,
+    ) -> bool {
+        let pending = commit.and_then(|p| self.pending_commit(p));
         let Some(tables) = self.take_tables(key) else {
             debug_assert!(false, "no tables under {key:?}");
             return false;
         };
+        let mut budget = self.take_group_budget();
         let admitted = self
             .with_snapshots(|family, tree| {
-                let mut free = family.available();
-                family.admit(tree, &tables, first, target, None, &mut free)
+                let free = budget.get_or_insert_with(|| family.available());
+                family.admit_before_commit(tree, &tables, (first, target), pending, free)
             })
             .unwrap_or(false);
+        self.keep_group_budget(budget);
         self.put_tables(key, tables);
         admitted
+    }
+
+    /// Where a publication that commits group tables will end: its depth, and the node
+    /// there if the tree has it already (read-only).
+    fn pending_commit(&self, p: &Publication) -> Option<PendingCommit<NodeId>> {
+        if p.pages.is_empty() || p.tables.is_none() {
+            return None;
+        }
+        let ps = self.page_size() as usize;
+        let total = p.tokens.len() / ps;
+        let (_, node) = self.probe_resumed(&p.tokens[..total * ps], p.at);
+        Some(PendingCommit {
+            depth: (total * ps) as u32,
+            terminal: (self.depth_pages(node) as usize == total).then_some(node),
+        })
     }
 
     /// Gives an admitted op's tables their pages: the sliding release from its first
@@ -330,7 +358,12 @@ impl RadixCore {
             return;
         };
         self.with_snapshots(|family, tree| {
-            family.commit_chunk_holding(tree, &mut tables, terminal, also_held)
+            let borrowed = if family.reads_borrowed_state() {
+                family.borrowed_state(tree.all_tables(), &tables, tree.depth(terminal))
+            } else {
+                Default::default()
+            };
+            family.commit_chunk_holding(tree, &mut tables, terminal, also_held, &borrowed)
         });
         self.put_tables(key, tables);
     }

@@ -72,7 +72,7 @@ fn h2_paged(roomy: bool, policy: Policy) -> PagedSettings {
         .ok()
         .and_then(|spec| spec.paged_settings(256, &budget))
         .unwrap_or_default();
-    if policy == Policy::Reference {
+    if policy.is_reference() {
         let history: Vec<String> = paged
             .groups
             .iter()
@@ -919,6 +919,7 @@ pub fn run_hybrid(options: &HybridOptions) -> Result<HybridReport, WorkloadError
         policy: match options.policy {
             Policy::Default => "default",
             Policy::Reference => "reference",
+            Policy::ReferenceWheel => "reference-wheel",
         },
         counters: run.counters,
         digest: format!("{:016x}", run.digests.decisions.0),

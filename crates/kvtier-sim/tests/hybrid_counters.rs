@@ -219,3 +219,30 @@ fn h2_main_reproduces_the_reference_decisions_on_every_path() {
         assert_eq!(r.digest, "ad59cf276e146654", "{p}: the decision digest");
     }
 }
+
+/// The PyPI wheel `tokenspeed-scheduler==0.1.0` is a later build than the one §3
+/// measured (docs/paged.md): through `tools/reference/hybrid_workloads.py h2-main` it
+/// gives 1,853 steps, 62 finished and 2 aborted, decision digest `0d2336fa22f25cc1`.
+/// `Policy::ReferenceWheel` (#460's detach by the wheel's rule) reproduces that run,
+/// and H1 and H3, where the two builds agree, as `Policy::Reference` does. The Python
+/// test `test_hybrid_workloads.py` compares the same runs against the wheel itself.
+#[test]
+fn the_wheels_build_reproduces_its_own_h2_run_on_every_path() {
+    for path in [Path::Core, Path::Actors, Path::Deterministic] {
+        let r = run(HybridVariant::H2Main, Policy::ReferenceWheel, path);
+        let c = &r.counters;
+        let p = path.name();
+        assert_eq!((c.steps, c.flush_plans), (1853, 1), "{p}");
+        assert_eq!((c.finished, c.aborted), (62, 2), "{p}");
+        assert_eq!(r.digest, "0d2336fa22f25cc1", "{p}: the decision digest");
+        let s = r.paged.as_ref().expect("paged counters");
+        assert!(s.stale_state_detached > 0, "{p}: the detach ran");
+    }
+    for (variant, digest) in [
+        (HybridVariant::H1Main, "1669394b7195a42a"),
+        (HybridVariant::H3Main, "7c98a25036a417c2"),
+    ] {
+        let r = run(variant, Policy::ReferenceWheel, Path::Core);
+        assert_eq!(r.digest, digest, "{}", variant.name());
+    }
+}

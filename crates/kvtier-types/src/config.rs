@@ -39,6 +39,18 @@ pub enum Policy {
     /// matches and eviction even for requests that are then not admitted, recurrent
     /// states cached at prefill chunk ends only.
     Reference,
+    /// The reference as the PyPI wheel `tokenspeed-scheduler==0.1.0` builds it (what
+    /// the drop-in Python module is compared with): [`Policy::Reference`] with the
+    /// wheel's later upstream change that alters decisions, #460's detach of
+    /// superseded state windows, by the wheel's rule.
+    ReferenceWheel,
+}
+
+impl Policy {
+    /// Whether decisions follow a reference build (either).
+    pub fn is_reference(self) -> bool {
+        matches!(self, Policy::Reference | Policy::ReferenceWheel)
+    }
 }
 
 /// The recurrent-state (Mamba) side of a hybrid model (spec/hybrid-l3.md §1).

@@ -52,7 +52,7 @@ class Config:
         disable_prefix_cache: bool = False,
         publish_prefix_mid_flight: bool = True,
         track_lost_hits: bool = False,
-        policy: Literal["kvtier", "reference"] = "kvtier",
+        policy: Literal["kvtier", "reference", "reference-wheel"] = "kvtier",
         mamba: Mamba | None = None,
         groups: Sequence[Group] | None = None,
         required_groups: Sequence[str] | None = None,

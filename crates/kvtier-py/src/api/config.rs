@@ -46,9 +46,10 @@ impl Config {
         let policy = match policy {
             "kvtier" => Policy::Default,
             "reference" => Policy::Reference,
+            "reference-wheel" => Policy::ReferenceWheel,
             other => {
                 return Err(PyValueError::new_err(format!(
-                    "policy must be \"kvtier\" or \"reference\", not {other:?}"
+                    "policy must be \"kvtier\", \"reference\" or \"reference-wheel\", not {other:?}"
                 )));
             }
         };

@@ -53,8 +53,9 @@ pub struct SchedulerConfig {
     #[pyo3(get, set)]
     mamba_l2_host_slots: i32,
     /// kvtier's own field: `"reference"` (the default here) makes the reference's choices
-    /// where kvtier's differ without either being wrong; `"kvtier"` makes kvtier's
-    /// (exact LRU, read-only probes, transactional eviction).
+    /// where kvtier's differ without either being wrong, as the 0.1.0 module this one
+    /// replaces makes them (`Policy::ReferenceWheel`); `"kvtier"` makes kvtier's (exact
+    /// LRU, read-only probes, transactional eviction).
     #[pyo3(get)]
     kvtier_policy: String,
 }
@@ -258,7 +259,7 @@ impl SchedulerConfig {
             policy: if self.kvtier_policy == "kvtier" {
                 Policy::Default
             } else {
-                Policy::Reference
+                Policy::ReferenceWheel
             },
             mamba,
             paged: (!groups.is_empty()).then_some(PagedSettings { groups, required }),

@@ -129,6 +129,12 @@ pub struct RadixCore {
     tables: Vec<Option<RequestTables>>,
     free_tables: Vec<TablesKey>,
     table_releases: ReleaseQueue<TablesKey>,
+    /// Under the reference policies, the group free counts an admission program's
+    /// admissions are counted against: read when it began, debited by each admission,
+    /// read again only after a prune (the reference's `InitialSimulatedFree`). kvtier's
+    /// own policy reads the live pools, which the program's KV evictions may have
+    /// refilled.
+    group_budget: Option<Vec<u32>>,
     /// Nodes whose last device lock went, over the cache's life: a snapshot below them
     /// may have become prunable (part of a refused admission's version).
     device_unpinned: u64,
@@ -171,7 +177,7 @@ impl RadixCore {
             clock: 0,
             next_seq: 1,
             keep_page_hashes: config.page_hashes,
-            reference: config.policy == Policy::Reference,
+            reference: config.policy.is_reference(),
             events: config.kv_events.then(EventSink::default),
             prefetch_skipped: [0; 4],
             ghost: config
@@ -189,21 +195,21 @@ impl RadixCore {
             paged: config.paged.clone().and_then(|adjunct| {
                 let aligned = adjunct.alignment().is_multiple_of(config.page_size.max(1));
                 debug_assert!(aligned, "snapshots off page boundaries: {adjunct:?}");
-                // kvtier detaches superseded state windows (#460); the reference at
-                // 350cf505 does not.
-                let detach_stale = config.policy == Policy::Default;
-                let family = PagedFamily::new(adjunct, detach_stale);
-                // kvtier pins a snapshot only by the locks that may read it.
-                let family = if detach_stale {
-                    family.pinned_by_own_locks()
-                } else {
-                    family
+                // Superseded state windows (#460): kvtier detaches them by its own
+                // rule, the 0.1.0 wheel by its, the reference at 350cf505 not at all.
+                let family = PagedFamily::new(adjunct, config.policy == Policy::Default);
+                let family = match config.policy {
+                    // kvtier pins a snapshot only by the locks that may read it.
+                    Policy::Default => family.pinned_by_own_locks(),
+                    Policy::ReferenceWheel => family.detaching_as_the_wheel(),
+                    Policy::Reference => family,
                 };
                 aligned.then_some(family)
             }),
             tables: Vec::new(),
             free_tables: Vec::new(),
             table_releases: ReleaseQueue::new(),
+            group_budget: None,
             device_unpinned: 0,
             marks: marks::PromptMarks::default(),
         }

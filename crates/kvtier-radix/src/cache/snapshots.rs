@@ -121,6 +121,35 @@ impl RadixCore {
         self.tables.get(key.0 as usize)?.as_ref()
     }
 
+    /// Starts an admission program's group budget (the reference policies only).
+    pub(crate) fn begin_group_budget(&mut self) {
+        self.drain_releases();
+        let reference = self.is_reference();
+        self.group_budget = self
+            .paged
+            .as_mut()
+            .filter(|_| reference)
+            .map(PagedFamily::available);
+    }
+
+    /// Puts back the budget an admission debited (dropped under kvtier's policy, which
+    /// reads the live pools at each admission).
+    pub(crate) fn keep_group_budget(&mut self, budget: Option<Vec<u32>>) {
+        if self.is_reference() {
+            self.group_budget = budget;
+        }
+    }
+
+    /// The admission program's group budget, taken out for an admission to debit.
+    pub(crate) fn take_group_budget(&mut self) -> Option<Vec<u32>> {
+        self.group_budget.take()
+    }
+
+    /// Every request's tables held now (not those taken out).
+    pub(crate) fn all_tables(&self) -> impl Iterator<Item = &RequestTables> {
+        self.tables.iter().flatten()
+    }
+
     /// Takes the tables out to work on them with the family ([`Self::put_tables`]
     /// puts them back under the same key).
     pub(crate) fn take_tables(&mut self, key: TablesKey) -> Option<RequestTables> {
