@@ -123,13 +123,11 @@ impl RadixCore {
 
     /// Starts an admission program's group budget (the reference policies only).
     pub(crate) fn begin_group_budget(&mut self) {
-        self.drain_releases();
-        let reference = self.is_reference();
-        self.group_budget = self
-            .paged
-            .as_mut()
-            .filter(|_| reference)
-            .map(PagedFamily::available);
+        self.group_budget = None;
+        if self.is_reference() && self.paged.is_some() {
+            self.drain_releases();
+            self.group_budget = self.paged.as_mut().map(PagedFamily::available);
+        }
     }
 
     /// Puts back the budget an admission debited (dropped under kvtier's policy, which
