@@ -687,6 +687,7 @@ impl SchedulerCore {
                 device_lock,
                 host_lock,
                 write_back,
+                reuse: !self.config.disable_prefix_cache,
                 leftover: local_kv.pages,
                 states,
                 tables,

@@ -672,3 +672,63 @@ fn the_wheel_detaches_a_superseded_window_at_the_first_decode_commit() {
     // page 5 went into the snapshot at 24; the wheel also frees the one at 16.
     assert_eq!(freed, [1, 2]);
 }
+
+/// Hybrid seed 239 (shrunk): with prefix reuse off, the reference's finish matches
+/// nothing (its prefix match answers the root), so a finished request's path is not
+/// touched. Two requests finish in one step; the next request's room evicts the
+/// leaf the reference's LRU order names. kvtier's finish matched (touching) the
+/// finished paths all the same, which re-keyed them, and its room evicted another
+/// leaf (the new request's first page was 4, not the reference's 2).
+#[test]
+fn with_prefix_reuse_off_a_finish_touches_nothing() {
+    let mut s = sched(SchedulerConfig {
+        policy: Policy::Reference,
+        publish_prefix_mid_flight: false,
+        page_size: 8,
+        device_pages: 9,
+        host_pages: 0,
+        disable_l2_cache: true,
+        disable_prefix_cache: true,
+        enable_mixed_prefill_decode: true,
+        max_scheduled_tokens: 41,
+        max_batch_size: 6,
+        mamba: Some(kvtier_types::MambaSettings {
+            device_slots: 42,
+            host_slots: 0,
+            chunk: 16,
+        }),
+        ..fixture()
+    });
+    let r06 = vec![
+        34, 11, 12, 6, 10, 12, 1, 7, 40, 11, 9, 20, 1, 11, 20, 31, 7, 14, 38, 34, 8, 27, 25, 28,
+        35, 6,
+    ];
+    submit(&mut s, "r00", vec![1]);
+    submit(&mut s, "r07", vec![1; 15]);
+    submit(&mut s, "r06", r06);
+    s.next_plan();
+    advance(
+        &mut s,
+        vec![extend("r00", &[23]), finish("r00"), extend("r06", &[5])],
+    );
+    submit(&mut s, "r02", vec![1; 16]);
+    let decodes = [(28, 19), (30, 25), (8, 7), (2, 30), (35, 12), (37, 2)];
+    for (r07, r06) in decodes {
+        s.next_plan();
+        advance(&mut s, vec![extend("r07", &[r07]), extend("r06", &[r06])]);
+    }
+    s.next_plan();
+    advance(
+        &mut s,
+        vec![
+            extend("r06", &[8]),
+            finish("r06"),
+            extend("r07", &[31]),
+            finish("r07"),
+        ],
+    );
+    let plan = s.next_plan();
+    assert_eq!(row_ids(&plan), ["r02"]);
+    assert_eq!(s.occupied_pages(&rid("r02")), Some(vec![2, 8, 1]));
+    check(&mut s);
+}

@@ -202,6 +202,9 @@ pub enum CacheOp {
         host_lock: Option<NodeLock>,
         /// Attach a write-back for the device-only part.
         write_back: bool,
+        /// Whether prefixes are reused: with reuse off the reference's finish matches
+        /// nothing (its prefix match answers the root), so it touches nothing.
+        reuse: bool,
         /// The request's own pages left after the publication (its last, partial page):
         /// freed once the publication is in, in the order the reference frees them.
         leftover: OwnedPages,
@@ -639,6 +642,7 @@ impl RadixCore {
                 device_lock,
                 host_lock,
                 write_back,
+                reuse,
                 leftover,
                 states,
                 tables,
@@ -669,7 +673,8 @@ impl RadixCore {
                 }
                 // The reference matches the finished prefix (touching it) even when it
                 // writes nothing back.
-                let write_back = if (write_back || self.is_reference()) && pages > 0 {
+                let matched = write_back || (self.is_reference() && reuse);
+                let write_back = if matched && pages > 0 {
                     let m =
                         self.match_prefix(&tokens[..pages as usize * self.page_size() as usize]);
                     (write_back && m.device_pages > m.host_pages)
