@@ -1306,6 +1306,12 @@ KNOWN_DIFFERENCES = {
         "the reference when it forgets the request at its next plan; the free counts differ "
         "until then"
     ),
+    "forget-order": (
+        "paged-model requests that stopped in the same step give their group pages back when "
+        "the next plan forgets them: the reference in its hash map's iteration order (an "
+        "unordered_map keyed by request id), kvtier in id order; the next tables take the "
+        "same number of pages with other ids"
+    ),
     "pending-copy": (
         "a finishing request whose prefix is still being written back by an earlier op: the "
         "reference writes nothing (it ignores failed copies), kvtier copies those pages in the "
@@ -1327,6 +1333,8 @@ def classify_divergence(d, ref, ours, current_ref, current_ours, comp) -> str | 
         return "pending-copy"
     if _released_tables_earlier(d, ref, ours):
         return "early-table-release"
+    if _forgotten_together(d, ref, ours):
+        return "forget-order"
     if _published_other_mamba_slot(d, ref, ours, current_ref, current_ours, comp):
         return "unwritten-checkpoint"
     if current_ref is not None and current_ours is not None and _same_copies_split_otherwise(
@@ -1402,6 +1410,18 @@ def _conflicting_pair(note: str):
     if m:
         return int(m.group(3)), int(m.group(1))
     return None
+
+
+def _forgotten_together(d, ref, ours) -> bool:
+    """A plan's paged-group page ids differ (the same tables, the same free counts)
+    right after a step in which two or more paged requests stopped: the plan forgot
+    them, each in its own order, and their pages went back to the pools in it."""
+    if d.phase != "next_execution_plan" or "paged_cache_block_tables" not in d.what:
+        return False
+    if not ref.group_ids or not ref.log or ref.log[-1][0] != d.step - 1:
+        return False
+    stopped = {rid for kind, rid, *_ in ref.log[-1][1] if kind in ("Finish", "Abort")}
+    return len(stopped) >= 2 and ref.sizes() == ours.sizes()
 
 
 def _row_group_pages(f: dict, i: int) -> dict[str, set[int]]:

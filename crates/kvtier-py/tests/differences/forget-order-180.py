@@ -1,0 +1,47 @@
+# kvtier differential script: python differential.py --replay FILE
+{
+    'version': 1,
+    'seed': 180,
+    'hybrid': True,
+    'config': {
+        'page_size': 2,
+        'decode_input_tokens': 1,
+        'max_batch_size': 3,
+        'max_scheduled_tokens': 3,
+        'enable_mixed_prefill_decode': True,
+        'enable_kv_cache_events': True,
+        'disable_l2_cache': False,
+        'disable_prefix_cache': False,
+        'num_device_pages': 7,
+        'num_host_pages': 0,
+        'paged_cache_groups': [
+            {
+                'group_id': 'full',
+                'rows_per_page': 2,
+                'entry_stride_tokens': 1,
+                'retention': 'FullHistory',
+                'sliding_window_tokens': None,
+                'family': 'History',
+                'total_pages': 19,
+            },
+            {
+                'group_id': 'swa',
+                'rows_per_page': 2,
+                'entry_stride_tokens': 1,
+                'retention': 'SlidingWindow',
+                'sliding_window_tokens': 9,
+                'family': 'State',
+                'total_pages': 13,
+            },
+        ],
+        'prefix_cache_adjunct': ['full'],
+    },
+    'requests': [
+        {'id': 'r01', 'arrive': 0, 'prompt': [1], 'gen': 1, 'abort_at': None, 'reserve': {}},
+        {'id': 'r00', 'arrive': 0, 'prompt': [1, 1], 'gen': 3, 'abort_at': None, 'reserve': {}},
+        {'id': 'r04', 'arrive': 0, 'prompt': [1, 1, 1], 'gen': 1, 'abort_at': None, 'reserve': {}},
+        {'id': 'r02', 'arrive': 0, 'prompt': [1, 1, 1], 'gen': 1, 'abort_at': None, 'reserve': {}},
+    ],
+    'wb_delays': {},
+    'max_steps': 400,
+}
