@@ -171,19 +171,16 @@ impl RadixCore {
         target: u32,
         hit: Option<(&PagedHit, NodeId)>,
     ) -> Option<RequestTables> {
-        let mut budget = self.take_group_budget();
-        let tables = self.with_snapshots(|family, tree| {
+        self.with_group_budget(|family, tree, free| {
             let mut tables = family.new_tables();
-            let free = budget.get_or_insert_with(|| family.available());
             if !family.admit(tree, &tables, first, target, hit, free) {
                 return None;
             }
             let acquired = family.acquire(&mut tables, first, target, hit.map(|(h, _)| h));
             debug_assert!(acquired.is_ok(), "admitted, yet {acquired:?}");
             acquired.is_ok().then_some(tables)
-        });
-        self.keep_group_budget(budget);
-        tables.flatten()
+        })
+        .flatten()
     }
 
     /// The end of a paged first chunk, its tables in hand: room for its KV with the
@@ -287,14 +284,11 @@ impl RadixCore {
             debug_assert!(false, "no tables under {key:?}");
             return false;
         };
-        let mut budget = self.take_group_budget();
         let admitted = self
-            .with_snapshots(|family, tree| {
-                let free = budget.get_or_insert_with(|| family.available());
+            .with_group_budget(|family, tree, free| {
                 family.admit_before_commit(tree, &tables, (first, target), pending, free)
             })
             .unwrap_or(false);
-        self.keep_group_budget(budget);
         self.put_tables(key, tables);
         admitted
     }

@@ -197,12 +197,13 @@ impl RadixCore {
                 debug_assert!(aligned, "snapshots off page boundaries: {adjunct:?}");
                 // Superseded state windows (#460): kvtier detaches them by its own
                 // rule, the 0.1.0 wheel by its, the reference at 350cf505 not at all.
-                let family = PagedFamily::new(adjunct, config.policy == Policy::Default);
                 let family = match config.policy {
                     // kvtier pins a snapshot only by the locks that may read it.
-                    Policy::Default => family.pinned_by_own_locks(),
-                    Policy::ReferenceWheel => family.detaching_as_the_wheel(),
-                    Policy::Reference => family,
+                    Policy::Default => PagedFamily::new(adjunct, true).pinned_by_own_locks(),
+                    Policy::ReferenceWheel => {
+                        PagedFamily::new(adjunct, false).detaching_as_the_wheel()
+                    }
+                    Policy::Reference => PagedFamily::new(adjunct, false),
                 };
                 aligned.then_some(family)
             }),

@@ -130,17 +130,23 @@ impl RadixCore {
         }
     }
 
-    /// Puts back the budget an admission debited (dropped under kvtier's policy, which
-    /// reads the live pools at each admission).
-    pub(crate) fn keep_group_budget(&mut self, budget: Option<Vec<u32>>) {
-        if self.is_reference() {
-            self.group_budget = budget;
-        }
-    }
-
-    /// The admission program's group budget, taken out for an admission to debit.
-    pub(crate) fn take_group_budget(&mut self) -> Option<Vec<u32>> {
-        self.group_budget.take()
+    /// Runs an admission with the family against the group free counts it is counted
+    /// against, which it debits: the admission program's budget under the reference
+    /// policies, the live pools under kvtier's own. `None` without a paged family.
+    pub(crate) fn with_group_budget<R>(
+        &mut self,
+        admit: impl FnOnce(&mut PagedFamily<NodeId>, &mut RadixCore, &mut [u32]) -> R,
+    ) -> Option<R> {
+        let mut budget = self.group_budget.take();
+        let admitted = self.with_snapshots(|family, tree| match budget.as_mut() {
+            Some(free) => admit(family, tree, free),
+            None => {
+                let mut live = family.available();
+                admit(family, tree, &mut live)
+            }
+        });
+        self.group_budget = budget;
+        admitted
     }
 
     /// Every request's tables held now (not those taken out).
