@@ -483,15 +483,14 @@ impl SchedulerCore {
                         published_pages,
                     } = held;
                     let r = &self.requests[key];
-                    // A state cached at the published depth is the whole computed history
-                    // only when the history ends on a page boundary.
-                    let exact_state = r.tokens.len() as u32 == published_pages * ps + 1;
+                    // Every token but the last has been computed.
+                    let computed = (r.tokens.len() as u32).saturating_sub(1);
                     intents.push(Intent::Recovery {
                         tokens: TokenRef::new(&r.tokens, (published_pages * ps) as usize),
                         tail_pages: local_kv.pages.len() as u32,
                         tail_free: local_kv.tail_free,
                         held: std::iter::once(prefix_lock).chain(device_lock).collect(),
-                        exact_state,
+                        computed,
                     });
                     Entry::Recovery {
                         local_kv,

@@ -732,3 +732,62 @@ fn with_prefix_reuse_off_a_finish_touches_nothing() {
     assert_eq!(s.occupied_pages(&rid("r02")), Some(vec![2, 8, 1]));
     check(&mut s);
 }
+
+/// Hybrid seeds 111, 253 and 963 (C.3 and C.5 in docs/notes/mamba-reference.md). Two
+/// requests decode until the pool is short; the longer, r00, is retracted with 8
+/// tokens, 7 of them computed, so its working slot holds a state 7 tokens deep while its
+/// published prefix ends at 6. The reference caches that slot on the published node
+/// all the same. Without host states its recovery then finds the slot from the host
+/// terminal and resumes r00 from it, which for r00 is exactly right; kvtier's reference
+/// policy cached no slot off its depth, found no state, and gave r00 up. With host
+/// states the search starts at the deepest host state, there is none, and the
+/// reference gives r00 up: kvtier must too, though the slot is still cached.
+#[test]
+fn a_retracted_request_resumes_from_the_slot_it_left_where_the_reference_finds_it() {
+    for host_slots in [0, 4] {
+        let mut s = sched(reference(SchedulerConfig {
+            page_size: 2,
+            device_pages: 8,
+            host_pages: 32,
+            mamba: Some(kvtier_types::MambaSettings {
+                device_slots: 8,
+                host_slots,
+                chunk: 8,
+            }),
+            ..fixture()
+        }));
+        submit(&mut s, "r00", tokens(1, 5));
+        submit(&mut s, "r01", tokens(100, 5));
+        let mut engine = Engine::default();
+        engine.max_new.insert("r00".into(), 8);
+        engine.max_new.insert("r01".into(), 3);
+        let mut left = None;
+        let mut resumed = None;
+        let mut given_up = false;
+        for _ in 0..40 {
+            let plan = step(&mut s, &mut engine);
+            if let Some(r) = row(&plan, "r00") {
+                // Its last decode before the retraction.
+                if r.kind == RowKind::Decode && s.stats().retractions == 0 {
+                    left = r.mamba.working;
+                }
+                if r.kind == RowKind::Recovery {
+                    resumed = Some(r.mamba.cow_src);
+                }
+            }
+            given_up |= plan.aborted.iter().any(|a| a.request_id.as_str() == "r00");
+            if s.is_idle() {
+                break;
+            }
+        }
+        assert_eq!(s.stats().retractions, 1, "host slots {host_slots}");
+        if host_slots == 0 {
+            assert!(!given_up, "r00 resumes");
+            assert_eq!(resumed, Some(left), "from the working slot it left");
+        } else {
+            assert!(given_up, "the reference's search finds no state (C.5)");
+            assert_eq!(resumed, None);
+        }
+        check(&mut s);
+    }
+}

@@ -96,7 +96,17 @@ type Aged<N> = ((u64, u64), N);
 struct Attached {
     device: Option<SlotId>,
     host: Option<SlotId>,
+    /// Under the reference policies, the depth the node's states hold when it is not the
+    /// node's own: a stopped request's slot cached where it stopped, as the reference
+    /// caches it (C.3; `UNWRITTEN`: a checkpoint never written). It takes slots, is
+    /// copied to host and evicted like any state, but no match reuses it: only the
+    /// request that left it resumes from it, and only when it holds exactly that
+    /// request's history. A state published there at the node's own depth replaces it.
+    off_depth: Option<u32>,
 }
+
+/// [`Attached::off_depth`] of a checkpoint slot the worker never wrote.
+const UNWRITTEN: u32 = u32::MAX;
 
 /// The Mamba-capped view of a KV prefix match (§1.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -211,14 +221,32 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
 
     // ----- match --------------------------------------------------------------------
 
-    /// The deepest node from `node` up (root excluded) holding a device state.
+    /// The deepest node from `node` up (root excluded) holding a device state a match
+    /// may reuse (one at its node's depth).
     pub fn last_device_state<T: StateTree<Node = N>>(&self, tree: &T, node: N) -> Option<N> {
-        self.last_with(tree, node, |a| a.device.is_some())
+        self.last_with(tree, node, |a| a.device.is_some() && a.off_depth.is_none())
     }
 
-    /// The deepest node from `node` up (root excluded) holding a host state.
+    /// The device and host slots on `node` that hold exactly the state after `depth`
+    /// tokens: its own states when `depth` is the node's depth, or states cached there
+    /// off its depth that hold `depth`.
+    pub fn states_holding<T: StateTree<Node = N>>(
+        &self,
+        tree: &T,
+        node: N,
+        depth: u32,
+    ) -> (Option<SlotId>, Option<SlotId>) {
+        let Some(a) = self.attached.get(&node) else {
+            return (None, None);
+        };
+        let holds = a.off_depth.unwrap_or(tree.depth(node)) == depth;
+        (a.device.filter(|_| holds), a.host.filter(|_| holds))
+    }
+
+    /// The deepest node from `node` up (root excluded) holding a host state a match may
+    /// reuse (one at its node's depth).
     pub fn last_host_state<T: StateTree<Node = N>>(&self, tree: &T, node: N) -> Option<N> {
-        self.last_with(tree, node, |a| a.host.is_some())
+        self.last_with(tree, node, |a| a.host.is_some() && a.off_depth.is_none())
     }
 
     fn last_with<T: StateTree<Node = N>>(
@@ -235,6 +263,30 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
             node = tree.parent(node)?;
         }
         None
+    }
+
+    /// The node whose state the reference resumes a retracted request from, given the
+    /// request's KV match terminals; `None`: it finds none and gives the request up. It
+    /// counts every cached state, those off their depth too, and searches as the
+    /// reference does: from the host terminal capped at the deepest host state (with
+    /// host copies), or at the device state (without).
+    pub fn reference_recovery_node<T: StateTree<Node = N>>(
+        &self,
+        tree: &T,
+        device: N,
+        host: N,
+    ) -> Option<N> {
+        let root = tree.root();
+        let on_device = |a: &Attached| a.device.is_some();
+        if self.config.host_copies() {
+            let from = self.last_with(tree, host, |a| a.host.is_some());
+            return from.and_then(|n| self.last_with(tree, n, on_device).or(Some(n)));
+        }
+        if device == root {
+            return self.last_with(tree, host, on_device);
+        }
+        let state = self.last_with(tree, device, on_device)?;
+        (tree.depth(host) >= tree.depth(state)).then_some(state)
     }
 
     /// Caps a KV match at the deepest states reachable on each tier (§1.4): KV depth
@@ -535,8 +587,14 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
             && !self.pending.contains_key(&node)
         {
             let id = self.device.adopt(slot);
-            if let Some(old) = self.attached.entry(node).or_default().device.replace(id) {
+            let a = self.attached.entry(node).or_default();
+            // A host copy of a state off the node's depth would now pass for this one.
+            let stale_host = a.off_depth.take().and(a.host.take());
+            if let Some(old) = a.device.replace(id) {
                 self.device.release(old);
+            }
+            if let Some(host) = stale_host {
+                self.host.release(host);
             }
             self.track(tree, node);
             self.stats.replaced += 1;
@@ -553,6 +611,40 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
         );
         let id = self.device.adopt(slot);
         self.attached.entry(node).or_default().device = Some(id);
+        self.track(tree, node);
+        self.stats.published += 1;
+        true
+    }
+
+    /// Caches a stopped request's `slot` on `node` although it holds the state after
+    /// `at` tokens (`None`: never written), not after the node's own (the reference's
+    /// policy only: the reference caches it there, C.3). A node that holds a state
+    /// already, or a host copy, keeps it and the slot is freed. Returns whether it was
+    /// attached.
+    pub fn publish_off_depth<T: StateTree<Node = N>>(
+        &mut self,
+        tree: &T,
+        node: N,
+        slot: Slot,
+        at: Option<u32>,
+    ) -> bool {
+        debug_assert!(
+            self.config.reference,
+            "states off their depth are the reference's"
+        );
+        let occupied = self
+            .attached
+            .get(&node)
+            .is_some_and(|a| a.device.is_some() || a.host.is_some());
+        if node == tree.root() || occupied || self.pending.contains_key(&node) {
+            self.device.free(slot);
+            self.stats.discarded += 1;
+            return false;
+        }
+        let id = self.device.adopt(slot);
+        let a = self.attached.entry(node).or_default();
+        a.device = Some(id);
+        a.off_depth = Some(at.unwrap_or(UNWRITTEN));
         self.track(tree, node);
         self.stats.published += 1;
         true
@@ -859,6 +951,11 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
             }
             if a.device.is_none() && a.host.is_none() {
                 return bad(format!("an empty attachment on {node:?}"));
+            }
+            if a.off_depth.is_some() && !self.config.reference {
+                return bad(format!(
+                    "a state off its depth on {node:?} outside the reference policy"
+                ));
             }
             for (t, slot) in [(0, a.device), (1, a.host)] {
                 if let Some(s) = slot

@@ -407,10 +407,10 @@ pub enum Intent {
         tail_free: u32,
         /// Its old locks, released once the new ones are taken (returned if it waits).
         held: Vec<NodeLock>,
-        /// Hybrid models: whether its state can be restored exactly — a cached state at
-        /// the published depth, which is then its whole computed history. Otherwise it
-        /// is recomputed from the deepest state.
-        exact_state: bool,
+        /// Hybrid models: the tokens it computed. Its state is restored only from a
+        /// cached state holding exactly those; otherwise it is recomputed from the
+        /// deepest state.
+        computed: u32,
     },
 }
 
@@ -1034,7 +1034,7 @@ impl RadixCore {
                     tail_pages,
                     tail_free,
                     held,
-                    exact_state,
+                    computed,
                 } => {
                     if slots == 0 {
                         Outcome::Waits { held, commit: None }
@@ -1044,7 +1044,7 @@ impl RadixCore {
                         drop(held);
                         Outcome::Recompute
                     } else if self.has_states() {
-                        self.recovery_hybrid(&tokens, tail_pages, tail_free, held, d, exact_state)
+                        self.recovery_hybrid(&tokens, tail_pages, tail_free, held, d, computed)
                     } else {
                         self.recovery(&tokens, tail_pages, tail_free, held, d)
                     }

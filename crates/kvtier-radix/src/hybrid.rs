@@ -160,10 +160,11 @@ impl RadixCore {
     }
 
     /// Resumes a retracted hybrid request. Its KV prefix comes back whole (as for any
-    /// request); its state only from a cached state at exactly its computed history
-    /// (`exact_state`), else it is recomputed from the deepest state there is. Under
-    /// `Policy::Reference` a path without any state loses the request, as in the
-    /// reference.
+    /// request); its state only from a cached state holding exactly its `computed`
+    /// tokens (one at the published depth when the history ends there, or, under the
+    /// reference policy, the slot it left at its retraction), else it is recomputed from
+    /// the deepest state there is. Under `Policy::Reference` a path without any state
+    /// loses the request, as in the reference.
     pub(crate) fn recovery_hybrid(
         &mut self,
         tokens: &[Token],
@@ -171,26 +172,10 @@ impl RadixCore {
         tail_free: u32,
         held: Vec<NodeLock>,
         d: u32,
-        exact_state: bool,
+        computed: u32,
     ) -> Outcome {
         let ps = self.page_size();
         let kv = self.match_prefix(tokens);
-        let (_, capped) = self.capped(kv, true);
-        // Without host states, a device state stays on a node whose KV went to host,
-        // so the path to the host terminal is searched too (as the reference does):
-        // such a state is not lost.
-        let any_state = self
-            .states()
-            .map(|s| {
-                s.last_device_state(&*self, capped.host).is_some()
-                    || s.last_host_state(&*self, capped.host).is_some()
-                    || (!s.config().host_copies() && s.last_device_state(&*self, kv.host).is_some())
-            })
-            .unwrap_or(false);
-        if !any_state && self.is_reference() {
-            drop(held);
-            return Outcome::StateLost;
-        }
         // The node at the published depth holds the state the next decode starts from.
         let depth = (tokens.len() / ps as usize) as u32;
         let terminal = if kv.device_pages == depth {
@@ -202,9 +187,19 @@ impl RadixCore {
         };
         let (device_state, host_state) = self
             .states()
-            .map(|s| (s.device_slot(terminal), s.host_slot(terminal)))
+            .map(|s| s.states_holding(&*self, terminal, computed))
             .unwrap_or((None, None));
-        if !exact_state || depth == 0 || (device_state.is_none() && host_state.is_none()) {
+        // The reference gives the request up when its search finds no state at all.
+        if self.is_reference()
+            && self
+                .states()
+                .and_then(|s| s.reference_recovery_node(&*self, kv.device, kv.host))
+                .is_none()
+        {
+            drop(held);
+            return Outcome::StateLost;
+        }
+        if depth == 0 || (device_state.is_none() && host_state.is_none()) {
             // The reference resumes from whatever state it finds once it has the room
             // (a shallower one computes on a wrong state: C.6); kvtier recomputes the
             // request instead, at that same point rather than at once.
@@ -346,12 +341,16 @@ impl RadixCore {
     /// A finishing or retracted hybrid request's slots: the one holding the state at
     /// `terminal`'s depth is cached there (the checkpoint first), the rest freed.
     /// `publish` false frees them all (the reference caches only when the request
-    /// published pages at the end).
+    /// published pages at the end). The reference policies cache as the reference does
+    /// ([`Self::settle_states_as_the_reference`]).
     pub(crate) fn settle_states(&mut self, terminal: NodeId, states: FinalStates, publish: bool) {
         let FinalStates {
             states: mut pair,
             working_at,
         } = states;
+        if self.is_reference() {
+            return self.settle_states_as_the_reference(terminal, pair, working_at, publish);
+        }
         let depth = self.depth_pages(terminal) * self.page_size();
         let has_state = self
             .states()
@@ -369,6 +368,34 @@ impl RadixCore {
             self.cache_state(Some(terminal), pair.working, Some(working_at));
         } else {
             self.with_states(|s, _| s.discard(pair.working));
+        }
+    }
+
+    /// [`Self::settle_states`] as the reference does it: its checkpoint if it has one,
+    /// else its working slot, is cached on `node` whatever depth it holds (C.3), unless
+    /// `node` holds a state already; the other slot is freed. One off `node`'s depth is
+    /// cached as such: no match reuses it, only the request's own recovery.
+    fn settle_states_as_the_reference(
+        &mut self,
+        node: NodeId,
+        mut pair: kvtier_mamba::RequestStates,
+        working_at: u32,
+        publish: bool,
+    ) {
+        let occupied = self.states().is_some_and(|s| s.device_slot(node).is_some());
+        let (slot, at) = match pair.take_checkpoint() {
+            Some(checkpoint) => {
+                self.with_states(|s, _| s.discard(pair.working));
+                checkpoint
+            }
+            None => (pair.working, Some(working_at)),
+        };
+        if !publish || occupied || node == self.root() {
+            self.with_states(|s, _| s.discard(slot));
+        } else if at == Some(self.depth_pages(node) * self.page_size()) {
+            self.cache_state(Some(node), slot, at);
+        } else {
+            self.with_states(|s, tree| s.publish_off_depth(tree, node, slot, at));
         }
     }
 }
