@@ -791,3 +791,46 @@ fn a_retracted_request_resumes_from_the_slot_it_left_where_the_reference_finds_i
         check(&mut s);
     }
 }
+
+/// Hybrid seeds 115, 139, 272, 553, 781 and 876 (#612, C.7 in
+/// docs/notes/mamba-reference.md). Without host copies of states, a finished request's
+/// state stays on device while its KV is written back and leaves the device. A later
+/// request with that prompt matches nothing on device and the whole prompt on host. The
+/// reference's #612 fix looks for a device state from the host terminal, loads the host
+/// prefix back and copies that state; kvtier's reference policies capped a match
+/// without a device terminal at the root and computed the prompt again. They now do as
+/// the reference, down to the state found (the reference reuses the whole host prefix
+/// even when the state is shallower: C.7). Where matches may not use the host tier
+/// (`disable_l2_cache`), no such state is taken (hybrid seed 22).
+#[test]
+fn with_no_device_match_a_state_on_the_host_path_is_reused_with_its_prefix() {
+    let mut s = sched(reference(SchedulerConfig {
+        page_size: 1,
+        device_pages: 64,
+        host_pages: 64,
+        mamba: Some(kvtier_types::MambaSettings {
+            device_slots: 8,
+            host_slots: 0,
+            chunk: 4,
+        }),
+        ..fixture()
+    }));
+    let prompt = tokens(1, 8);
+    submit(&mut s, "r00", prompt.clone());
+    let mut engine = Engine::with_max_new(1);
+    let plans = drain(&mut s, &mut engine, 20);
+    let checkpoint = row_of(&plans[0], "r00").mamba.checkpoint_dst;
+    let mut longer = prompt;
+    longer.extend(tokens(50, 4));
+    submit(&mut s, "r01", longer);
+    let plans = drain(&mut s, &mut engine, 20);
+    let first = row_of(&plans[0], "r01");
+    assert_eq!(
+        (first.extend_prefix_len, first.input_length),
+        (8, 4),
+        "the host prefix is reused"
+    );
+    assert_eq!(first.mamba.cow_src, checkpoint, "from r00's state at 8");
+    assert_eq!(plans[0].load_backs.len(), 1);
+    check(&mut s);
+}

@@ -116,8 +116,11 @@ pub struct CappedMatch<N> {
     /// The deepest node with a host state within the host KV match (root: none).
     pub host: N,
     /// The device state to copy into the request's working slot, when it starts from
-    /// the device node's state.
+    /// a device state.
     pub cow_src: Option<SlotId>,
+    /// The node holding `cow_src`: `device`, or, under the reference policies without
+    /// host copies, a node on the host match whose KV left the device (#612).
+    pub source: Option<N>,
     /// The host state at `host`, if any (loaded back when it is deeper than `device`).
     pub host_src: Option<SlotId>,
     /// Tokens the first chunk should also checkpoint at (the KV match aligned to the
@@ -293,27 +296,41 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
     /// without its state is never reusable. `device` and `host` are the KV match's
     /// terminals; with host copies off, or `host_states` false (no room to load one
     /// back), the host tier caps to the device state (a host-only KV hit has no state:
-    /// #612).
+    /// #612), except under the reference policies where `host_kv` (the host prefix can
+    /// be loaded back) and there is no device match at all: then the host match caps to
+    /// a device state on its path, as the reference's #612 fix looks for one there.
     pub fn cap_match<T: StateTree<Node = N>>(
         &self,
         tree: &T,
         device: N,
         host: N,
         host_states: bool,
+        host_kv: bool,
     ) -> CappedMatch<N> {
         let root = tree.root();
         let ps = self.config.page_size;
         let host_states = host_states && self.config.host_copies();
+        // Without host copies a device state stays on a node whose KV went to host.
+        // With no device match at all, the reference (#612) looks for one from the host
+        // terminal, and reuses the host prefix down to it.
+        let from_host = self.config.reference
+            && host_kv
+            && !self.config.host_copies()
+            && device == root
+            && host != root;
+        let dm = self.last_device_state(tree, if from_host { host } else { device });
         // The branching point counts the host tier's KV too, except under the
         // reference policy without host states, where the reference counts the device
-        // tier's only (its prefix is capped to the device state there anyway).
+        // tier's only (its prefix is capped to the device state there anyway), or the
+        // host tier's where it found the state from there.
         let kv_depth = if host_states || !self.config.reference {
             tree.depth(device).max(tree.depth(host))
+        } else if from_host && dm.is_some() {
+            tree.depth(host)
         } else {
             tree.depth(device)
         };
         let kv_pages = kv_depth / ps;
-        let dm = self.last_device_state(tree, device);
         let hm = if host_states {
             self.last_host_state(tree, host)
         } else {
@@ -323,9 +340,10 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
         let (dm_depth, hm_depth) = (depth(dm), depth(hm));
         let prefer_host = hm_depth > dm_depth;
         let mut capped = CappedMatch {
-            device: dm.unwrap_or(root),
+            device: if from_host { root } else { dm.unwrap_or(root) },
             host: hm.unwrap_or(root),
             cow_src: None,
+            source: None,
             host_src: hm.and_then(|n| self.host_slot(n)),
             branching: None,
         };
@@ -334,6 +352,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
             && !prefer_host
         {
             capped.cow_src = self.device_slot(dm);
+            capped.source = Some(dm);
             state_depth = dm_depth;
         }
         if prefer_host {
@@ -341,7 +360,11 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
         }
         if !host_states {
             // The host tier's KV is reusable only as deep as the device state.
-            capped.host = capped.device;
+            capped.host = if from_host {
+                dm.unwrap_or(root)
+            } else {
+                capped.device
+            };
         }
         let aligned = self.align(kv_pages * ps);
         if aligned > state_depth {

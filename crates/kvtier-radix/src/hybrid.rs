@@ -18,10 +18,17 @@ use crate::{Match, NodeId, NodeLock, RadixCore};
 
 impl RadixCore {
     /// The KV match of `tokens` capped at the states reachable on each tier (host states
-    /// only with `host_states`).
-    fn capped(&mut self, m: Match, host_states: bool) -> (Match, CappedMatch<NodeId>) {
+    /// only with `host_states`; `host_kv`: whether the host prefix may be loaded back).
+    fn capped(
+        &mut self,
+        m: Match,
+        host_states: bool,
+        host_kv: bool,
+    ) -> (Match, CappedMatch<NodeId>) {
         let capped = self
-            .with_states(|states, tree| states.cap_match(tree, m.device, m.host, host_states))
+            .with_states(|states, tree| {
+                states.cap_match(tree, m.device, m.host, host_states, host_kv)
+            })
             .expect("hybrid admission needs the state family");
         let m = Match {
             device: capped.device,
@@ -53,7 +60,7 @@ impl RadixCore {
             return Outcome::waits();
         }
         let kv = self.committed_match(tokens, reuse);
-        let (m, capped) = self.capped(kv, host_states);
+        let (m, capped) = self.capped(kv, host_states, use_host);
         let host_pages = if use_host { m.host_pages } else { 0 };
         let shape = ask.shape(m.device_pages, host_pages, ps);
         let branching = capped.branching.or_else(|| {
@@ -75,7 +82,7 @@ impl RadixCore {
         let need = 2 + u32::from(load_node.is_some());
         // The state the request starts from must survive the room made for its own slots
         // (else the slot it copies from could come back as one of them).
-        let source = capped.cow_src.map(|_| capped.device);
+        let source = capped.source;
         if self.with_states(|states, tree| states.ensure_device(tree, need, source)) != Some(true) {
             self.unlock(guard);
             if self.is_reference() {
@@ -97,8 +104,8 @@ impl RadixCore {
             return Outcome::waits();
         }
         let mut cow_src = capped.cow_src;
-        if cow_src.is_some() {
-            self.with_states(|states, _| states.protect(capped.device));
+        if let Some(source) = capped.source {
+            self.with_states(|states, _| states.protect(source));
         }
         let state_load = load_node.and_then(|node| {
             self.with_states(|states, tree| {

@@ -87,7 +87,7 @@ fn attach_host(c: &mut RadixCore, node: NodeId) -> SlotId {
 /// capped match).
 fn capped(c: &mut RadixCore, tokens: &[Token]) -> (u32, u32, CappedMatch<NodeId>) {
     let m = c.match_prefix(tokens);
-    let capped = family(c, |f, tree| f.cap_match(tree, m.device, m.host, true));
+    let capped = family(c, |f, tree| f.cap_match(tree, m.device, m.host, true, true));
     (
         c.depth_pages(capped.device),
         c.depth_pages(capped.host),
