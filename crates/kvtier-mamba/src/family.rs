@@ -268,28 +268,53 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
         None
     }
 
+    /// The KV match terminals `device` and `host` as the reference's match caps them
+    /// at its states (`augmentMatch`), counting every cached state, those off their
+    /// depth too. With host copies, each tier at its deepest state; without, both at
+    /// the device state, or, with no device match at all, the host tier uncapped where
+    /// a device state lies on its path (#612, C.7).
+    pub fn reference_capped<T: StateTree<Node = N>>(&self, tree: &T, device: N, host: N) -> (N, N) {
+        let root = tree.root();
+        let on_device = |a: &Attached| a.device.is_some();
+        if self.config.host_copies() {
+            let on_host = |a: &Attached| a.host.is_some();
+            return (
+                self.last_with(tree, device, on_device).unwrap_or(root),
+                self.last_with(tree, host, on_host).unwrap_or(root),
+            );
+        }
+        if device == root {
+            let found = self.last_with(tree, host, on_device).is_some();
+            return (root, if found { host } else { root });
+        }
+        match self.last_with(tree, device, on_device) {
+            None => (root, root),
+            Some(state) => (
+                state,
+                if tree.depth(host) >= tree.depth(state) {
+                    state
+                } else {
+                    root
+                },
+            ),
+        }
+    }
+
     /// The node whose state the reference resumes a retracted request from, given the
     /// request's KV match terminals; `None`: it finds none and gives the request up. It
-    /// counts every cached state, those off their depth too, and searches as the
-    /// reference does: from the host terminal capped at the deepest host state (with
-    /// host copies), or at the device state (without).
+    /// searches from the host terminal as the reference's match caps it
+    /// ([`Self::reference_capped`]): a device state there or above, else the host state
+    /// the cap stopped at.
     pub fn reference_recovery_node<T: StateTree<Node = N>>(
         &self,
         tree: &T,
         device: N,
         host: N,
     ) -> Option<N> {
-        let root = tree.root();
-        let on_device = |a: &Attached| a.device.is_some();
-        if self.config.host_copies() {
-            let from = self.last_with(tree, host, |a| a.host.is_some());
-            return from.and_then(|n| self.last_with(tree, n, on_device).or(Some(n)));
-        }
-        if device == root {
-            return self.last_with(tree, host, on_device);
-        }
-        let state = self.last_with(tree, device, on_device)?;
-        (tree.depth(host) >= tree.depth(state)).then_some(state)
+        let (_, from) = self.reference_capped(tree, device, host);
+        let host_state = (self.config.host_copies() && from != tree.root()).then_some(from);
+        self.last_with(tree, from, |a| a.device.is_some())
+            .or(host_state)
     }
 
     /// Caps a KV match at the deepest states reachable on each tier (§1.4): KV depth

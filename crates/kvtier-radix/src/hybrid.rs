@@ -196,21 +196,30 @@ impl RadixCore {
             .states()
             .map(|s| s.states_holding(&*self, terminal, computed))
             .unwrap_or((None, None));
-        // The reference gives the request up when its search finds no state at all.
-        if self.is_reference()
-            && self
+        // The reference gives the request up when its search finds no state at all, and
+        // resumes from the state its search finds: exactly only when that is the one at
+        // the terminal.
+        let mut exact = device_state.is_some() || host_state.is_some();
+        let mut source = None;
+        if self.is_reference() {
+            source = self
                 .states()
-                .and_then(|s| s.reference_recovery_node(&*self, kv.device, kv.host))
-                .is_none()
-        {
-            drop(held);
-            return Outcome::StateLost;
+                .and_then(|s| s.reference_recovery_node(&*self, kv.device, kv.host));
+            match source {
+                None => {
+                    drop(held);
+                    return Outcome::StateLost;
+                }
+                Some(source) => exact &= source == terminal,
+            }
         }
-        if depth == 0 || (device_state.is_none() && host_state.is_none()) {
+        if depth == 0 || !exact {
             // The reference resumes from whatever state it finds once it has the room
             // (a shallower one computes on a wrong state: C.6); kvtier recomputes the
             // request instead, at that same point rather than at once.
-            if self.is_reference() && !self.reference_could_recover(kv, d) {
+            if let Some(source) = source
+                && !self.reference_recovery_room(kv, source, d)
+            {
                 return Outcome::Waits { held, commit: None };
             }
             drop(held);
@@ -265,14 +274,31 @@ impl RadixCore {
         self.admitted(pinned, &shape, Some(Box::new(grant)))
     }
 
-    /// Whether the reference's recovery would find its room now: device pages for the
-    /// host part of the prefix and the decode input, and a fresh pair of state slots.
-    fn reference_could_recover(&mut self, kv: Match, d: u32) -> bool {
+    /// Makes the room the reference's recovery makes before it resumes a request from
+    /// `source`: device pages for the host part of its prefix (as the reference's match
+    /// caps it: `MambaFamily::reference_capped`) and the decode input, then a fresh pair of state
+    /// slots, and one more for a host state it loads back. It evicts as the reference
+    /// does, which keeps what it evicted even where it then finds too little. Whether it
+    /// had both.
+    fn reference_recovery_room(&mut self, kv: Match, source: NodeId, d: u32) -> bool {
         let ps = self.page_size();
-        let load_back = kv.host_pages.saturating_sub(kv.device_pages);
+        let (device, host) = self
+            .with_states(|states, tree| states.reference_capped(tree, kv.device, kv.host))
+            .expect("hybrid recovery needs the state family");
+        let load_back = self
+            .depth_pages(host)
+            .saturating_sub(self.depth_pages(device));
         let pages = (load_back * ps + d).div_ceil(ps);
-        self.can_free(Tier::Device, pages, 0)
-            && self.with_states(|states, tree| states.could_free(tree, 2)) == Some(true)
+        let Some(guard) = self.make_room(device, pages) else {
+            return false;
+        };
+        self.unlock(guard);
+        let state_load = self
+            .states()
+            .is_some_and(|s| s.device_slot(source).is_none());
+        let need = 2 + u32::from(state_load);
+        self.with_states(|states, tree| states.ensure_device(tree, need, Some(source)))
+            == Some(true)
     }
 
     /// Commits a hybrid request's last chunk: its new full pages go into the tree and

@@ -641,3 +641,45 @@ fn the_root_takes_no_state() {
     assert_eq!(free_slots(&mut c), (8, 8));
     check(&mut c);
 }
+
+/// The reference's view of a match (hybrid seeds 661, 669, 830, 818): its `augmentMatch`
+/// counts every cached state, a stopped request's slot cached off its depth too, and
+/// with no device match leaves the host tier uncapped where a device state lies on its
+/// path (#612, C.7). kvtier's own cap reuses neither; a retracted request's recovery
+/// makes its room, and searches for its state, from the reference's view.
+#[test]
+fn the_reference_cap_counts_states_off_their_depth_and_a_state_on_a_host_only_path() {
+    // Host KV pages, but no host copies of states.
+    let mut c = RadixCore::new(&CacheConfig {
+        host_pages: 32,
+        ..settings(false, Policy::Reference)
+    });
+    let prompt = tokens(4, 1);
+    let on_host = kv(&mut c, Tier::Host, &prompt);
+    let root = c.root();
+    // A stopped request's slot: 9 tokens deep, cached on the 8-token node.
+    family(&mut c, |f, tree| {
+        let slot = f.allocate().expect("a free device slot");
+        assert!(f.publish_off_depth(tree, on_host, slot, Some(9)));
+    });
+    let (device, host) = family(&mut c, |f, tree| f.reference_capped(tree, root, on_host));
+    assert_eq!((device, host), (root, on_host), "the host tier uncapped");
+    let source = family(&mut c, |f, tree| {
+        f.reference_recovery_node(tree, root, on_host)
+    });
+    assert_eq!(source, Some(on_host), "the slot it left");
+    let (device_pages, host_pages, cap) = capped(&mut c, &prompt);
+    assert_eq!(
+        (device_pages, host_pages, cap.cow_src),
+        (0, 0, None),
+        "no match reuses a state off its depth"
+    );
+    // A state at the node's own depth replaces it, and a match reuses it from host.
+    let slot = publish(&mut c, on_host);
+    let (device_pages, host_pages, cap) = capped(&mut c, &prompt);
+    assert_eq!(
+        (device_pages, host_pages, cap.cow_src, cap.source),
+        (0, 4, Some(slot), Some(on_host))
+    );
+    family(&mut c, |f, tree| f.check_invariants(tree, |_| true)).expect("invariants");
+}
