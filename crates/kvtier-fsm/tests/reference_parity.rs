@@ -792,6 +792,39 @@ fn a_retracted_request_resumes_from_the_slot_it_left_where_the_reference_finds_i
     }
 }
 
+/// With `device_slots` state slots and no host copies of states: r00 (8 tokens) finishes
+/// and its KV goes to host, its state staying on device; then r01 extends its prompt.
+/// The scheduler, r00's cached state slot, and r01's plans.
+fn a_prefix_left_on_host(
+    device_slots: u32,
+) -> (
+    kvtier_fsm::Scheduler,
+    Option<kvtier_types::SlotId>,
+    Vec<kvtier_types::ExecutionPlan>,
+) {
+    let mut s = sched(reference(SchedulerConfig {
+        page_size: 1,
+        device_pages: 64,
+        host_pages: 64,
+        mamba: Some(kvtier_types::MambaSettings {
+            device_slots,
+            host_slots: 0,
+            chunk: 4,
+        }),
+        ..fixture()
+    }));
+    let prompt = tokens(1, 8);
+    submit(&mut s, "r00", prompt.clone());
+    let mut engine = Engine::with_max_new(1);
+    let plans = drain(&mut s, &mut engine, 20);
+    let cached = row_of(&plans[0], "r00").mamba.checkpoint_dst;
+    let mut longer = prompt;
+    longer.extend(tokens(50, 4));
+    submit(&mut s, "r01", longer);
+    let plans = drain(&mut s, &mut engine, 20);
+    (s, cached, plans)
+}
+
 /// Hybrid seeds 115, 139, 272, 553, 781 and 876 (#612, C.7 in
 /// docs/notes/mamba-reference.md). Without host copies of states, a finished request's
 /// state stays on device while its KV is written back and leaves the device. A later
@@ -804,26 +837,7 @@ fn a_retracted_request_resumes_from_the_slot_it_left_where_the_reference_finds_i
 /// (`disable_l2_cache`), no such state is taken (hybrid seed 22).
 #[test]
 fn with_no_device_match_a_state_on_the_host_path_is_reused_with_its_prefix() {
-    let mut s = sched(reference(SchedulerConfig {
-        page_size: 1,
-        device_pages: 64,
-        host_pages: 64,
-        mamba: Some(kvtier_types::MambaSettings {
-            device_slots: 8,
-            host_slots: 0,
-            chunk: 4,
-        }),
-        ..fixture()
-    }));
-    let prompt = tokens(1, 8);
-    submit(&mut s, "r00", prompt.clone());
-    let mut engine = Engine::with_max_new(1);
-    let plans = drain(&mut s, &mut engine, 20);
-    let checkpoint = row_of(&plans[0], "r00").mamba.checkpoint_dst;
-    let mut longer = prompt;
-    longer.extend(tokens(50, 4));
-    submit(&mut s, "r01", longer);
-    let plans = drain(&mut s, &mut engine, 20);
+    let (mut s, checkpoint, plans) = a_prefix_left_on_host(8);
     let first = row_of(&plans[0], "r01");
     assert_eq!(
         (first.extend_prefix_len, first.input_length),
@@ -832,5 +846,27 @@ fn with_no_device_match_a_state_on_the_host_path_is_reused_with_its_prefix() {
     );
     assert_eq!(first.mamba.cow_src, checkpoint, "from r00's state at 8");
     assert_eq!(plans[0].load_backs.len(), 1);
+    check(&mut s);
+}
+
+/// Hybrid seed 277: a pool of two state slots. A finished request's state stays on
+/// device while its KV goes to host (no host copies of states); a second request with
+/// its prompt reuses that prefix from host and needs the state and a fresh pair. The
+/// reference's first chunk makes room for the pair without keeping the state it copies
+/// from (its node's KV is not on device, so no lock pins it), and the evicted slot
+/// comes back as the row's own: the engine copies from it before it writes it. kvtier
+/// kept the source, found no room for three slots in two, and under the reference
+/// policy waited for good.
+#[test]
+fn a_first_chunk_may_take_the_slot_it_copies_from_under_the_reference_policy() {
+    let (mut s, cached, plans) = a_prefix_left_on_host(2);
+    let first = row_of(&plans[0], "r01");
+    assert_eq!(first.extend_prefix_len, 8, "r00's prefix is reused");
+    assert_eq!(first.mamba.cow_src, cached, "from r00's state");
+    assert!(
+        [first.mamba.working, first.mamba.checkpoint_dst].contains(&cached),
+        "whose slot is now the row's own: {:?}",
+        first.mamba
+    );
     check(&mut s);
 }

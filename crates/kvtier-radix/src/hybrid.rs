@@ -81,8 +81,10 @@ impl RadixCore {
             .flatten();
         let need = 2 + u32::from(load_node.is_some());
         // The state the request starts from must survive the room made for its own slots
-        // (else the slot it copies from could come back as one of them).
-        let source = capped.source;
+        // (else the slot it copies from could come back as one of them). The reference
+        // does not keep it: the slot may come back as the row's own, which the engine
+        // copies from before it writes it.
+        let source = capped.source.filter(|_| !self.is_reference());
         if self.with_states(|states, tree| states.ensure_device(tree, need, source)) != Some(true) {
             self.unlock(guard);
             if self.is_reference() {
