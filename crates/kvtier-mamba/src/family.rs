@@ -637,7 +637,10 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
             let id = self.device.adopt(slot);
             let a = self.attached.entry(node).or_default();
             // A host copy of a state off the node's depth would now pass for this one.
-            let stale_host = a.off_depth.take().and(a.host.take());
+            let stale_host = match a.off_depth.take() {
+                Some(_) => a.host.take(),
+                None => None,
+            };
             if let Some(old) = a.device.replace(id) {
                 self.device.release(old);
             }
@@ -665,8 +668,8 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
     }
 
     /// Caches a stopped request's `slot` on `node` although it holds the state after
-    /// `at` tokens (`None`: never written), not after the node's own (the reference's
-    /// policy only: the reference caches it there, C.3). A node that holds a state
+    /// `at` tokens (`None`: never written), not after the node's own (the reference
+    /// policies only: the reference caches it there, C.3). A node that holds a state
     /// already, or a host copy, keeps it and the slot is freed. Returns whether it was
     /// attached.
     pub fn publish_off_depth<T: StateTree<Node = N>>(

@@ -171,9 +171,10 @@ impl RadixCore {
     /// Resumes a retracted hybrid request. Its KV prefix comes back whole (as for any
     /// request); its state only from a cached state holding exactly its `computed`
     /// tokens (one at the published depth when the history ends there, or, under the
-    /// reference policy, the slot it left at its retraction), else it is recomputed from
-    /// the deepest state there is. Under `Policy::Reference` a path without any state
-    /// loses the request, as in the reference.
+    /// reference policies, the slot it left at its retraction), else it is recomputed
+    /// from the deepest state there is. Under the reference policies the request is
+    /// lost where the reference's search finds no state, resumed only where that search
+    /// finds its own, and recomputed once the reference would have had the room.
     pub(crate) fn recovery_hybrid(
         &mut self,
         tokens: &[Token],
@@ -201,20 +202,20 @@ impl RadixCore {
         // The reference gives the request up when its search finds no state at all, and
         // resumes from the state its search finds: exactly only when that is the one at
         // the terminal.
-        let mut exact = device_state.is_some() || host_state.is_some();
-        let mut source = None;
-        if self.is_reference() {
-            source = self
+        let source = if self.is_reference() {
+            let found = self
                 .states()
                 .and_then(|s| s.reference_recovery_node(&*self, kv.device, kv.host));
-            match source {
-                None => {
-                    drop(held);
-                    return Outcome::StateLost;
-                }
-                Some(source) => exact &= source == terminal,
+            if found.is_none() {
+                drop(held);
+                return Outcome::StateLost;
             }
-        }
+            found
+        } else {
+            None
+        };
+        let exact = (device_state.is_some() || host_state.is_some())
+            && source.is_none_or(|n| n == terminal);
         if depth == 0 || !exact {
             // The reference resumes from whatever state it finds once it has the room
             // (a shallower one computes on a wrong state: C.6); kvtier recomputes the
@@ -277,11 +278,11 @@ impl RadixCore {
     }
 
     /// Makes the room the reference's recovery makes before it resumes a request from
-    /// `source`: device pages for the host part of its prefix (as the reference's match
-    /// caps it: `MambaFamily::reference_capped`) and the decode input, then a fresh pair of state
-    /// slots, and one more for a host state it loads back. It evicts as the reference
-    /// does, which keeps what it evicted even where it then finds too little. Whether it
-    /// had both.
+    /// `source`: device pages for the host part of its prefix (as the reference's
+    /// match caps it: `MambaFamily::reference_capped`) and the decode input, then a
+    /// fresh pair of state slots, and one more for a host state it loads back. It
+    /// evicts as the reference does, which keeps what it evicted even where it then
+    /// finds too little. Whether it had both.
     fn reference_recovery_room(&mut self, kv: Match, source: NodeId, d: u32) -> bool {
         let ps = self.page_size();
         let (device, host) = self

@@ -683,3 +683,26 @@ fn the_reference_cap_counts_states_off_their_depth_and_a_state_on_a_host_only_pa
     );
     family(&mut c, |f, tree| f.check_invariants(tree, |_| true)).expect("invariants");
 }
+
+/// Under the reference policies a state published again at its node replaces the
+/// device slot (C.10); a host copy of the node's own state stays. (Only a host copy of a
+/// state off the node's depth goes with it.)
+#[test]
+fn a_state_published_again_keeps_the_nodes_host_copy() {
+    let mut c = cache(true, Policy::Reference);
+    let prompt = tokens(4, 1);
+    let node = kv(&mut c, Tier::Device, &prompt);
+    insert_fresh(&mut c, Tier::Host, &prompt);
+    publish(&mut c, node);
+    let host = attach_host(&mut c, node);
+    let free = free_slots(&mut c);
+    let again = publish(&mut c, node);
+    assert_eq!(device_state(&c, node), Some(again));
+    assert_eq!(host_state(&c, node), Some(host), "the host copy stays");
+    assert_eq!(
+        free_slots(&mut c),
+        free,
+        "the old device slot freed, nothing leaked"
+    );
+    family(&mut c, |f, tree| f.check_invariants(tree, |_| true)).expect("invariants");
+}
