@@ -170,7 +170,7 @@ pub struct SchedulerCore {
 
 impl SchedulerCore {
     /// Whether decisions follow the reference scheduler where kvtier's own policy
-    /// differs (`Policy::Reference`).
+    /// differs (`Policy::Reference`, `Policy::ReferenceWheel`).
     pub(crate) fn reference_policy(&self) -> bool {
         self.config.policy.is_reference()
     }

@@ -181,24 +181,19 @@ fn a_result_rewinds_the_group_pages_its_row_reserved_past_it() {
         }),
         ..fixture()
     });
-    let free = |s: &mut kvtier_fsm::Scheduler| -> Vec<u32> {
-        let stats = s.stats();
-        let report = stats.groups.expect("paged groups");
-        report.groups.iter().map(|g| g.free_pages).collect()
-    };
     submit(&mut s, "a", tokens(1, 14));
     s.next_plan();
     advance(&mut s, vec![extend("a", &[100])]);
     // The decode row reserves tokens 15 and 16: the full group's third page (16..24).
     let plan = s.next_plan();
     assert_eq!(row_kinds(&plan), [RowKind::Decode]);
-    let reserved = free(&mut s);
+    let reserved = group_free(&mut s);
     // One token accepted: 16 tokens need two full-group pages, and the window's pages
     // past token 15 go too.
     advance(&mut s, vec![extend("a", &[101])]);
-    let after = free(&mut s);
+    let after = group_free(&mut s);
     assert!(
-        after.iter().zip(&reserved).all(|(a, r)| a > r),
+        after.values().zip(reserved.values()).all(|(a, r)| a > r),
         "group pages given back: {reserved:?} -> {after:?}"
     );
     check(&mut s);
@@ -396,30 +391,19 @@ fn a_stopping_request_commits_its_group_tables_only_under_kvtiers_policy() {
             }),
             ..fixture()
         });
-        // Free pages by group id.
-        let free = |s: &mut kvtier_fsm::Scheduler| -> Vec<(String, u32)> {
-            let report = s.stats().groups.expect("paged groups");
-            let mut free: Vec<_> = report
-                .groups
-                .iter()
-                .map(|g| (g.id.clone(), g.free_pages))
-                .collect();
-            free.sort();
-            free
-        };
-        let empty = free(&mut s);
+        let empty = group_free(&mut s);
         submit(&mut s, "r02", vec![1; 8]);
         s.next_plan();
         advance(&mut s, vec![extend("r02", &[17]), finish("r02")]);
         s.next_plan();
-        let after = free(&mut s);
+        let after = group_free(&mut s);
         match policy {
             Policy::Reference | Policy::ReferenceWheel => {
                 assert_eq!(after, empty, "nothing cached")
             }
             Policy::Default => {
-                let (full, swa) = (&empty[0], &empty[1]);
-                let expected = vec![(full.0.clone(), full.1 - 1), swa.clone()];
+                let mut expected = empty.clone();
+                *expected.get_mut("full").expect("full") -= 1;
                 assert_eq!(after, expected, "the prefix's full-group page");
             }
         }
@@ -648,15 +632,7 @@ fn the_wheel_detaches_a_superseded_window_at_the_first_decode_commit() {
             }),
             ..fixture()
         });
-        let swa_free = |s: &mut kvtier_fsm::Scheduler| {
-            let report = s.stats().groups.expect("paged groups");
-            report
-                .groups
-                .iter()
-                .find(|g| g.id == "swa")
-                .expect("swa")
-                .free_pages
-        };
+        let swa_free = |s: &mut kvtier_fsm::Scheduler| group_free(s)["swa"];
         submit(&mut s, "r00", tokens(1, 29));
         s.next_plan();
         advance(&mut s, vec![]);

@@ -43,6 +43,9 @@ pub trait SnapshotTree {
     /// node that spans it if needed (the split prefix takes the suffix's access time).
     /// The family never asks to split a snapshot node.
     fn split_at(&mut self, below: Self::Node, depth: u32) -> Option<Self::Node>;
+    /// Calls `f` with every request's tables the tree's owner keeps (not those taken
+    /// out to be committed): the wheel's detach reads which pages they borrow.
+    fn for_each_tables(&self, f: &mut dyn FnMut(&RequestTables));
 }
 
 /// A request's tables, one per group of the family (in group order). Their owned pages
@@ -208,38 +211,36 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         self
     }
 
-    /// Detaches superseded state windows by the 0.1.0 wheel's rule (#460): a commit
-    /// then needs the state pages that request tables borrow
-    /// ([`Self::reads_borrowed_state`]).
+    /// Detaches superseded state windows by the 0.1.0 wheel's rule (#460), which spares
+    /// the windows whose pages request tables borrow ([`Self::borrowed_state`]).
     pub fn detaching_as_the_wheel(mut self) -> Self {
         self.detach_stale_state = true;
         self.wheel_detach = true;
         self
     }
 
-    /// Whether a commit reads which state pages request tables borrow.
+    /// Whether the family detaches by the wheel's rule, which reads which state pages
+    /// request tables borrow.
     pub fn reads_borrowed_state(&self) -> bool {
         self.wheel_detach
     }
 
     /// The state-group pages request tables borrow, as `(group, page)`: every one of
-    /// `others`, and those of `committing` inside each group's window at `depth` (the
-    /// wheel's checkpoint there drops the ones below it first).
-    pub fn borrowed_state<'a>(
+    /// the tables `tree`'s owner keeps, and those of `committing` inside each group's
+    /// window at `depth` (the wheel's checkpoint there drops the ones below it first).
+    pub fn borrowed_state<T: SnapshotTree<Node = N>>(
         &self,
-        others: impl IntoIterator<Item = &'a RequestTables>,
+        tree: &T,
         committing: &RequestTables,
         depth: u32,
     ) -> BTreeSet<(usize, PageId)> {
         let state = self.adjunct.continuation();
-        let mut borrowed: BTreeSet<(usize, PageId)> = others
-            .into_iter()
-            .flat_map(|t| {
-                state
-                    .iter()
-                    .flat_map(move |&i| t.tables[i].borrowed().iter().map(move |&p| (i, p)))
-            })
-            .collect();
+        let mut borrowed = BTreeSet::new();
+        tree.for_each_tables(&mut |t| {
+            for &i in state {
+                borrowed.extend(t.tables[i].borrowed().iter().map(|&p| (i, p)));
+            }
+        });
         for &i in state {
             let g = &self.adjunct.groups()[i];
             let lower = depth.saturating_sub(g.window().unwrap_or(0)) / g.tokens_per_page().max(1);
@@ -667,22 +668,19 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         tables: &mut RequestTables,
         terminal: N,
     ) {
-        self.commit_chunk_holding(tree, tables, terminal, None, &BTreeSet::new());
+        self.commit_chunk_holding(tree, tables, terminal, None);
     }
 
     /// [`Self::commit_chunk`] by a request that also still holds a device lock on
     /// `also_held` (the node it published before, released once this publication's
     /// reply is in): #460's detach counts that lock as the request's own, and keeps
-    /// the required state windows from there up. `borrowed_state`: the state pages
-    /// request tables borrow, [`Self::borrowed_state`] of them all where
-    /// [`Self::reads_borrowed_state`] (the wheel's detach keeps those windows).
+    /// the required state windows from there up.
     pub fn commit_chunk_holding<T: SnapshotTree<Node = N>>(
         &mut self,
         tree: &mut T,
         tables: &mut RequestTables,
         terminal: N,
         also_held: Option<N>,
-        borrowed_state: &BTreeSet<(usize, PageId)>,
     ) {
         let a = self.adjunct.alignment();
         let Some(&canonical) = self.adjunct.required().first() else {
@@ -713,7 +711,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
             committed = target;
         }
         if self.terminal_continuation(tables, terminal, depth) && self.detach_stale_state {
-            self.detach_superseded_state(tree, terminal, depth, also_held, borrowed_state);
+            self.detach_superseded_state(tree, tables, terminal, depth, also_held);
         }
     }
 
@@ -909,11 +907,17 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
     fn detach_superseded_state<T: SnapshotTree<Node = N>>(
         &mut self,
         tree: &T,
+        committing: &RequestTables,
         terminal: N,
         depth: u32,
         also_held: Option<N>,
-        borrowed_state: &BTreeSet<(usize, PageId)>,
     ) {
+        // The wheel spares windows that request tables borrow.
+        let borrowed_state = if self.wheel_detach {
+            self.borrowed_state(tree, committing, depth)
+        } else {
+            BTreeSet::new()
+        };
         let max_window = self.adjunct.max_continuation_window();
         let all: Vec<usize> = self.adjunct.continuation().to_vec();
         let only: Vec<usize> = self.adjunct.continuation_only().collect();
@@ -934,7 +938,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
             };
             if !groups.is_empty()
                 && self.snapshots.contains_key(&node)
-                && !(self.wheel_detach && self.state_borrowed(node, borrowed_state))
+                && !(self.wheel_detach && self.state_borrowed(node, &borrowed_state))
                 && tree.depth(node) + max_window <= depth
                 && tree.device_refs(node) == own
                 && self.detach_groups(node, groups)

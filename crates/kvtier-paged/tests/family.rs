@@ -551,15 +551,19 @@ fn the_wheels_detach_spares_a_window_a_table_still_borrows() {
         }
         let n512 = tree.insert(n256, 512);
         tree.lock_path(n512, 1);
+        // The cache keeps it; the committing request's tables are taken out.
+        tree.tables.push(reader);
         let mut r2 = family.new_tables();
         family.acquire(&mut r2, 256, 512, Some(&hit)).unwrap();
-        let census = family.borrowed_state([&reader], &r2, 512);
+        let census = family.borrowed_state(&tree, &r2, 512);
         assert_eq!(census.is_empty(), !borrowed, "borrowed {borrowed}");
-        family.commit_chunk_holding(&mut tree, &mut r2, n512, None, &census);
+        family.commit_chunk_holding(&mut tree, &mut r2, n512, None);
         let old = family.snapshot(n256).unwrap();
         assert_eq!(old.segments[1].is_some(), borrowed, "borrowed {borrowed}");
         assert_eq!(family.stats().stale_state_detached, u64::from(!borrowed));
-        family.release(&mut reader);
+        for mut reader in tree.tables.drain(..) {
+            family.release(&mut reader);
+        }
         family.release(&mut r2);
         family.check_invariants([&r2]).unwrap();
     }

@@ -9,7 +9,7 @@
 //! reuses KV only as deep as a snapshot makes its groups complete (§2.5).
 
 use kvtier_host::Releaser;
-use kvtier_paged::{PagedFamily, PagedHit, PendingCommit, RequestTables, SnapshotTree};
+use kvtier_paged::{PagedFamily, PagedHit, PendingCommit, RequestTables};
 use kvtier_types::GroupTable;
 
 use crate::batch::{ChunkShape, FirstChunkAsk, Outcome, Publication};
@@ -352,12 +352,7 @@ impl RadixCore {
             return;
         };
         self.with_snapshots(|family, tree| {
-            let borrowed = if family.reads_borrowed_state() {
-                family.borrowed_state(tree.all_tables(), &tables, tree.depth(terminal))
-            } else {
-                Default::default()
-            };
-            family.commit_chunk_holding(tree, &mut tables, terminal, also_held, &borrowed)
+            family.commit_chunk_holding(tree, &mut tables, terminal, also_held)
         });
         self.put_tables(key, tables);
     }

@@ -164,6 +164,16 @@ pub fn free_host(s: &mut Scheduler) -> u32 {
     s.stats().available_host_pages
 }
 
+/// Free pages of each paged-cache group, by group id (panics without groups).
+pub fn group_free(s: &mut Scheduler) -> BTreeMap<String, u32> {
+    let report = s.stats().groups.expect("a paged scheduler");
+    report
+        .groups
+        .iter()
+        .map(|g| (g.id.clone(), g.free_pages))
+        .collect()
+}
+
 /// Pages of `tier` held by the tree and locked by someone.
 pub fn locked_pages(s: &mut Scheduler, tier: Tier) -> u64 {
     let stats = s.stats(); // applies pending lock releases first

@@ -5,8 +5,8 @@
 #![allow(dead_code)]
 
 use kvtier_paged::{
-    Adjunct, GroupPool, GroupRole, GroupSpec, PageTable, PagedFamily, Segment, Snapshot,
-    SnapshotTree,
+    Adjunct, GroupPool, GroupRole, GroupSpec, PageTable, PagedFamily, RequestTables, Segment,
+    Snapshot, SnapshotTree,
 };
 
 #[derive(Debug, Clone)]
@@ -18,9 +18,12 @@ struct TestNode {
 }
 
 /// The tree.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct TestTree {
     nodes: Vec<TestNode>,
+    /// Request tables the tree's owner keeps (the radix cache keeps running and
+    /// stopped requests' tables).
+    pub tables: Vec<RequestTables>,
 }
 
 impl Default for TestTree {
@@ -32,6 +35,7 @@ impl Default for TestTree {
                 time: 0,
                 refs: 0,
             }],
+            tables: Vec::new(),
         }
     }
 }
@@ -69,6 +73,10 @@ impl TestTree {
 
 impl SnapshotTree for TestTree {
     type Node = usize;
+
+    fn for_each_tables(&self, f: &mut dyn FnMut(&RequestTables)) {
+        self.tables.iter().for_each(f);
+    }
 
     fn root(&self) -> usize {
         0

@@ -38,6 +38,10 @@ impl SnapshotTree for RadixCore {
         (n.last_access, n.seq)
     }
 
+    fn for_each_tables(&self, f: &mut dyn FnMut(&RequestTables)) {
+        self.tables.iter().flatten().for_each(f);
+    }
+
     fn split_at(&mut self, below: NodeId, depth: u32) -> Option<NodeId> {
         let ps = self.page_size as u32;
         if depth == 0 || !depth.is_multiple_of(ps) || !self.is_live(below) {
@@ -147,11 +151,6 @@ impl RadixCore {
         });
         self.group_budget = budget;
         admitted
-    }
-
-    /// Every request's tables held now (not those taken out).
-    pub(crate) fn all_tables(&self) -> impl Iterator<Item = &RequestTables> {
-        self.tables.iter().flatten()
     }
 
     /// Takes the tables out to work on them with the family ([`Self::put_tables`]
