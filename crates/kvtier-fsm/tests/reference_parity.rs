@@ -846,3 +846,70 @@ fn a_first_chunk_may_take_the_slot_it_copies_from_under_the_reference_policy() {
     );
     check(&mut s);
 }
+
+/// Hybrid seed 967 (C.7 in docs/notes/mamba-reference.md). Without host copies of
+/// states, rb's KV (12 tokens: its prompt and a decode) went to host while its state at
+/// 11 stayed on device. rc extends rb's sequence and matches nothing on device. The
+/// reference's #612 match finds that state from the host terminal but leaves the host
+/// prefix uncapped: it makes room to load back all 12 pages and starts from the state
+/// at 11 (the wrong state: token 12 never goes through it). kvtier loads back only down
+/// to the state, but makes the reference's room, so rc waits while rd decodes, as in
+/// the reference; it used to run at once and have rd retracted.
+#[test]
+fn a_state_found_from_the_host_terminal_waits_for_room_for_the_whole_host_prefix() {
+    let mut s = sched(SchedulerConfig {
+        max_scheduled_tokens: 8,
+        ..reference(SchedulerConfig {
+            page_size: 1,
+            device_pages: 25,
+            host_pages: 64,
+            mamba: Some(kvtier_types::MambaSettings {
+                device_slots: 8,
+                host_slots: 0,
+                chunk: 4,
+            }),
+            ..fixture()
+        })
+    });
+    let mut engine = Engine::with_max_new(1);
+    engine.max_new.insert("rb".into(), 3);
+    engine.max_new.insert("rd".into(), 4);
+    submit(&mut s, "ra", tokens(1, 8));
+    drain(&mut s, &mut engine, 20);
+    let mut rb = tokens(1, 8);
+    rb.extend(tokens(50, 2));
+    submit(&mut s, "rb", rb.clone());
+    let plans = drain(&mut s, &mut engine, 20);
+    let state_at_11 = plans[1].forward.rows[0].mamba.checkpoint_dst;
+    submit(&mut s, "rd", tokens(200, 3));
+    step(&mut s, &mut engine);
+    // rb's sequence: its prompt and the tokens it generated (the engine counts from 1000;
+    // ra took 1000).
+    let mut rc = rb;
+    rc.extend([1001, 1002]);
+    rc.extend(tokens(70, 8));
+    submit(&mut s, "rc", rc);
+    let plans = drain(&mut s, &mut engine, 30);
+    let first = plans
+        .iter()
+        .position(|p| row(p, "rc").is_some())
+        .expect("rc runs");
+    let last_of_rd = plans
+        .iter()
+        .rposition(|p| row(p, "rd").is_some())
+        .expect("rd decodes");
+    assert!(
+        last_of_rd < first,
+        "rc waits for rd's pages: rd's last row in plan {last_of_rd}, rc's first in {first}"
+    );
+    let row = row_of(&plans[first], "rc");
+    assert_eq!(
+        (row.extend_prefix_len, row.mamba.cow_src),
+        (11, state_at_11),
+        "from the state at 11, with the KV down to it"
+    );
+    let loaded: usize = plans[first].load_backs.iter().map(|l| l.pairs.len()).sum();
+    assert_eq!(loaded, 11);
+    assert_eq!(s.stats().retractions, 0);
+    check(&mut s);
+}

@@ -67,7 +67,15 @@ impl RadixCore {
             let aligned = self.states().map_or(0, |s| s.align(shape.tokens));
             (aligned > 0).then_some(aligned)
         });
-        let Some(guard) = self.make_room(m.device, shape.need) else {
+        // Where the state was found from the host terminal (#612), the reference reuses
+        // the whole host prefix, deeper than the state (C.7), and makes room to load all
+        // of it back. kvtier loads back only down to the state, after the same room.
+        let room = if self.is_reference() && capped.source.is_some_and(|s| s != capped.device) {
+            ask.shape(0, kv.host_pages, ps).need
+        } else {
+            shape.need
+        };
+        let Some(guard) = self.make_room(m.device, room) else {
             return Outcome::waits();
         };
         // A host state deeper than every device state is loaded back.
