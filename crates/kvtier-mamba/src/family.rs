@@ -173,6 +173,9 @@ pub struct MambaFamily<N: Copy + Ord + Debug> {
     leaves: BTreeSet<N>,
     /// Host slots reserved by write-backs in flight, not yet attached.
     pending: BTreeMap<N, SlotId>,
+    /// Device slots a state published again replaced while a write-back in flight
+    /// still reads them (reference policies): freed at its acknowledgement.
+    retiring: BTreeMap<N, Vec<SlotId>>,
     /// Nodes whose host copy landed and whose device copy waits to be demoted.
     to_demote: BTreeSet<N>,
     /// States this plan's rows copy from (default policy: kept until the next plan).
@@ -191,6 +194,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
             attached: BTreeMap::new(),
             leaves: BTreeSet::new(),
             pending: BTreeMap::new(),
+            retiring: BTreeMap::new(),
             to_demote: BTreeSet::new(),
             protected: BTreeSet::new(),
             stats: MambaStats::default(),
@@ -623,17 +627,14 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
     /// Attaches `slot` to `node` as the state after its prefix. A node that already
     /// has a device state keeps it and the new slot is freed: both hold the same state,
     /// and the old one may be what a row of this plan copies or a write-back reads.
-    /// The reference replaces it and frees the old slot (C.10 in
-    /// docs/notes/mamba-reference.md); under its policy kvtier does too where nothing
-    /// reads the old slot, so later slot ids stay the reference's. Returns whether it
-    /// was attached.
+    /// The reference replaces it and frees the old slot at once (C.10 in
+    /// docs/notes/mamba-reference.md); under its policy kvtier replaces it too where no
+    /// row of this plan copies the old slot, so later slot ids stay the reference's,
+    /// but one a write-back in flight reads is freed only at its acknowledgement.
+    /// Returns whether it was attached.
     pub fn publish<T: StateTree<Node = N>>(&mut self, tree: &T, node: N, slot: Slot) -> bool {
         let held = self.device_slot(node).is_some();
-        if held
-            && self.config.reference
-            && !self.protected.contains(&node)
-            && !self.pending.contains_key(&node)
-        {
+        if held && self.config.reference && !self.protected.contains(&node) {
             let id = self.device.adopt(slot);
             let a = self.attached.entry(node).or_default();
             // A host copy of a state off the node's depth would now pass for this one.
@@ -642,7 +643,11 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
                 None => None,
             };
             if let Some(old) = a.device.replace(id) {
-                self.device.release(old);
+                if self.pending.contains_key(&node) {
+                    self.retiring.entry(node).or_default().push(old);
+                } else {
+                    self.device.release(old);
+                }
             }
             if let Some(host) = stale_host {
                 self.host.release(host);
@@ -790,6 +795,9 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
     /// first, so no set names a node that no longer exists (#357).
     pub fn on_node_removed<T: StateTree<Node = N>>(&mut self, tree: &T, node: N) {
         self.leaves.remove(&node);
+        for old in self.retiring.remove(&node).unwrap_or_default() {
+            self.device.release(old);
+        }
         if let Some(slot) = self.take_device(node) {
             self.device.release(slot);
             self.update_leaf(tree, tree.parent(node));
@@ -905,6 +913,9 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
         success: bool,
     ) {
         for &node in nodes {
+            for old in self.retiring.remove(&node).unwrap_or_default() {
+                self.device.release(old);
+            }
             let Some(slot) = self.pending.remove(&node) else {
                 continue;
             };
@@ -1022,6 +1033,16 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
             }
             if !seen[1].insert(s) {
                 return bad(format!("host slot {s} reserved twice"));
+            }
+        }
+        for (&node, slots) in &self.retiring {
+            if !live(node) {
+                return bad(format!("a retiring slot on a removed node {node:?}"));
+            }
+            for &s in slots {
+                if !seen[0].insert(s) {
+                    return bad(format!("device slot {s} retiring and attached"));
+                }
             }
         }
         if let Some(stale) = self.leaves.iter().find(|n| !live(**n)) {

@@ -910,6 +910,8 @@ class Side:
         self.log: list[tuple] = []  # (step, events sent) for reports
         # Write-back pairs of ops not acknowledged yet: op id -> set of (src, dst).
         self.unacked_pairs: dict[int, set] = {}
+        # Device state slots those ops copy from: op id -> set of slots.
+        self.unacked_mamba_src: dict[int, set] = {}
         # This step's acknowledgements as (op id, the step its op was issued at), and the
         # steps at which an Abort was sent: for the known-difference checks.
         self.acked_now: list[tuple[int, int]] = []
@@ -966,6 +968,7 @@ class Side:
         self.acked_now = [(op_id, issued) for _, issued, _, op_id in due]
         for _, _, _, op_id in due:
             self.unacked_pairs.pop(op_id, None)
+            self.unacked_mamba_src.pop(op_id, None)
             d = mod.Cache.WriteBackDoneEvent()
             d.op_id = op_id
             d.success = True
@@ -1193,6 +1196,7 @@ def run_script(script: dict, ref_module, kv_module, id_modes: dict | None = None
                     if c["type"] == "WriteBackOp":
                         for rec in writeback_records(c):
                             side.unacked_pairs[rec["op_id"]] = set(zip(rec["src"], rec["dst"]))
+                            side.unacked_mamba_src[rec["op_id"]] = set(rec["mamba_src"] or [])
             k_ref = snapshot_kv_events(ref.sched.drain_kv_events())
             k_ours = _read_ours(comp, "drain_kv_events()",
                                 lambda: snapshot_kv_events(ours.sched.drain_kv_events()))
@@ -1312,6 +1316,12 @@ KNOWN_DIFFERENCES = {
         "unordered_map keyed by request id), kvtier in id order; the next tables take the "
         "same number of pages with other ids"
     ),
+    "slot-reused-under-copy": (
+        "the reference hands a row a Mamba device slot that a write-back of an earlier plan, "
+        "not yet acknowledged, still copies to host: a state published again where one was "
+        "cached frees the old slot at once (C.10 in docs/notes/mamba-reference.md), so the "
+        "row writes it while the copy reads it; kvtier frees it at the acknowledgement"
+    ),
     "pending-copy": (
         "a finishing request whose prefix is still being written back by an earlier op: the "
         "reference writes nothing (it ignores failed copies), kvtier copies those pages in the "
@@ -1335,6 +1345,9 @@ def classify_divergence(d, ref, ours, current_ref, current_ours, comp) -> str | 
         return "early-table-release"
     if _forgotten_together(d, ref, ours):
         return "forget-order"
+    if current_ref is not None and current_ours is not None and _reuses_slot_under_copy(
+            d, ref, ours, current_ref, current_ours):
+        return "slot-reused-under-copy"
     if _published_other_mamba_slot(d, ref, ours, current_ref, current_ours, comp):
         return "unwritten-checkpoint"
     if current_ref is not None and current_ours is not None and _same_copies_split_otherwise(
@@ -1365,6 +1378,22 @@ def _rewrites_pending_copy(ours, snap) -> bool:
         if op_id not in this_plan:
             in_flight |= pairs
     return any(set(zip(rec["src"], rec["dst"])) & in_flight for rec in records)
+
+
+def _reuses_slot_under_copy(d, ref, ours, snap_ref, snap_ours) -> bool:
+    """A Mamba slot of this plan differs, and a row of the reference's plan writes a
+    device slot that one of its unacknowledged write-backs of an earlier plan copies
+    from, where none of ours does."""
+    if "mamba" not in d.what:
+        return False
+
+    def written_under_copy(side, snap) -> bool:
+        copied = set().union(*side.unacked_mamba_src.values()) if side.unacked_mamba_src else set()
+        return any(slot in copied for f in snap["forward"]
+                   for key in ("mamba_pool_indices", "mamba_checkpoint_dst_indices")
+                   for slot in f[key] if slot >= 0)
+
+    return written_under_copy(ref, snap_ref) and not written_under_copy(ours, snap_ours)
 
 
 def _published_other_mamba_slot(d, ref, ours, current_ref, current_ours, comp) -> bool:

@@ -622,6 +622,57 @@ fn publishing_a_depth_twice_keeps_the_first_state() {
     check(&mut c);
 }
 
+/// Hybrid seeds 303 and 904 (C.10). Under the reference policy a state published again
+/// replaces the cached one, as the reference does; but where a write-back in flight is
+/// still copying the old slot, kvtier frees that slot only at the write-back's
+/// acknowledgement. The reference frees it at once, and may hand it out to a row that
+/// writes it while the copy reads it (seed 904). The old code kept the old slot and
+/// freed the new one.
+#[test]
+fn a_state_replaced_under_a_write_back_is_freed_at_its_ack() {
+    let mut c = cache(true, Policy::Reference);
+    let node = written_back_candidate(&mut c, 2);
+    let old = device_state(&c, node).expect("device state");
+    let (pairs, nodes) = family(&mut c, |f, tree| f.prepare_write_back(tree, &[node]));
+    assert_eq!(pairs[0].src, old);
+    let lock = c.lock(node, Tier::Device);
+    let new = publish(&mut c, node);
+    assert_eq!(
+        device_state(&c, node),
+        Some(new),
+        "the new state replaces it"
+    );
+    let allocated = family(&mut c, |f, _| f.allocate().map(|s| s.id()));
+    assert!(
+        allocated.is_some_and(|id| id != old),
+        "the slot being copied is not handed out: {allocated:?}"
+    );
+    assert_eq!(
+        free_slots(&mut c).0,
+        6,
+        "old (retiring), new; the one dropped is back"
+    );
+    check(&mut c);
+    family(&mut c, |f, tree| f.write_back_done(tree, &nodes, true));
+    assert_eq!(
+        free_slots(&mut c).0,
+        7,
+        "the copy is done: the old slot is free"
+    );
+    assert_eq!(
+        family(&mut c, |f, _| f.allocate().map(|s| s.id())),
+        Some(old),
+        "and the next to go out (lowest id first)"
+    );
+    assert_eq!(
+        (device_state(&c, node), host_state(&c, node).is_some()),
+        (Some(new), true),
+        "the locked device copy stays beside the host copy"
+    );
+    c.unlock(lock);
+    check(&mut c);
+}
+
 /// The root never holds a state (notes C.9: the reference attached one there, never to
 /// be found or freed).
 #[test]

@@ -1,0 +1,43 @@
+# kvtier differential script: python differential.py --replay FILE
+{
+    'version': 1,
+    'seed': 904,
+    'hybrid': True,
+    'config': {
+        'page_size': 4,
+        'decode_input_tokens': 1,
+        'max_batch_size': 1,
+        'max_scheduled_tokens': 4,
+        'enable_mixed_prefill_decode': False,
+        'enable_kv_cache_events': True,
+        'disable_l2_cache': False,
+        'disable_prefix_cache': False,
+        'num_device_pages': 8,
+        'num_host_pages': 7,
+        'enable_mamba': True,
+        'mamba_cache_chunk_size': 16,
+        'mamba_pool_total_chunks': 18,
+        'enable_mamba_l2': True,
+        'mamba_l2_host_slots': 64,
+    },
+    'requests': [
+        {
+            'id': 'r04',
+            'arrive': 32,
+            'prompt': [26, 17, 16, 7, 15],
+            'gen': 16,
+            'abort_at': None,
+            'reserve': {},
+        },
+        {
+            'id': 'r00',
+            'arrive': 33,
+            'prompt': [26, 17, 16, 7],
+            'gen': 2,
+            'abort_at': None,
+            'reserve': {},
+        },
+    ],
+    'wb_delays': {49: 2},
+    'max_steps': 400,
+}
