@@ -913,3 +913,62 @@ fn a_state_found_from_the_host_terminal_waits_for_room_for_the_whole_host_prefix
     assert_eq!(s.stats().retractions, 0);
     check(&mut s);
 }
+
+/// Hybrid seed 765, shrunk. r01 and r02 are retracted; r01's prefix is on device and on
+/// host, its state on host only. The reference's recovery makes its room over its own
+/// view of the match, the device KV capped at the deepest device state, so it evicts
+/// r01's own device pages past that state, then finds no state slots and waits; the
+/// evictions stay. kvtier's reference policies made the room of an exact resumption
+/// over the whole device match, evicted nothing, and later page ids differed. They now
+/// make the reference's room first in every recovery (and match again after it).
+#[test]
+fn a_recovery_makes_the_references_room_even_where_it_resumes_exactly() {
+    let mut s = sched(SchedulerConfig {
+        policy: Policy::ReferenceWheel,
+        publish_prefix_mid_flight: false,
+        page_size: 1,
+        device_pages: 15,
+        host_pages: 206,
+        max_scheduled_tokens: 4,
+        max_batch_size: 5,
+        enable_mixed_prefill_decode: false,
+        mamba: Some(kvtier_types::MambaSettings {
+            device_slots: 5,
+            host_slots: 50,
+            chunk: 4,
+        }),
+        ..fixture()
+    });
+    let mut engine = Engine::with_max_new(2);
+    engine.max_new.insert("r00".into(), 1);
+    engine.max_new.insert("r05".into(), 1);
+    submit(&mut s, "r00", vec![29, 4, 34, 36, 19, 13, 35, 26, 2]);
+    submit(&mut s, "r05", vec![1]);
+    submit(&mut s, "r04", vec![1, 1, 1]);
+    submit(&mut s, "r02", vec![1, 1, 1, 1, 1, 1]);
+    let mut seen = Vec::new();
+    for i in 0..16 {
+        if i == 4 {
+            submit(&mut s, "r01", vec![29, 4, 34, 36]);
+        }
+        let plan = step(&mut s, &mut engine);
+        let stats = s.stats();
+        seen.push((
+            row_ids(&plan),
+            stats.retracted,
+            stats.evicted_device_pages,
+            stats.available_device_pages,
+        ));
+    }
+    // Plan 9: r04 decodes alone while r01 and r02 wait; the recovery's room evicted two
+    // of r01's device pages, and the free count is the reference's.
+    let lone_decode = seen
+        .iter()
+        .position(|(rows, retracted, ..)| *rows == ["r04"] && *retracted == 2)
+        .expect("r04 decodes alone while two requests are retracted");
+    assert_eq!(lone_decode, 9, "{seen:?}");
+    assert_eq!(seen[8].2, 0, "nothing evicted before: {seen:?}");
+    assert_eq!((seen[9].2, seen[9].3), (2, 6), "{seen:?}");
+    assert!(s.is_idle(), "every request ends: {seen:?}");
+    check(&mut s);
+}

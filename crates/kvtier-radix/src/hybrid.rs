@@ -181,8 +181,9 @@ impl RadixCore {
     /// tokens (one at the published depth when the history ends there, or, under the
     /// reference policies, the slot it left at its retraction), else it is recomputed
     /// from the deepest state there is. Under the reference policies the request is
-    /// lost where the reference's search finds no state, resumed only where that search
-    /// finds its own, and recomputed once the reference would have had the room.
+    /// lost where the reference's search finds no state, makes the reference's room
+    /// first (`reference_recovery_room`), and is resumed only where that search finds
+    /// its own state, else recomputed.
     pub(crate) fn recovery_hybrid(
         &mut self,
         tokens: &[Token],
@@ -224,18 +225,26 @@ impl RadixCore {
         };
         let exact = (device_state.is_some() || host_state.is_some())
             && source.is_none_or(|n| n == terminal);
+        // The reference makes its room first, over its own view of the match, even
+        // where that evicts the request's own device KV (the next match finds it on
+        // host only then).
+        if let Some(source) = source
+            && !self.reference_recovery_room(kv, source, d)
+        {
+            return Outcome::Waits { held, commit: None };
+        }
         if depth == 0 || !exact {
-            // The reference resumes from whatever state it finds once it has the room
-            // (a shallower one computes on a wrong state: C.6); kvtier recomputes the
-            // request instead, at that same point rather than at once.
-            if let Some(source) = source
-                && !self.reference_recovery_room(kv, source, d)
-            {
-                return Outcome::Waits { held, commit: None };
-            }
+            // The reference resumes from whatever state it finds (a shallower one
+            // computes on a wrong state: C.6); kvtier recomputes the request instead,
+            // at that same point rather than at once.
             drop(held);
             return Outcome::Recompute;
         }
+        let kv = if source.is_some() {
+            self.match_prefix(tokens)
+        } else {
+            kv
+        };
         let (reserve_pages, new_tail_free) = grow(tail_free, d, ps);
         let load_back = kv.host_pages.saturating_sub(kv.device_pages);
         let footprint = kv.device_pages.max(kv.host_pages) + tail_pages + reserve_pages;
