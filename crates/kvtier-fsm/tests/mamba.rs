@@ -76,7 +76,7 @@ fn all_slots_home(s: &mut Scheduler, config: &SchedulerConfig) {
     let st = states(s);
     assert_eq!(
         (
-            st.free_device_slots + st.device_states,
+            st.free_device_slots + st.device_states + st.held_at_root,
             st.free_host_slots + st.host_states
         ),
         (m.device_slots, m.host_slots),

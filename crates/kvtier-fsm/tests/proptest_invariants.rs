@@ -1210,7 +1210,7 @@ impl Harness {
             // At quiescence only the tree holds state slots.
             prop_assert_eq!(
                 (
-                    states.free_device_slots + states.device_states,
+                    states.free_device_slots + states.device_states + states.held_at_root,
                     states.free_host_slots + states.host_states
                 ),
                 (

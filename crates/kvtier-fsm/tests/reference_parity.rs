@@ -972,3 +972,57 @@ fn a_recovery_makes_the_references_room_even_where_it_resumes_exactly() {
     assert!(s.is_idle(), "every request ends: {seen:?}");
     check(&mut s);
 }
+
+/// Hybrid seed 102 (C.9 in docs/notes/mamba-reference.md). A retracted request with no
+/// full page has the root as its terminal: the reference caches its slot there, where no
+/// match finds it, nothing evicts it and nothing frees it, so its pool is one slot
+/// smaller for good (and the request is given up: its recovery finds no state). kvtier
+/// freed that slot, so later slot ids and admissions differed. The reference policies
+/// now hold it at the root too, except in a pool that would be left without room for a
+/// pair, where the reference stalls for good (`reference-stall-hybrid-48.py`).
+#[test]
+fn a_retraction_at_the_root_holds_its_slot_there_for_good() {
+    for slots in [4u32, 2] {
+        let mut s = sched(reference(SchedulerConfig {
+            page_size: 2,
+            device_pages: 3,
+            host_pages: 0,
+            disable_l2_cache: true,
+            max_batch_size: 2,
+            mamba: Some(kvtier_types::MambaSettings {
+                device_slots: slots,
+                host_slots: 0,
+                chunk: 4,
+            }),
+            ..fixture()
+        }));
+        submit(&mut s, "r01", vec![1]);
+        submit(&mut s, "r03", vec![1]);
+        let mut engine = Engine::with_max_new(4);
+        let plans = drain(&mut s, &mut engine, 20);
+        let left = row_of(&plans[0], "r01").mamba.checkpoint_dst;
+        let given_up: Vec<String> = plans
+            .iter()
+            .flat_map(|p| &p.aborted)
+            .map(|a| a.request_id.to_string())
+            .collect();
+        assert_eq!(given_up, ["r01", "r03"], "their recovery finds no state");
+        let held = s.stats().states.expect("hybrid").held_at_root;
+        assert_eq!(held, u32::from(slots > 2), "{slots} slots");
+        submit(&mut s, "r05", vec![7]);
+        engine.max_new.insert("r05".into(), 1);
+        let plans = drain(&mut s, &mut engine, 20);
+        let r05 = row_of(&plans[0], "r05").mamba;
+        if slots > 2 {
+            assert_eq!((r05.working, r05.checkpoint_dst), (Some(0), Some(2)));
+            assert_eq!(
+                left,
+                Some(1),
+                "the slot held at the root is r01's checkpoint"
+            );
+        } else {
+            assert_eq!((r05.working, r05.checkpoint_dst), (Some(0), Some(1)));
+        }
+        check(&mut s);
+    }
+}

@@ -139,6 +139,9 @@ pub struct MambaStats {
     pub device_states: u32,
     /// Nodes holding a host state.
     pub host_states: u32,
+    /// A device slot held at the root, as the reference holds a retracted request's
+    /// there (reference policies only, C.9): neither free nor a node's state.
+    pub held_at_root: u32,
     /// Device states evicted (LRU leaves).
     pub device_evicted: u64,
     /// Host states evicted for room.
@@ -176,6 +179,9 @@ pub struct MambaFamily<N: Copy + Ord + Debug> {
     /// Device slots a state published again replaced while a write-back in flight
     /// still reads them (reference policies): freed at its acknowledgement.
     retiring: BTreeMap<N, Vec<SlotId>>,
+    /// A retracted request's slot the reference attached to the root (C.9; reference
+    /// policies only): no match finds it, nothing evicts or frees it.
+    at_root: Option<SlotId>,
     /// Nodes whose host copy landed and whose device copy waits to be demoted.
     to_demote: BTreeSet<N>,
     /// States this plan's rows copy from (default policy: kept until the next plan).
@@ -195,6 +201,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
             leaves: BTreeSet::new(),
             pending: BTreeMap::new(),
             retiring: BTreeMap::new(),
+            at_root: None,
             to_demote: BTreeSet::new(),
             protected: BTreeSet::new(),
             stats: MambaStats::default(),
@@ -745,6 +752,26 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
         self.stats.discarded += 1;
     }
 
+    /// A retracted request's slot that the reference caches at the root (C.9 in
+    /// docs/notes/mamba-reference.md; reference policies only): the first is held for
+    /// good, as the reference holds it (nothing finds, evicts or frees a state at the
+    /// root, so its pool is one slot smaller from then on); later ones are freed, as the
+    /// reference frees a slot it finds the node holding a state for. A pool that would
+    /// be left without room for a request's pair frees it too: there the reference
+    /// stalls for good, and kvtier does not follow it. Returns whether it was held.
+    pub fn hold_at_root(&mut self, slot: Slot) -> bool {
+        debug_assert!(
+            self.config.reference,
+            "a state at the root is the reference's"
+        );
+        if self.at_root.is_some() || self.config.device_slots < 3 {
+            self.discard(slot);
+            return false;
+        }
+        self.at_root = Some(self.device.adopt(slot));
+        true
+    }
+
     /// A fresh device slot for a request (its working or checkpoint slot), if one is
     /// free. Admission made room beforehand.
     pub fn allocate(&mut self) -> Option<Slot> {
@@ -985,6 +1012,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
             .filter(|a| a.device.is_some())
             .count() as u32;
         s.host_states = self.attached.values().filter(|a| a.host.is_some()).count() as u32;
+        s.held_at_root = u32::from(self.at_root.is_some());
         s
     }
 
@@ -1034,6 +1062,11 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
             if !seen[1].insert(s) {
                 return bad(format!("host slot {s} reserved twice"));
             }
+        }
+        if let Some(s) = self.at_root
+            && (!self.config.reference || !seen[0].insert(s))
+        {
+            return bad(format!("device slot {s} held at the root"));
         }
         for (&node, slots) in &self.retiring {
             if !live(node) {

@@ -427,7 +427,8 @@ impl RadixCore {
     /// [`Self::settle_states`] as the reference does it: its checkpoint if it has one,
     /// else its working slot, is cached on `node` whatever depth it holds (C.3), unless
     /// `node` holds a state already; the other slot is freed. One off `node`'s depth is
-    /// cached as such: no match reuses it, only the request's own recovery.
+    /// cached as such: no match reuses it, only the request's own recovery. At the root
+    /// it is held for good, as the reference holds it there (C.9).
     fn settle_states_as_the_reference(
         &mut self,
         node: NodeId,
@@ -443,8 +444,12 @@ impl RadixCore {
             }
             None => (pair.working, Some(working_at)),
         };
-        if !publish || occupied || node == self.root() {
+        if !publish || occupied {
             self.with_states(|s, _| s.discard(slot));
+        } else if node == self.root() {
+            // A retraction without a full page: the reference attaches the slot to the
+            // root, where it stays for good (C.9).
+            self.with_states(|s, _| s.hold_at_root(slot));
         } else if at == Some(self.depth_pages(node) * self.page_size()) {
             self.cache_state(Some(node), slot, at);
         } else {
