@@ -1238,10 +1238,15 @@ impl SchedulerCore {
         };
         local_kv.absorb(admission.pages, d, ps);
         let r = &self.requests[key];
-        let (states, cow_src) = match admission.states {
+        let (mut states, cow_src) = match admission.states {
             Some(grant) => (Some(grant.states), grant.cow_src),
             None => (None, None),
         };
+        // The row computes the history's last token, like a decode row: its checkpoint
+        // gets the state there where that ends a page.
+        if let Some(states) = states.as_mut() {
+            states.checkpoint_at = kvtier_mamba::decode_checkpoint_depth(r.tokens.len() as u32, ps);
+        }
         let run = Running {
             device_lock: admission.device_lock,
             host_lock: admission.host_lock,

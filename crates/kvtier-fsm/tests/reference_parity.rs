@@ -947,9 +947,11 @@ fn a_recovery_makes_the_references_room_even_where_it_resumes_exactly() {
     submit(&mut s, "r04", vec![1, 1, 1]);
     submit(&mut s, "r02", vec![1, 1, 1, 1, 1, 1]);
     let mut seen = Vec::new();
-    for i in 0..16 {
+    for i in 0..40 {
         if i == 4 {
             submit(&mut s, "r01", vec![29, 4, 34, 36]);
+        } else if i > 4 && s.is_idle() {
+            break;
         }
         let plan = step(&mut s, &mut engine);
         let stats = s.stats();
@@ -1025,4 +1027,93 @@ fn a_retraction_at_the_root_holds_its_slot_there_for_good() {
         }
         check(&mut s);
     }
+}
+
+/// Seeds 5249, 6040 and 9789 (plain; 6040 shrunk), and hybrid 612. r04's finish finds
+/// its last page already published by r01 (r04's prompt is r01's history), a leaf
+/// whose LRU key is old. The reference's insert only touches such a node: a leaf is
+/// keyed again when the leaf set changes around it or when one of the reference's own
+/// locks on it is released, and its finish never locks the terminal. kvtier re-keyed it
+/// twice, at the end of its insert and when it let go of the publication's lock, so a
+/// later eviction took r00's newer leaf instead of r01's old one.
+#[test]
+fn a_finish_that_finds_its_pages_published_leaves_their_lru_order_alone() {
+    let mut s = sched(SchedulerConfig {
+        policy: Policy::ReferenceWheel,
+        page_size: 2,
+        decode_input_tokens: 2,
+        device_pages: 9,
+        host_pages: 0,
+        disable_l2_cache: true,
+        max_batch_size: 1,
+        ..fixture()
+    });
+    let mut engine = Engine::default();
+    for (id, n) in [("r01", 3), ("r04", 1), ("r06", 2), ("r00", 2)] {
+        engine.max_new.insert(id.into(), n);
+    }
+    let r01 = vec![16, 35, 38, 19, 16, 21, 37, 33];
+    // r01 runs first (ids order the reference's queue) and generates 1000, 1001, 1002.
+    let mut r04 = r01.clone();
+    r04.extend([1000, 1001]);
+    submit(&mut s, "r04", r04);
+    submit(&mut s, "r06", vec![1]);
+    submit(&mut s, "r01", r01);
+    let mut plans = vec![step(&mut s, &mut engine)];
+    submit(&mut s, "r00", vec![1]);
+    plans.extend(drain(&mut s, &mut engine, 20));
+    let rows: Vec<Vec<String>> = plans.iter().map(row_ids).collect();
+    assert_eq!(rows[7], ["r06"], "{rows:?}");
+    // r01's fifth page holds its tail block (1000, 1001): the oldest leaf at plan 7.
+    let pages = |plan: &kvtier_types::ExecutionPlan| {
+        let r = &plan.forward.rows[0];
+        plan.forward.page_table[r.pages_start as usize..][..r.pages_len as usize].to_vec()
+    };
+    let r01_tail = pages(&plans[2])[4];
+    let r06 = pages(&plans[7]);
+    assert_eq!(
+        r06.last(),
+        Some(&r01_tail),
+        "r06 takes r01's tail page: {r06:?}"
+    );
+    check(&mut s);
+}
+
+/// Hybrid seeds 316 and 839. A recovery row computes the history's last token, as a
+/// decode row does: with pages of one token its checkpoint slot gets the state at the
+/// history's new page, and the reference caches it there at the next decode's commit.
+/// kvtier did not know what that slot held and freed it, so the next slots handed out
+/// differed (r01's recovery took it).
+#[test]
+fn a_recovery_rows_checkpoint_is_cached_like_a_decodes() {
+    let mut s = sched(reference(SchedulerConfig {
+        page_size: 1,
+        device_pages: 14,
+        host_pages: 64,
+        mamba: Some(kvtier_types::MambaSettings {
+            device_slots: 16,
+            host_slots: 0,
+            chunk: 1,
+        }),
+        ..fixture()
+    }));
+    submit(&mut s, "r00", tokens(1, 5));
+    submit(&mut s, "r01", tokens(100, 5));
+    let mut engine = Engine::with_max_new(8);
+    let plans = drain(&mut s, &mut engine, 40);
+    let recovery = |id: &str| {
+        plans
+            .iter()
+            .filter_map(|p| row(p, id))
+            .find(|r| r.kind == RowKind::Recovery)
+            .map(|r| r.mamba)
+            .unwrap_or_else(|| panic!("{id} is retracted and resumes"))
+    };
+    let (r00, r01) = (recovery("r00"), recovery("r01"));
+    let cached = r00.checkpoint_dst.expect("a recovery row has a checkpoint");
+    assert!(
+        ![r01.working, r01.checkpoint_dst].contains(&Some(cached)),
+        "r00's recovery checkpoint stays cached: {r00:?} {r01:?}"
+    );
+    check(&mut s);
 }

@@ -1361,7 +1361,7 @@ def classify_divergence(d, ref, ours, current_ref, current_ours, comp) -> str | 
         return "wrong-state-read"
     if ref.abort_during_copy:
         return "abort-during-copy"
-    if _reference_stalls(ref, d.step):
+    if _reference_stalls(ref, d.step, d.phase, current_ref):
         return "reference-stall"
     return None
 
@@ -1553,21 +1553,37 @@ def _reference_reads_wrong_state(ref, step: int, phase: str, plan: dict | None,
         return False
 
 
-def _reference_stalls(ref, step: int, steps: int = 80, quiet: int = 2) -> bool:
+def _reference_stalls(ref, step: int, phase: str = "", plan: dict | None = None,
+                      steps: int = 80, quiet: int = 2) -> bool:
     """The reference, driven on alone by its driver, for `quiet` steps in a row runs no
     row and no copy, with no acknowledgement due and its sizes unchanged, while it holds
     retracted requests, or waiting ones with nothing running: a deadlock (nothing but
     an abort the script sends later can end it; kvtier breaks it by recomputing the
-    request, or gives up one that can never fit again, or never had it)."""
+    request, or gives up one that can never fit again, or never had it). A divergence
+    right after a plan counts that plan as the first of those steps (an abort the
+    script sends at the next step may end the deadlock kvtier broke at once)."""
+
+    def stalled(snap) -> tuple[bool, dict]:
+        ran = any(f["request_ids"] for f in snap["forward"])
+        idle = not ran and not snap["cache"] and not ref.pending_acks
+        sizes = ref.sizes()
+        stuck = sizes["retract_count"] > 0 or (
+            sizes["waiting_size"] > 0 and not sizes["prefilling_size"] and not sizes["decoding_size"])
+        return idle and stuck, sizes
+
     try:
+        # Driven without the script's later aborts: the question is whether anything
+        # else could end it.
+        ref.reqs = {rid: dict(r, abort_at=None) for rid, r in ref.reqs.items()}
         still, last = 0, None
+        if phase == "next_execution_plan" and plan is not None:
+            idle, last = stalled(plan)
+            still = int(idle)
+            ref.sched.advance(ref.build_event(step, plan, _write_back_order(plan))[0])
+            ref.sched.drain_kv_events()
         for snap in _reference_alone(ref, step + 1, steps):
-            ran = any(f["request_ids"] for f in snap["forward"])
-            idle = not ran and not snap["cache"] and not ref.pending_acks
-            sizes = ref.sizes()
-            stuck = sizes["retract_count"] > 0 or (
-                sizes["waiting_size"] > 0 and not sizes["prefilling_size"] and not sizes["decoding_size"])
-            still = still + 1 if idle and stuck and sizes == last else 0
+            idle, sizes = stalled(snap)
+            still = still + 1 if idle and sizes == last else 0
             last = sizes
             if still >= quiet:
                 return True

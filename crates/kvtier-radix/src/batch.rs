@@ -685,7 +685,16 @@ impl RadixCore {
                 };
                 // The request lets go of its prefix only now, after the match above
                 // used it, as the reference does (its unlock re-keys the LRU order).
-                for lock in lock.into_iter().chain([device_lock]).chain(host_lock) {
+                // The reference never locks the publication's terminal, so releasing
+                // that lock moves nothing in the LRU order under its policies.
+                if let Some(lock) = lock {
+                    if self.is_reference() {
+                        self.unlock_transient(lock);
+                    } else {
+                        self.unlock(lock);
+                    }
+                }
+                for lock in [device_lock].into_iter().chain(host_lock) {
                     self.unlock(lock);
                 }
                 let freed = self.free(Tier::Device, leftover);

@@ -40,7 +40,19 @@ impl RadixCore {
         self.release_lock(lock.node, lock.tier);
     }
 
+    /// Releases a lock the reference never takes (reference policies): a node it leaves
+    /// unlocked keeps its place in the LRU order instead of being keyed again by its last
+    /// access, as a release of one of the reference's own locks does.
+    pub fn unlock_transient(&mut self, mut lock: NodeLock) {
+        lock.home = None;
+        self.release(lock.node, lock.tier, false);
+    }
+
     pub(super) fn release_lock(&mut self, node: NodeId, tier: Tier) {
+        self.release(node, tier, true);
+    }
+
+    fn release(&mut self, node: NodeId, tier: Tier, rekey: bool) {
         if !self.is_live(node) {
             debug_assert!(false, "lock on a removed node {node:?}");
             return;
@@ -63,7 +75,7 @@ impl RadixCore {
                 if tier == Tier::Device {
                     self.device_unpinned += 1;
                 }
-                if in_lru {
+                if in_lru && rekey {
                     self.lru_insert(cur, tier);
                 }
                 if pages == 0 {

@@ -53,6 +53,7 @@ impl RadixCore {
     /// Removes resource-less, unlocked, childless nodes from `id` upwards; returns the
     /// first survivor.
     pub(super) fn prune_up(&mut self, mut id: NodeId) -> NodeId {
+        let first = id;
         while id != self.root {
             let n = self.node(id);
             let removable = n.children.is_empty()
@@ -71,8 +72,14 @@ impl RadixCore {
             self.gens[id.idx as usize] = self.gens[id.idx as usize].wrapping_add(1);
             id = parent;
         }
-        for tier in Tier::ALL {
-            self.update_leaf(id, tier);
+        // A survivor that lost no child keeps its LRU key under the reference policies:
+        // the reference re-keys a leaf only when the leaf set changes around it, and an
+        // insert that found its pages already there changes nothing (a touch alone does
+        // not move a leaf).
+        if id != first || !self.reference {
+            for tier in Tier::ALL {
+                self.update_leaf(id, tier);
+            }
         }
         id
     }
