@@ -108,6 +108,9 @@ struct Attached {
 /// [`Attached::off_depth`] of a checkpoint slot the worker never wrote.
 const UNWRITTEN: u32 = u32::MAX;
 
+/// Device slots a running request holds: its working and its checkpoint slot.
+const REQUEST_SLOTS: u32 = 2;
+
 /// The Mamba-capped view of a KV prefix match (§1.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CappedMatch<N> {
@@ -764,7 +767,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
             self.config.reference,
             "a state at the root is the reference's"
         );
-        if self.at_root.is_some() || self.config.device_slots < 3 {
+        if self.at_root.is_some() || self.config.device_slots <= REQUEST_SLOTS {
             self.discard(slot);
             return false;
         }
