@@ -1459,7 +1459,34 @@ def _forgotten_together(d, ref, ours) -> bool:
         return True
     permuted = (isinstance(d.ref, list) and isinstance(d.ours, list)
                 and [sorted(r) for r in d.ref] == [sorted(r) for r in d.ours])
-    return permuted and any(stopped_together(events) for _, events in ref.log)
+    if permuted and any(stopped_together(events) for _, events in ref.log):
+        return True
+    # Or one page handed out later: the reference's id and ours are the pages of two
+    # different requests that stopped together (each side freed them in its order).
+    pair = _conflicting_group_pair(d.note or "")
+    if pair is None:
+        return False
+    group, ref_id, our_id = pair
+    for _, events in ref.log:
+        stopped = {rid for kind, rid, *_ in events if kind in ("Finish", "Abort")}
+        if len(stopped) < 2:
+            continue
+        held_ref = {rid for rid in stopped if ref_id in ref.group_pages.get(rid, {}).get(group, ())}
+        held_ours = {rid for rid in stopped if our_id in ours.group_pages.get(rid, {}).get(group, ())}
+        if held_ref and held_ours and held_ref != held_ours:
+            return True
+    return False
+
+
+def _conflicting_group_pair(note: str):
+    """(group, reference id, our id) of the paged-group page pair a bijection refused."""
+    m = re.search(r"group:(\S+) id (-?\d+) was mapped to (-?\d+), now to (-?\d+)", note)
+    if m:
+        return m.group(1), int(m.group(2)), int(m.group(4))
+    m = re.search(r"group:(\S+) id (-?\d+) \(ours\) was mapped from (-?\d+), now from (-?\d+)", note)
+    if m:
+        return m.group(1), int(m.group(4)), int(m.group(2))
+    return None
 
 
 def _row_group_pages(f: dict, i: int) -> dict[str, set[int]]:
