@@ -1117,3 +1117,68 @@ fn a_recovery_rows_checkpoint_is_cached_like_a_decodes() {
     );
     check(&mut s);
 }
+
+/// Hybrid seeds 1419, 3608, 4070 and 6821 (3608 shrunk). r03 and r04 share a prompt.
+/// r04's retraction copies the prefix and its states to host; at the acknowledgement,
+/// their device copies stay, because r03 still runs on them. Then r03 is retracted
+/// with nothing left to copy. The reference completes such a retraction as if its copy
+/// were acknowledged at once, so device copies of states that have host copies and that
+/// nothing holds any more are demoted, and their slots go out again (r07's checkpoint).
+/// kvtier's reference policies kept them until the next acknowledgement.
+#[test]
+fn a_retraction_with_nothing_to_copy_demotes_idle_states_under_the_reference_policy() {
+    let mut s = sched(SchedulerConfig {
+        policy: Policy::ReferenceWheel,
+        page_size: 2,
+        max_batch_size: 5,
+        max_scheduled_tokens: 5,
+        device_pages: 11,
+        host_pages: 174,
+        mamba: Some(kvtier_types::MambaSettings {
+            device_slots: 18,
+            host_slots: 64,
+            chunk: 4,
+        }),
+        ..fixture()
+    });
+    let mut engine = Engine::default();
+    for (id, n) in [
+        ("r01", 4),
+        ("r05", 4),
+        ("r04", 3),
+        ("r00", 2),
+        ("r03", 3),
+        ("r07", 1),
+    ] {
+        engine.max_new.insert(id.into(), n);
+    }
+    let prompt = vec![35, 39, 14, 25, 34, 34, 14, 1];
+    let mut longer = prompt.clone();
+    longer.extend([37, 29]);
+    submit(&mut s, "r01", vec![1]);
+    submit(&mut s, "r05", vec![1]);
+    submit(&mut s, "r04", prompt.clone());
+    submit(&mut s, "r00", longer);
+    submit(&mut s, "r03", prompt);
+    submit(&mut s, "r07", vec![1, 1]);
+    let demoted = |s: &mut kvtier_fsm::Scheduler| s.stats().states.expect("hybrid").device_demoted;
+    let mut second_retraction = None;
+    for _ in 0..40 {
+        let before = (s.stats().retractions, demoted(&mut s));
+        let plan = step(&mut s, &mut engine);
+        let after = (s.stats().retractions, demoted(&mut s));
+        if before.0 == 1 && after.0 == 2 {
+            assert!(plan.write_backs.is_empty(), "nothing left to copy");
+            second_retraction = Some(after.1 - before.1);
+        }
+        if s.is_idle() {
+            break;
+        }
+    }
+    assert_eq!(
+        second_retraction,
+        Some(2),
+        "the shared prefix's two states are demoted"
+    );
+    check(&mut s);
+}

@@ -725,6 +725,7 @@ impl RadixCore {
                 {
                     self.settle_states(m.device, states, true);
                 }
+                let mut nothing_to_copy = false;
                 let outcome = if m.device_pages > m.host_pages {
                     match self.attach_write_back(m.device, m.host) {
                         Some(attached) => {
@@ -751,6 +752,7 @@ impl RadixCore {
                         }
                     }
                 } else {
+                    nothing_to_copy = true;
                     let host_lock = self.lock(m.device, Tier::Host);
                     self.unlock(device_lock);
                     // The whole prefix is on host already: kvtier frees its device copy
@@ -770,6 +772,12 @@ impl RadixCore {
                     let publish =
                         !(self.is_reference() && matches!(outcome, RetractOutcome::HostExhausted));
                     self.settle_states(m.device, states, publish);
+                }
+                if nothing_to_copy && self.is_reference() {
+                    // The reference completes such a retraction as if its copy were
+                    // acknowledged at once: device copies of states that have host
+                    // copies, and that nothing holds any more, go (its KV stays).
+                    self.with_states(|states, tree| states.demote_idle(tree));
                 }
                 if let Some(lock) = old_host_lock {
                     self.unlock(lock);
