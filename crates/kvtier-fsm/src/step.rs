@@ -928,11 +928,8 @@ impl SchedulerCore {
         let begin = run.take_row_begin(reference);
         run.local_kv.absorb(pages, reserve, ps);
         run.reserve = d;
-        if let Some(states) = run.states.as_mut()
-            && states.checkpoint.is_some()
-            && let Some(at) = kvtier_mamba::decode_checkpoint_depth(new_len, ps)
-        {
-            states.checkpoint_at = Some(at);
+        if let Some(states) = run.states.as_mut() {
+            states.row_ends_at(new_len, ps);
         }
         let r = &self.requests[key];
         if let Some(run) = r.state.running() {
@@ -1242,10 +1239,9 @@ impl SchedulerCore {
             Some(grant) => (Some(grant.states), grant.cow_src),
             None => (None, None),
         };
-        // The row computes the history's last token, like a decode row: its checkpoint
-        // gets the state there where that ends a page.
+        // The row computes the history's last token, like a decode row.
         if let Some(states) = states.as_mut() {
-            states.checkpoint_at = kvtier_mamba::decode_checkpoint_depth(r.tokens.len() as u32, ps);
+            states.row_ends_at(r.tokens.len() as u32, ps);
         }
         let run = Running {
             device_lock: admission.device_lock,

@@ -131,6 +131,14 @@ pub struct CappedMatch<N> {
     pub branching: Option<u32>,
 }
 
+impl<N: PartialEq> CappedMatch<N> {
+    /// Whether the state to copy was found from the host terminal (#612: `source` off
+    /// the device terminal), where the reference leaves the host prefix uncapped.
+    pub fn found_from_host(&self) -> bool {
+        self.source.as_ref().is_some_and(|s| *s != self.device)
+    }
+}
+
 /// Counters of the family (the reference's probe counters where it has them).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MambaStats {

@@ -27,6 +27,18 @@ impl RequestStates {
         }
     }
 
+    /// A row that ends the history at `len` tokens (a decode or a recovery row) was
+    /// emitted: its checkpoint, if it has one, gets the state there where that ends a
+    /// page ([`crate::decode_checkpoint_depth`]).
+    #[inline]
+    pub fn row_ends_at(&mut self, len: u32, page_size: u32) {
+        if self.checkpoint.is_some()
+            && let Some(at) = crate::decode_checkpoint_depth(len, page_size)
+        {
+            self.checkpoint_at = Some(at);
+        }
+    }
+
     /// Takes the checkpoint slot out with the depth it holds a state for.
     pub fn take_checkpoint(&mut self) -> Option<(Slot, Option<u32>)> {
         let slot = self.checkpoint.take()?;

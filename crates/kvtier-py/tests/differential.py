@@ -1430,15 +1430,22 @@ def _published_other_mamba_slot(d, ref, ours, current_ref, current_ours, comp) -
     return False
 
 
-def _conflicting_pair(note: str):
-    """(reference id, our id) of the pair a bijection refused, from its note."""
-    m = re.search(r"mamba id (-?\d+) was mapped to (-?\d+), now to (-?\d+)", note)
+def _refused_pair(note: str, namespace: str = "mamba"):
+    """(namespace, reference id, our id) of the pair a bijection of `namespace` (a
+    regular expression; a paged group's is "group:" and its id) refused, from its note."""
+    m = re.search(rf"({namespace}) id (-?\d+) was mapped to (-?\d+), now to (-?\d+)", note)
     if m:
-        return int(m.group(1)), int(m.group(3))
-    m = re.search(r"mamba id (-?\d+) \(ours\) was mapped from (-?\d+), now from (-?\d+)", note)
+        return m.group(1), int(m.group(2)), int(m.group(4))
+    m = re.search(rf"({namespace}) id (-?\d+) \(ours\) was mapped from (-?\d+), now from (-?\d+)", note)
     if m:
-        return int(m.group(3)), int(m.group(1))
+        return m.group(1), int(m.group(4)), int(m.group(2))
     return None
+
+
+def _conflicting_pair(note: str):
+    """(reference id, our id) of the Mamba slot pair a bijection refused."""
+    pair = _refused_pair(note)
+    return pair and pair[1:]
 
 
 def _forgotten_together(d, ref, ours) -> bool:
@@ -1463,10 +1470,10 @@ def _forgotten_together(d, ref, ours) -> bool:
         return True
     # Or one page handed out later: the reference's id and ours are the pages of two
     # different requests that stopped together (each side freed them in its order).
-    pair = _conflicting_group_pair(d.note or "")
+    pair = _refused_pair(d.note or "", r"group:\S+")
     if pair is None:
         return False
-    group, ref_id, our_id = pair
+    group, ref_id, our_id = pair[0].removeprefix("group:"), pair[1], pair[2]
     for _, events in ref.log:
         stopped = {rid for kind, rid, *_ in events if kind in ("Finish", "Abort")}
         if len(stopped) < 2:
@@ -1476,17 +1483,6 @@ def _forgotten_together(d, ref, ours) -> bool:
         if held_ref and held_ours and held_ref != held_ours:
             return True
     return False
-
-
-def _conflicting_group_pair(note: str):
-    """(group, reference id, our id) of the paged-group page pair a bijection refused."""
-    m = re.search(r"group:(\S+) id (-?\d+) was mapped to (-?\d+), now to (-?\d+)", note)
-    if m:
-        return m.group(1), int(m.group(2)), int(m.group(4))
-    m = re.search(r"group:(\S+) id (-?\d+) \(ours\) was mapped from (-?\d+), now from (-?\d+)", note)
-    if m:
-        return m.group(1), int(m.group(4)), int(m.group(2))
-    return None
 
 
 def _row_group_pages(f: dict, i: int) -> dict[str, set[int]]:

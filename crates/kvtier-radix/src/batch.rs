@@ -725,8 +725,8 @@ impl RadixCore {
                 {
                     self.settle_states(m.device, states, true);
                 }
-                let mut nothing_to_copy = false;
-                let outcome = if m.device_pages > m.host_pages {
+                let nothing_to_copy = m.device_pages <= m.host_pages;
+                let outcome = if !nothing_to_copy {
                     match self.attach_write_back(m.device, m.host) {
                         Some(attached) => {
                             let host_lock = self.lock(m.device, Tier::Host);
@@ -752,7 +752,6 @@ impl RadixCore {
                         }
                     }
                 } else {
-                    nothing_to_copy = true;
                     let host_lock = self.lock(m.device, Tier::Host);
                     self.unlock(device_lock);
                     // The whole prefix is on host already: kvtier frees its device copy

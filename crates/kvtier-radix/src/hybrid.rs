@@ -70,7 +70,7 @@ impl RadixCore {
         // Where the state was found from the host terminal (#612), the reference reuses
         // the whole host prefix, deeper than the state (C.7), and makes room to load all
         // of it back. kvtier loads back only down to the state, after the same room.
-        let room = if self.is_reference() && capped.source.is_some_and(|s| s != capped.device) {
+        let room = if self.is_reference() && capped.found_from_host() {
             ask.shape(0, kv.host_pages, ps).need
         } else {
             shape.need
