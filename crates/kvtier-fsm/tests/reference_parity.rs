@@ -1182,3 +1182,49 @@ fn a_retraction_with_nothing_to_copy_demotes_idle_states_under_the_reference_pol
     );
     check(&mut s);
 }
+
+/// Hybrid seed 4007 (and 25 seeds of 0–9,999 that showed as `unwritten-checkpoint`):
+/// with prefix reuse off, the reference's finish looks its terminal up with a reuse
+/// match, which answers the root, so the finished request's state goes to the root,
+/// where it stays for good (C.9). Its pool is one slot short from then on: of two
+/// requests that arrive together, only one gets its pair. kvtier's reference policy
+/// cached the state on the published node, where the next admission evicted it, and
+/// ran both.
+#[test]
+fn with_prefix_reuse_off_a_finished_requests_state_goes_to_the_root() {
+    for policy in [Policy::ReferenceWheel, Policy::default()] {
+        let mut s = sched(SchedulerConfig {
+            policy,
+            publish_prefix_mid_flight: false,
+            page_size: 1,
+            device_pages: 40,
+            host_pages: 0,
+            disable_l2_cache: true,
+            disable_prefix_cache: true,
+            mamba: Some(kvtier_types::MambaSettings {
+                device_slots: 4,
+                host_slots: 0,
+                chunk: 1,
+            }),
+            ..fixture()
+        });
+        let mut engine = Engine::with_max_new(1);
+        submit(&mut s, "r00", vec![3, 1, 4]);
+        drain(&mut s, &mut engine, 10);
+        submit(&mut s, "r01", vec![1, 5]);
+        submit(&mut s, "r02", vec![9, 2]);
+        let plan = step(&mut s, &mut engine);
+        let held = s.stats().states.expect("hybrid").held_at_root;
+        if policy == Policy::default() {
+            assert_eq!(held, 0, "kvtier frees it");
+            assert_eq!(row_ids(&plan), ["r01", "r02"]);
+        } else {
+            assert_eq!(held, 1, "the reference holds r00's state at the root");
+            assert_eq!(row_ids(&plan), ["r01"], "three slots left: one pair");
+        }
+        drain(&mut s, &mut engine, 10);
+        let held_after = s.stats().states.expect("hybrid").held_at_root;
+        assert_eq!(held_after, held, "the root holds one state at most");
+        check(&mut s);
+    }
+}

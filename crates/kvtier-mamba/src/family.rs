@@ -96,20 +96,37 @@ type Aged<N> = ((u64, u64), N);
 struct Attached {
     device: Option<SlotId>,
     host: Option<SlotId>,
-    /// Under the reference policies, the depth the node's states hold when it is not the
-    /// node's own: a stopped request's slot cached where it stopped, as the reference
-    /// caches it (C.3; `UNWRITTEN`: a checkpoint never written). It takes slots, is
-    /// copied to host and evicted like any state, but no match reuses it: only the
-    /// request that left it resumes from it, and only when it holds exactly that
-    /// request's history. A state published there at the node's own depth replaces it.
-    off_depth: Option<u32>,
+    /// Under the reference policies, the depth the device state holds when it is not
+    /// the node's own: a stopped request's slot cached where it stopped, as the
+    /// reference caches it (C.3; `UNWRITTEN`: a checkpoint never written). It takes
+    /// slots, is copied to host and evicted like any state, but no match reuses it:
+    /// only the request that left it resumes from it, and only when it holds exactly
+    /// that request's history. A state published there at the node's own depth
+    /// replaces it.
+    device_off: Option<u32>,
+    /// The same for the host state (a copy of such a device state, or loaded back as
+    /// one). The two differ where the reference caches a stopped request's slot on a
+    /// node whose only state is a host copy at the node's depth.
+    host_off: Option<u32>,
 }
 
-/// [`Attached::off_depth`] of a checkpoint slot the worker never wrote.
+/// [`Attached::device_off`] of a checkpoint slot the worker never wrote.
 const UNWRITTEN: u32 = u32::MAX;
 
 /// Device slots a running request holds: its working and its checkpoint slot.
 const REQUEST_SLOTS: u32 = 2;
+
+/// A state's write-back in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PendingCopy {
+    /// The host slot it fills, attached at its acknowledgement.
+    host: SlotId,
+    /// The device slot it reads: freed only after the acknowledgement, even if a state
+    /// published again replaces it.
+    reads: SlotId,
+    /// [`Attached::device_off`] of the state it copies.
+    off: Option<u32>,
+}
 
 /// The Mamba-capped view of a KV prefix match (§1.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,11 +202,13 @@ pub struct MambaFamily<N: Copy + Ord + Debug> {
     attached: BTreeMap<N, Attached>,
     /// Reference policy: the eviction candidates as the reference tracks them.
     leaves: BTreeSet<N>,
-    /// Host slots reserved by write-backs in flight, not yet attached.
-    pending: BTreeMap<N, SlotId>,
+    /// Write-backs in flight: the host slot each reserved (not yet attached) and the
+    /// device slot it reads.
+    pending: BTreeMap<N, PendingCopy>,
     /// Device slots a state published again replaced while a write-back in flight
-    /// still reads them (reference policies): freed at its acknowledgement.
-    retiring: BTreeMap<N, Vec<SlotId>>,
+    /// still reads them (reference policies): freed at its acknowledgement. A slot
+    /// replaced that no copy reads is freed at once, as the reference frees it.
+    retiring: BTreeMap<N, SlotId>,
     /// A retracted request's slot the reference attached to the root (C.9; reference
     /// policies only): no match finds it, nothing evicts or frees it.
     at_root: Option<SlotId>,
@@ -249,7 +268,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
     /// The deepest node from `node` up (root excluded) holding a device state a match
     /// may reuse (one at its node's depth).
     pub fn last_device_state<T: StateTree<Node = N>>(&self, tree: &T, node: N) -> Option<N> {
-        self.last_with(tree, node, |a| a.device.is_some() && a.off_depth.is_none())
+        self.last_with(tree, node, |a| a.device.is_some() && a.device_off.is_none())
     }
 
     /// The device and host slots on `node` that hold exactly the state after `depth`
@@ -264,14 +283,18 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
         let Some(a) = self.attached.get(&node) else {
             return (None, None);
         };
-        let holds = a.off_depth.unwrap_or(tree.depth(node)) == depth;
-        (a.device.filter(|_| holds), a.host.filter(|_| holds))
+        let own = tree.depth(node);
+        let on = |off: Option<u32>| off.unwrap_or(own) == depth;
+        (
+            a.device.filter(|_| on(a.device_off)),
+            a.host.filter(|_| on(a.host_off)),
+        )
     }
 
     /// The deepest node from `node` up (root excluded) holding a host state a match may
     /// reuse (one at its node's depth).
     pub fn last_host_state<T: StateTree<Node = N>>(&self, tree: &T, node: N) -> Option<N> {
-        self.last_with(tree, node, |a| a.host.is_some() && a.off_depth.is_none())
+        self.last_with(tree, node, |a| a.host.is_some() && a.host_off.is_none())
     }
 
     fn last_with<T: StateTree<Node = N>>(
@@ -625,6 +648,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
     fn take_device(&mut self, node: N) -> Option<SlotId> {
         let a = self.attached.get_mut(&node)?;
         let slot = a.device.take();
+        a.device_off = None;
         if a.device.is_none() && a.host.is_none() {
             self.attached.remove(&node);
         }
@@ -634,6 +658,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
     fn take_host(&mut self, node: N) -> Option<SlotId> {
         let a = self.attached.get_mut(&node)?;
         let slot = a.host.take();
+        a.host_off = None;
         if a.device.is_none() && a.host.is_none() {
             self.attached.remove(&node);
         }
@@ -655,14 +680,16 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
         if held && self.config.reference && !self.protected.contains(&node) {
             let id = self.device.adopt(slot);
             let a = self.attached.entry(node).or_default();
-            // A host copy of a state off the node's depth would now pass for this one.
-            let stale_host = match a.off_depth.take() {
+            a.device_off = None;
+            // A host copy of a state off the node's depth goes with it.
+            let stale_host = match a.host_off.take() {
                 Some(_) => a.host.take(),
                 None => None,
             };
             if let Some(old) = a.device.replace(id) {
-                if self.pending.contains_key(&node) {
-                    self.retiring.entry(node).or_default().push(old);
+                if self.pending.get(&node).is_some_and(|p| p.reads == old) {
+                    let earlier = self.retiring.insert(node, old);
+                    debug_assert!(earlier.is_none(), "a copy reads one slot");
                 } else {
                     self.device.release(old);
                 }
@@ -692,9 +719,10 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
 
     /// Caches a stopped request's `slot` on `node` although it holds the state after
     /// `at` tokens (`None`: never written), not after the node's own (the reference
-    /// policies only: the reference caches it there, C.3). A node that holds a state
-    /// already, or a host copy, keeps it and the slot is freed. Returns whether it was
-    /// attached.
+    /// policies only: the reference caches it there, C.3). A node that holds a device
+    /// state already, or a write-back in flight, keeps it and the slot is freed; a host
+    /// state alone does not stop it, as the reference looks at the device state only.
+    /// Returns whether it was attached.
     pub fn publish_off_depth<T: StateTree<Node = N>>(
         &mut self,
         tree: &T,
@@ -706,10 +734,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
             self.config.reference,
             "states off their depth are the reference's"
         );
-        let occupied = self
-            .attached
-            .get(&node)
-            .is_some_and(|a| a.device.is_some() || a.host.is_some());
+        let occupied = self.device_slot(node).is_some();
         if node == tree.root() || occupied || self.pending.contains_key(&node) {
             self.device.free(slot);
             self.stats.discarded += 1;
@@ -718,7 +743,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
         let id = self.device.adopt(slot);
         let a = self.attached.entry(node).or_default();
         a.device = Some(id);
-        a.off_depth = Some(at.unwrap_or(UNWRITTEN));
+        a.device_off = Some(at.unwrap_or(UNWRITTEN));
         self.track(tree, node);
         self.stats.published += 1;
         true
@@ -819,8 +844,8 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
     /// The node's host KV was evicted: its host state, and a host slot a write-back
     /// reserved for it, go.
     pub fn on_host_evicted(&mut self, node: N) {
-        if let Some(slot) = self.pending.remove(&node) {
-            self.host.release(slot);
+        if let Some(copy) = self.pending.remove(&node) {
+            self.host.release(copy.host);
         }
         if let Some(slot) = self.take_host(node) {
             self.host.release(slot);
@@ -833,7 +858,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
     /// first, so no set names a node that no longer exists (#357).
     pub fn on_node_removed<T: StateTree<Node = N>>(&mut self, tree: &T, node: N) {
         self.leaves.remove(&node);
-        for old in self.retiring.remove(&node).unwrap_or_default() {
+        if let Some(old) = self.retiring.remove(&node) {
             self.device.release(old);
         }
         if let Some(slot) = self.take_device(node) {
@@ -888,12 +913,16 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
         if !self.config.host_copies() {
             return (Vec::new(), Vec::new());
         }
-        let wanted: Vec<(N, SlotId)> = nodes
+        let wanted: Vec<(N, SlotId, Option<u32>)> = nodes
             .iter()
             .filter_map(|&n| {
                 let a = self.attached.get(&n)?;
                 let device = a.device?;
-                (a.host.is_none() && !self.pending.contains_key(&n)).then_some((n, device))
+                (a.host.is_none() && !self.pending.contains_key(&n)).then_some((
+                    n,
+                    device,
+                    a.device_off,
+                ))
             })
             .collect();
         if wanted.is_empty() || !self.ensure_host(tree, wanted.len() as u32) {
@@ -901,12 +930,19 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
         }
         let mut pairs = Vec::with_capacity(wanted.len());
         let mut filled = Vec::with_capacity(wanted.len());
-        for (node, device) in wanted {
+        for (node, device, off) in wanted {
             let Some(host) = self.host.take() else {
                 debug_assert!(false, "ensure_host made room");
                 break;
             };
-            self.pending.insert(node, host);
+            self.pending.insert(
+                node,
+                PendingCopy {
+                    host,
+                    reads: device,
+                    off,
+                },
+            );
             filled.push(node);
             pairs.push(TransferPair {
                 kind: TransferKind::Mamba,
@@ -951,14 +987,19 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
         success: bool,
     ) {
         for &node in nodes {
-            for old in self.retiring.remove(&node).unwrap_or_default() {
+            if let Some(old) = self.retiring.remove(&node) {
                 self.device.release(old);
             }
-            let Some(slot) = self.pending.remove(&node) else {
+            let Some(PendingCopy {
+                host: slot, off, ..
+            }) = self.pending.remove(&node)
+            else {
                 continue;
             };
             if success {
-                self.attached.entry(node).or_default().host = Some(slot);
+                let a = self.attached.entry(node).or_default();
+                a.host = Some(slot);
+                a.host_off = off;
                 self.stats.host_attached += 1;
                 self.to_demote.insert(node);
             } else {
@@ -1001,7 +1042,9 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
             return None;
         }
         let dst = self.device.take()?;
-        self.attached.entry(node).or_default().device = Some(dst);
+        let a = self.attached.entry(node).or_default();
+        a.device = Some(dst);
+        a.device_off = a.host_off;
         self.track(tree, node);
         Some(TransferPair {
             kind: TransferKind::Mamba,
@@ -1053,7 +1096,12 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
             if a.device.is_none() && a.host.is_none() {
                 return bad(format!("an empty attachment on {node:?}"));
             }
-            if a.off_depth.is_some() && !self.config.reference {
+            if (a.device.is_none() && a.device_off.is_some())
+                || (a.host.is_none() && a.host_off.is_some())
+            {
+                return bad(format!("a depth recorded for a missing state on {node:?}"));
+            }
+            if (a.device_off.is_some() || a.host_off.is_some()) && !self.config.reference {
                 return bad(format!(
                     "a state off its depth on {node:?} outside the reference policy"
                 ));
@@ -1066,7 +1114,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
                 }
             }
         }
-        for (&node, &s) in &self.pending {
+        for (&node, &PendingCopy { host: s, .. }) in &self.pending {
             if !live(node) {
                 return bad(format!("a reserved host slot on a removed node {node:?}"));
             }
@@ -1079,14 +1127,12 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
         {
             return bad(format!("device slot {s} held at the root"));
         }
-        for (&node, slots) in &self.retiring {
+        for (&node, &s) in &self.retiring {
             if !live(node) {
                 return bad(format!("a retiring slot on a removed node {node:?}"));
             }
-            for &s in slots {
-                if !seen[0].insert(s) {
-                    return bad(format!("device slot {s} retiring and attached"));
-                }
+            if !seen[0].insert(s) {
+                return bad(format!("device slot {s} retiring and attached"));
             }
         }
         if let Some(stale) = self.leaves.iter().find(|n| !live(**n)) {

@@ -916,8 +916,6 @@ class Side:
         # steps at which an Abort was sent: for the known-difference checks.
         self.acked_now: list[tuple[int, int]] = []
         self.abort_during_copy = False
-        # Each request's Mamba slots (working, checkpoint) as of its last row.
-        self.mamba_slots: dict[str, tuple[int, int]] = {}
         # Each request's paged-group pages as of its last row: group id -> page ids.
         self.group_pages: dict[str, dict[str, set[int]]] = {}
         self.abort_steps: list[int] = []
@@ -1189,8 +1187,6 @@ def run_script(script: dict, ref_module, kv_module, id_modes: dict | None = None
                 if hybrid:
                     for f in snap["forward"]:
                         for i, rid in enumerate(f["request_ids"]):
-                            side.mamba_slots[rid] = (f["mamba_pool_indices"][i],
-                                                     f["mamba_checkpoint_dst_indices"][i])
                             side.group_pages[rid] = _row_group_pages(f, i)
                 for c in snap["cache"]:
                     if c["type"] == "WriteBackOp":
@@ -1292,12 +1288,6 @@ KNOWN_DIFFERENCES = {
         "the reference serves them as transport-only tables, kvtier refuses the config "
         "with a ValueError (docs/python.md)"
     ),
-    "unwritten-checkpoint": (
-        "a hybrid request stops (finish or retraction): the reference caches its checkpoint "
-        "slot even when the worker never wrote it, or its working slot at a depth that slot "
-        "does not hold (C.3 in docs/notes/mamba-reference.md); kvtier caches the slot that "
-        "holds the state at that depth; the slots each frees, and so later slot ids, differ"
-    ),
     "wrong-state-read": (
         "the reference runs a row on a recurrent state of another depth than the row's "
         "history: a checkpoint its worker never wrote, cached by a request that stopped "
@@ -1317,8 +1307,8 @@ KNOWN_DIFFERENCES = {
         "same number of pages with other ids"
     ),
     "slot-reused-under-copy": (
-        "the reference hands a row a Mamba device slot that a write-back of an earlier plan, "
-        "not yet acknowledged, still copies to host: a state published again where one was "
+        "the reference hands a row a Mamba device slot that a write-back not yet acknowledged "
+        "(of an earlier plan or of the same one) still copies to host: a state published again where one was "
         "cached frees the old slot at once (C.10 in docs/notes/mamba-reference.md), so the "
         "row writes it while the copy reads it; kvtier frees it at the acknowledgement"
     ),
@@ -1348,8 +1338,6 @@ def classify_divergence(d, ref, ours, current_ref, current_ours, comp) -> str | 
     if current_ref is not None and current_ours is not None and _reuses_slot_under_copy(
             d, ref, ours, current_ref, current_ours):
         return "slot-reused-under-copy"
-    if _published_other_mamba_slot(d, ref, ours, current_ref, current_ours, comp):
-        return "unwritten-checkpoint"
     if current_ref is not None and current_ours is not None and _same_copies_split_otherwise(
             current_ref, current_ours, comp):
         return "pending-copy"
@@ -1382,13 +1370,16 @@ def _rewrites_pending_copy(ours, snap) -> bool:
 
 def _reuses_slot_under_copy(d, ref, ours, snap_ref, snap_ours) -> bool:
     """A Mamba slot of this plan differs, and a row of the reference's plan writes a
-    device slot that one of its unacknowledged write-backs of an earlier plan copies
-    from, where none of ours does."""
+    device slot that one of its unacknowledged write-backs copies from (one of an
+    earlier plan, or of this one: a copy runs until its acknowledgement), where none
+    of ours does."""
     if "mamba" not in d.what:
         return False
 
     def written_under_copy(side, snap) -> bool:
-        copied = set().union(*side.unacked_mamba_src.values()) if side.unacked_mamba_src else set()
+        copied = set().union(set(), *side.unacked_mamba_src.values())
+        copied |= {x for c in snap["cache"] if c["type"] == "WriteBackOp"
+                   for rec in writeback_records(c) for x in rec["mamba_src"] or []}
         return any(slot in copied for f in snap["forward"]
                    for key in ("mamba_pool_indices", "mamba_checkpoint_dst_indices")
                    for slot in f[key] if slot >= 0)
@@ -1396,41 +1387,7 @@ def _reuses_slot_under_copy(d, ref, ours, snap_ref, snap_ours) -> bool:
     return written_under_copy(ref, snap_ref) and not written_under_copy(ours, snap_ours)
 
 
-def _published_other_mamba_slot(d, ref, ours, current_ref, current_ours, comp) -> bool:
-    """A request that stopped running left the reference its checkpoint slot cached,
-    where kvtier cached another slot or none (the reference publishes the checkpoint
-    even when the worker never wrote it: C.3 in docs/notes/mamba-reference.md). Seen as
-    kvtier handing out again (or writing back) a slot of that request whose reference
-    counterpart was its checkpoint, which the reference still holds. kvtier's own state
-    oracle (kvtier-sim/tests/state_oracle.rs) checks that what it caches is right."""
-    if "mamba" not in d.what:
-        return False
-    # Any request with rows on both sides (a running one keeps its slots, so only a
-    # stopped one's can be handed out again).
-    stopped = [rid for rid in ref.mamba_slots if rid in ours.mamba_slots]
-    pair = _conflicting_pair(d.note or "")
-    mapping = comp.idmap("mamba").bwd  # our id -> the reference's, as learned
-    for rid in stopped:
-        (w_r, c_r), (w_o, c_o) = ref.mamba_slots[rid], ours.mamba_slots[rid]
-        # The checkpoint (never written), or the working slot (a state of another depth
-        # than the node it was cached at: C.3 attaches it without a position check).
-        if pair is not None:
-            _, ours_id = pair
-            if ours_id in (w_o, c_o) and mapping.get(ours_id) in {x for x in (w_r, c_r) if x >= 0}:
-                return True
-        if c_r < 0:
-            continue
-        if current_ours is not None and "src_pages_by_kind['mamba']" in d.what:
-            ours_src = {x for c in current_ours["cache"] if c["type"] == "WriteBackOp"
-                        for rec in writeback_records(c) for x in rec["mamba_src"] or []}
-            ref_src = {x for c in current_ref["cache"] if c["type"] == "WriteBackOp"
-                       for rec in writeback_records(c) for x in rec["mamba_src"] or []}
-            if w_o in ours_src and w_r not in ref_src:
-                return True
-    return False
-
-
-def _refused_pair(note: str, namespace: str = "mamba"):
+def _refused_pair(note: str, namespace: str):
     """(namespace, reference id, our id) of the pair a bijection of `namespace` (a
     regular expression; a paged group's is "group:" and its id) refused, from its note."""
     m = re.search(rf"({namespace}) id (-?\d+) was mapped to (-?\d+), now to (-?\d+)", note)
@@ -1440,12 +1397,6 @@ def _refused_pair(note: str, namespace: str = "mamba"):
     if m:
         return m.group(1), int(m.group(4)), int(m.group(2))
     return None
-
-
-def _conflicting_pair(note: str):
-    """(reference id, our id) of the Mamba slot pair a bijection refused."""
-    pair = _refused_pair(note)
-    return pair and pair[1:]
 
 
 def _forgotten_together(d, ref, ours) -> bool:

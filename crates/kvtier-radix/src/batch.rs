@@ -655,7 +655,10 @@ impl RadixCore {
                     // published pages at the end. Without new pages the terminal is
                     // where its last publication ended, which may be one of this batch
                     // (a decode's, the same step) its lock does not know yet.
+                    // With prefix reuse off, the reference looks the terminal up with a
+                    // reuse match, which ends at the root: the state goes there (C.9).
                     let terminal = match &lock {
+                        _ if self.is_reference() && !reuse => self.root(),
                         Some(lock) => lock.node(),
                         None => {
                             let ps = self.page_size() as usize;

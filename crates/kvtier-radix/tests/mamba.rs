@@ -673,6 +673,74 @@ fn a_state_replaced_under_a_write_back_is_freed_at_its_ack() {
     check(&mut c);
 }
 
+/// Hybrid seed 5506, shrunk (C.10). The state that replaced the one a write-back is
+/// copying is replaced in turn: nothing reads it, so it is freed at once, as the
+/// reference frees it; only the slot the copy reads waits for the acknowledgement. The
+/// old code kept every replaced slot until then, and the next row took another slot.
+#[test]
+fn a_state_replaced_twice_under_a_write_back_frees_the_middle_one_at_once() {
+    let mut c = cache(true, Policy::Reference);
+    let node = written_back_candidate(&mut c, 2);
+    let (_, nodes) = family(&mut c, |f, tree| f.prepare_write_back(tree, &[node]));
+    let lock = c.lock(node, Tier::Device);
+    let middle = publish(&mut c, node);
+    assert_eq!(
+        free_slots(&mut c).0,
+        6,
+        "the copied slot and the middle one"
+    );
+    let last = publish(&mut c, node);
+    assert_eq!(device_state(&c, node), Some(last));
+    assert_eq!(
+        free_slots(&mut c).0,
+        6,
+        "the middle one is back at once: {middle}"
+    );
+    check(&mut c);
+    family(&mut c, |f, tree| f.write_back_done(tree, &nodes, true));
+    assert_eq!(free_slots(&mut c).0, 7, "the copied slot, at the ack");
+    c.unlock(lock);
+    check(&mut c);
+}
+
+/// Hybrid seed 5506 (C.3). A node whose only state is a host copy at its own depth
+/// still takes a stopped request's slot off its depth: the reference looks for a
+/// device state only. Each tier keeps the depth its state holds, so no match reuses
+/// the device slot, and the host copy is still found at the node's depth. The old code
+/// counted the host copy as a state there and freed the slot.
+#[test]
+fn a_host_copy_alone_leaves_room_for_a_slot_off_its_depth() {
+    let mut c = cache(true, Policy::Reference);
+    let node = written_back_candidate(&mut c, 2);
+    let (_, nodes) = family(&mut c, |f, tree| f.prepare_write_back(tree, &[node]));
+    family(&mut c, |f, tree| f.write_back_done(tree, &nodes, true));
+    let host = host_state(&c, node).expect("a host copy");
+    assert_eq!(device_state(&c, node), None, "demoted at the ack");
+    let own = 2 * P;
+    let off = family(&mut c, |f, tree| {
+        let slot = f.allocate().expect("a free device slot");
+        let id = slot.id();
+        assert!(f.publish_off_depth(tree, node, slot, Some(own + 1)));
+        id
+    });
+    let holding =
+        |c: &mut RadixCore, depth| family(c, |f, tree| f.states_holding(tree, node, depth));
+    assert_eq!(holding(&mut c, own + 1), (Some(off), None));
+    assert_eq!(holding(&mut c, own), (None, Some(host)));
+    let found = family(&mut c, |f, tree| {
+        (
+            f.last_device_state(tree, node),
+            f.last_host_state(tree, node),
+        )
+    });
+    assert_eq!(
+        found,
+        (None, Some(node)),
+        "a match reuses the host copy only"
+    );
+    check(&mut c);
+}
+
 /// The root never holds a state (notes C.9: the reference attached one there, never to
 /// be found or freed).
 #[test]
