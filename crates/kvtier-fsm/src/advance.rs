@@ -695,6 +695,7 @@ impl SchedulerCore {
             Target::Finish { key, id },
         );
         if write_back {
+            self.finishing.push((key, self.requests[key].id.clone()));
             State::Draining(None)
         } else {
             State::Finished

@@ -162,6 +162,10 @@ pub struct SchedulerCore {
     /// Requests queued to recompute whose history a late result grew since the last
     /// plan: it checks they still fit the device pool.
     pub(crate) regrown: Vec<RequestId>,
+    /// Finished requests that wait for their write-back, in the order their finishes
+    /// came: the next plan issues them in it, so the first claims the copy of a prefix
+    /// they share, as the reference's first finish does.
+    pub(crate) finishing: Vec<(usize, RequestId)>,
     /// The ticket of the next L3 lookup.
     pub(crate) next_lookup: u64,
     /// L3 lookups under way: their requests, in the order of the ask's prompts.
@@ -197,6 +201,7 @@ impl SchedulerCore {
             stats: SchedulerStats::default(),
             page_table_hint: 0,
             outbox: Outbox::default(),
+            finishing: Vec::new(),
             awaiting: Awaiting::Nothing,
             voided: BTreeSet::new(),
             notices: Vec::new(),

@@ -206,9 +206,22 @@ impl SchedulerCore {
     }
 
     fn issue_finish_write_backs(&mut self, plan: &mut ExecutionPlan, seen: &mut Seen) {
-        let draining = self
-            .requests
-            .keys_where(|r| matches!(r.state, State::Draining(_)));
+        // In the order the finishes came; one aborted since is no longer draining.
+        let draining: Vec<usize> = std::mem::take(&mut self.finishing)
+            .into_iter()
+            .filter(|(key, id)| {
+                self.requests.holds(*key, id)
+                    && matches!(self.requests[*key].state, State::Draining(_))
+            })
+            .map(|(key, _)| key)
+            .collect();
+        debug_assert_eq!(
+            draining.len(),
+            self.requests
+                .keys_where(|r| matches!(r.state, State::Draining(_)))
+                .len(),
+            "every draining request is in the finish order"
+        );
         for key in draining {
             let State::Draining(Some(attached)) =
                 std::mem::replace(&mut self.requests[key].state, State::Finished)

@@ -1228,3 +1228,130 @@ fn with_prefix_reuse_off_a_finished_requests_state_goes_to_the_root() {
         check(&mut s);
     }
 }
+
+/// Hybrid seeds 1166, 1246 and 8833. Two requests that share a prefix finish in one
+/// step, the later id's finish first. The reference's first finish claims host pages
+/// for the whole prefix; the second copies only its own pages. kvtier issued the
+/// write-backs in id order, so the earlier id's op carried the shared prefix. It issues
+/// them in the order the finishes came now (under every policy: the order is the
+/// engine's).
+#[test]
+fn the_first_of_two_finishes_in_a_step_copies_the_prefix_they_share() {
+    // A hybrid model publishes a prompt at its first decode.
+    let mut s = sched(reference(SchedulerConfig {
+        enable_mixed_prefill_decode: true,
+        mamba: Some(kvtier_types::MambaSettings {
+            device_slots: 16,
+            host_slots: 16,
+            chunk: 2,
+        }),
+        ..fixture()
+    }));
+    submit(&mut s, "r04", vec![1, 2, 3, 4, 5, 6]);
+    s.next_plan();
+    advance(&mut s, vec![extend("r04", &[9])]);
+    s.next_plan(); // r04's first decode publishes its prompt
+    advance(&mut s, vec![extend("r04", &[9])]);
+    submit(&mut s, "r07", vec![1, 2, 3, 4, 5, 6, 7, 8]);
+    let plan = s.next_plan();
+    assert_eq!(
+        row_of(&plan, "r07").extend_prefix_len,
+        6,
+        "r07 reuses r04's prompt"
+    );
+    advance(&mut s, vec![extend("r04", &[9]), extend("r07", &[9])]);
+    s.next_plan();
+    let shared = s.occupied_pages(&rid("r04")).expect("live")[..3].to_vec();
+    assert_eq!(
+        s.occupied_pages(&rid("r07")).expect("live")[..3],
+        shared[..],
+        "shared"
+    );
+    let own = |s: &kvtier_fsm::Scheduler, id: &str| s.occupied_pages(&rid(id)).expect("live")[3];
+    let (r04_own, r07_own) = (own(&s, "r04"), own(&s, "r07"));
+    advance(
+        &mut s,
+        vec![
+            extend("r04", &[10]),
+            extend("r07", &[10]),
+            finish("r07"),
+            finish("r04"),
+        ],
+    );
+    let plan = s.next_plan();
+    let sources = |page| -> Vec<u32> {
+        let op = plan
+            .write_backs
+            .iter()
+            .find(|op| op.pairs.iter().any(|p| p.src == page))
+            .expect("copied");
+        op.pairs.iter().map(|p| p.src).collect()
+    };
+    assert!(
+        shared.iter().all(|p| sources(r07_own).contains(p)),
+        "r07 finished first: its op copies the shared pages ({:?})",
+        plan.write_backs
+    );
+    assert!(!shared.iter().any(|p| sources(r04_own).contains(p)));
+    check(&mut s);
+}
+
+/// Hybrid seeds 2842 and 5061 (shrunk by hand). Requests given up at their retraction
+/// (no host room) publish their prompts first. r04's prompt is r02's, already cached:
+/// the reference's insert and match only touch r02's leaf, and it locks nothing there
+/// (it locks the published path only to copy it), so the leaf keeps its old place in
+/// the LRU order. kvtier let go of a lock on it, which re-keyed it, and the next
+/// eviction took r01's newer leaf instead.
+#[test]
+fn a_request_given_up_at_its_retraction_leaves_the_lru_order_of_its_prompt_alone() {
+    let mut s = sched(reference(SchedulerConfig {
+        page_size: 4,
+        device_pages: 9,
+        host_pages: 0,
+        disable_l2_cache: true,
+        enable_kv_cache_events: true,
+        max_batch_size: 3,
+        mamba: Some(kvtier_types::MambaSettings {
+            device_slots: 2,
+            host_slots: 0,
+            chunk: 16,
+        }),
+        ..fixture()
+    }));
+    let r02: Vec<i32> = (1..=12).collect();
+    let mut r01 = r02[..8].to_vec();
+    r01.extend([50, 51, 52, 53, 54, 55]);
+    let mut engine = Engine::with_max_new(4);
+    let mut stored = std::collections::BTreeMap::new();
+    let mut removed = Vec::new();
+    for (id, prompt) in [("r02", r02.clone()), ("r01", r01), ("r04", r02.clone())] {
+        submit(&mut s, id, prompt);
+        for plan in drain(&mut s, &mut engine, 10) {
+            assert!(plan.forward.rows.iter().all(|r| r.extend_prefix_len == 0));
+        }
+        for e in s.drain_kv_events() {
+            if let kvtier_types::KvEvent::BlockStored {
+                block_hashes,
+                token_ids,
+                ..
+            } = e
+            {
+                stored.insert(block_hashes[0], token_ids);
+            }
+        }
+    }
+    assert_eq!(stored.len(), 4, "r02's three pages and r01's last");
+    submit(&mut s, "r05", (100..123).collect());
+    drain(&mut s, &mut engine, 10);
+    for e in s.drain_kv_events() {
+        if let kvtier_types::KvEvent::BlockRemoved { block_hashes, .. } = e {
+            removed.extend(block_hashes.iter().map(|h| stored[h].clone()));
+        }
+    }
+    assert_eq!(
+        removed.first(),
+        Some(&vec![9, 10, 11, 12]),
+        "r02's leaf is the older: {removed:?}"
+    );
+    check(&mut s);
+}

@@ -1328,10 +1328,11 @@ def _new_divergence(result) -> bool:
 def classify_divergence(d, ref, ours, current_ref, current_ours, comp) -> str | None:
     """The known difference `d` is an instance of, or None. Each check recognises the
     situation itself (not the divergence's wording), so a new bug that happens to show
-    at the same field is not excused."""
+    at the same field is not excused. A check that drives the sides on runs on a copy
+    of them, so each check starts where the script left them."""
     if current_ours is not None and _rewrites_pending_copy(ours, current_ours):
         return "pending-copy"
-    if _released_tables_earlier(d, ref, ours):
+    if _on_a_copy(_released_tables_earlier, d, ref, ours, current_ref, current_ours):
         return "early-table-release"
     if _forgotten_together(d, ref, ours):
         return "forget-order"
@@ -1345,13 +1346,31 @@ def classify_divergence(d, ref, ours, current_ref, current_ours, comp) -> str | 
         return "wrong-state-read"
     counts = d.what.startswith("after") and ("retract_count" in d.what or "waiting_size" in d.what)
     if (counts and is_mamba_config(ref.cfg) and ours.read_wrong_state_at is None
-            and _reference_reads_wrong_state(ref, d.step, d.phase, current_ref)):
+            and _on_a_copy(_reference_reads_wrong_state, ref, d.step, d.phase, current_ref)):
         return "wrong-state-read"
     if ref.abort_during_copy:
         return "abort-during-copy"
-    if _reference_stalls(ref, d.step, d.phase, current_ref):
+    if _on_a_copy(_reference_stalls, ref, d.step, d.phase, current_ref):
         return "reference-stall"
     return None
+
+
+def _on_a_copy(check, *args) -> bool:
+    """`check(*args)` in a forked child, a copy of this process: the sides it drives on
+    stay as they are here. Where there is no fork, in this process."""
+    if not hasattr(os, "fork"):
+        return check(*args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            passed = check(*args)
+        except BaseException:  # noqa: BLE001 (a Rust panic is a BaseException)
+            passed = False
+        os._exit(0 if passed else 1)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
 def _rewrites_pending_copy(ours, snap) -> bool:
@@ -1441,24 +1460,43 @@ def _row_group_pages(f: dict, i: int) -> dict[str, set[int]]:
     return {g: {p for p in rows[i] if p >= 0} for g, rows in f["paged_cache_block_tables"].items()}
 
 
-def _released_tables_earlier(d, ref, ours) -> bool:
-    """Only a paged group's free page count differs, kvtier's being higher, and one more
-    step makes the two agree again: kvtier freed a finished (or given up) request's group
-    pages at once, the reference frees them when it forgets the request at its next
-    plan."""
-    if "paged_cache_group_available_pages" not in d.what:
+def _released_tables_earlier(d, ref, ours, plan_ref, plan_ours, steps: int = 4) -> bool:
+    """Only paged groups' free page counts differ, kvtier's being higher, and driven on
+    (each side answering its own plans) the two agree again within `steps` steps,
+    kvtier's counts never lower meanwhile: kvtier freed a finished (or given up)
+    request's group pages at once, the reference frees them when it forgets the
+    request at its next plan (one step late, for each request that stops)."""
+    key = "paged_cache_group_available_pages"
+    if key not in d.what:
         return False
     if not (isinstance(d.ref, int) and isinstance(d.ours, int) and d.ours > d.ref):
         return False
+
+    def rest(z) -> dict:
+        return {k: v for k, v in z.items() if k != key}
+
+    def ahead(z_ref, z_ours) -> bool:
+        return rest(z_ref) == rest(z_ours) and all(
+            z_ours[key].get(g, -1) >= n for g, n in z_ref[key].items())
+
+    sides = (ref, ours)
     try:
-        step = d.step + (1 if d.phase == "advance" else 0)
         if d.phase != "advance":  # finish the step the plan began
-            for side in (ref, ours):
-                side.sched.advance(side.mod.ExecutionEvent())
-        for side in (ref, ours):
-            side.submit(step)
-            side.sched.next_execution_plan()
-        return ref.sizes() == ours.sizes()
+            for side, plan in zip(sides, (plan_ref, plan_ours)):
+                side.sched.advance(side.build_event(d.step, plan, _write_back_order(plan))[0])
+        for k in range(d.step + 1, d.step + 1 + steps):
+            plans = []
+            for side in sides:
+                side.submit(k)
+                plans.append(snapshot_plan(side.sched.next_execution_plan(), True))
+            z_ref, z_ours = ref.sizes(), ours.sizes()
+            if z_ref == z_ours:
+                return True
+            if not ahead(z_ref, z_ours):
+                return False
+            for side, plan in zip(sides, plans):
+                side.sched.advance(side.build_event(k, plan, _write_back_order(plan))[0])
+        return False
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException:  # noqa: BLE001 (a Rust panic is a BaseException)

@@ -691,11 +691,7 @@ impl RadixCore {
                 // The reference never locks the publication's terminal, so releasing
                 // that lock moves nothing in the LRU order under its policies.
                 if let Some(lock) = lock {
-                    if self.is_reference() {
-                        self.unlock_transient(lock);
-                    } else {
-                        self.unlock(lock);
-                    }
+                    self.release_published(lock, self.is_reference());
                 }
                 for lock in [device_lock].into_iter().chain(host_lock) {
                     self.unlock(lock);
@@ -715,8 +711,13 @@ impl RadixCore {
                 tables,
             } => {
                 let tokens = publication.tokens.clone();
+                let held = device_lock.node();
                 let (lock, pages) = self.publish(publication, Some(device_lock));
                 let device_lock = lock.expect("publish with a lock returns one");
+                // The reference locks the published path only to copy it: a retraction
+                // with nothing to copy, or no host room, lets go of the lock on it as
+                // one the reference never takes (the request's own it does release).
+                let transient = self.is_reference() && device_lock.node() != held;
                 let m = self.match_prefix(&tokens[..pages as usize * self.page_size() as usize]);
                 debug_assert_eq!(m.device_pages, pages, "the retracted prefix is locked");
                 // kvtier caches the request's state before the write-back, so the copy
@@ -750,13 +751,13 @@ impl RadixCore {
                             }
                         }
                         None => {
-                            self.unlock(device_lock);
+                            self.release_published(device_lock, transient);
                             RetractOutcome::HostExhausted
                         }
                     }
                 } else {
                     let host_lock = self.lock(m.device, Tier::Host);
-                    self.unlock(device_lock);
+                    self.release_published(device_lock, transient);
                     // The whole prefix is on host already: kvtier frees its device copy
                     // now; the reference leaves it cached, for eviction to take.
                     if !self.is_reference() {

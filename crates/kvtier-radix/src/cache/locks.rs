@@ -48,6 +48,16 @@ impl RadixCore {
         self.release(lock.node, lock.tier, false);
     }
 
+    /// Releases a lock on a request's published path: as one the reference never takes
+    /// when `transient` (see [`Self::unlock_transient`]).
+    pub(crate) fn release_published(&mut self, lock: NodeLock, transient: bool) {
+        if transient {
+            self.unlock_transient(lock);
+        } else {
+            self.unlock(lock);
+        }
+    }
+
     pub(super) fn release_lock(&mut self, node: NodeId, tier: Tier) {
         self.release(node, tier, true);
     }
