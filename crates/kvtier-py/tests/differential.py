@@ -809,16 +809,17 @@ class StateTracker:
     that follows the plans would leave it: a row's working slot holds the state after
     the tokens it computed, its checkpoint the state where the worker's rule copies it
     (`kvtier_mamba::checkpoint_depth`; on a decode, a page-aligned new length), and copy
-    ops move states between the tiers. A row that starts from a slot at another depth
-    than its history (a copy-on-write source, or its own working slot) computes on a
-    wrong state: `apply` returns those rows' request ids. None: a slot whose content is
-    wrong (or never written); UNKNOWN: one the engine's answers decide (a speculative
-    decode's state depends on how many of its tokens are accepted), never reported."""
+    ops move states between the tiers. A decode row, speculative or not, leaves the
+    state after the tokens the engine accepted: the driver answers each with one token,
+    so its working slot (and its checkpoint, where that ends a page) holds the state
+    after one more token. A row that starts from a slot at another depth than its
+    history (a copy-on-write source, or its own working slot) computes on a wrong
+    state: `apply` returns those rows' request ids. None: a slot whose content is wrong
+    (or never written)."""
 
-    UNKNOWN = "?"
+    ACCEPTED = 1  # tokens the driver's answer to a decode row accepts
 
     def __init__(self, cfg: dict):
-        self.speculative = cfg.get("decode_input_tokens", 1) > 1
         self.page = cfg["page_size"]
         self.chunk = cfg.get("mamba_cache_chunk_size") or 1
         self.device: dict[int, int | None] = {}
@@ -871,18 +872,14 @@ class StateTracker:
                     start = 0  # a fresh state
                 else:
                     start = self.device.get(w)
-                unknown = self.UNKNOWN in (begin, start)
                 ok = begin is not None and start == begin
-                if not ok and not unknown:
+                if not ok:
                     wrong.append(rid)
-                if unknown or (self.speculative and i >= n_ext):
-                    end = at = self.UNKNOWN
-                elif not ok:
                     end = at = None
                 elif i < n_ext:
                     end, at = begin + size, self._checkpoint(begin, size)
                 else:
-                    end = begin + size
+                    end = begin + self.ACCEPTED
                     at = end if end % self.page == 0 else None
                 self.device[w] = end
                 if ckpt >= 0:

@@ -100,3 +100,24 @@ def test_the_open_divergences_still_diverge(reference, ours):
         result = differential.run_script(script, reference, ours)
         assert result.divergence is not None and result.known is None, (
             f"{name} is no longer open: fix docs/python.md and open_divergences.json")
+
+
+def _row(ids, *, ext, working, checkpoint, src=-1, sizes, prefix=(), hist=()):
+    return {"request_ids": list(ids), "num_extends": ext, "mamba_pool_indices": [working],
+            "mamba_checkpoint_dst_indices": [checkpoint], "mamba_cow_src_indices": [src],
+            "input_lengths": list(sizes), "extend_prefix_lens": list(prefix),
+            "hist_token_lens": list(hist)}
+
+
+def test_the_state_tracker_follows_a_speculative_decode_by_the_tokens_accepted():
+    # Pages of 1, two input tokens per decode row; the driver accepts one token per row.
+    tracker = differential.StateTracker({"page_size": 1, "decode_input_tokens": 2})
+    prefill = _row(["a"], ext=1, working=0, checkpoint=1, sizes=[4], prefix=[0])
+    assert tracker.apply({"cache": [], "forward": [prefill]}) == []
+    assert (tracker.device[0], tracker.device[1]) == (4, 4)
+    decode = _row(["a"], ext=0, working=0, checkpoint=2, sizes=[2], hist=[4])
+    assert tracker.apply({"cache": [], "forward": [decode]}) == []
+    assert (tracker.device[0], tracker.device[2]) == (5, 5), "one token accepted, not two"
+    # A row of history 6 resuming from the checkpoint at 5 reads a wrong state.
+    resume = _row(["a"], ext=0, working=3, checkpoint=4, src=2, sizes=[2], hist=[6])
+    assert tracker.apply({"cache": [], "forward": [resume]}) == ["a"]
