@@ -1304,10 +1304,11 @@ KNOWN_DIFFERENCES = {
         "same number of pages with other ids"
     ),
     "slot-reused-under-copy": (
-        "the reference hands a row a Mamba device slot that a write-back not yet acknowledged "
-        "(of an earlier plan or of the same one) still copies to host: a state published again where one was "
-        "cached frees the old slot at once (C.10 in docs/notes/mamba-reference.md), so the "
-        "row writes it while the copy reads it; kvtier frees it at the acknowledgement"
+        "the reference hands a row a Mamba device slot that a write-back not yet "
+        "acknowledged (of an earlier plan or of the same one) still copies to host: a state "
+        "published again where one was cached frees the old slot at once (C.10 in "
+        "docs/notes/mamba-reference.md), so the row writes it while the copy reads it; "
+        "kvtier frees it at the acknowledgement (so its row takes another slot, or waits)"
     ),
     "pending-copy": (
         "a finishing request whose prefix is still being written back by an earlier op: the "
@@ -1385,11 +1386,11 @@ def _rewrites_pending_copy(ours, snap) -> bool:
 
 
 def _reuses_slot_under_copy(d, ref, ours, snap_ref, snap_ours) -> bool:
-    """A Mamba slot of this plan differs, and a row of the reference's plan writes a
-    device slot that one of its unacknowledged write-backs copies from (one of an
-    earlier plan, or of this one: a copy runs until its acknowledgement), where none
-    of ours does."""
-    if "mamba" not in d.what:
+    """This plan differs, and a row of the reference's plan writes a device slot that
+    one of its unacknowledged write-backs copies from (one of an earlier plan, or of
+    this one: a copy runs until its acknowledgement), where none of ours does: the
+    slot ids differ, or kvtier, one slot short, admits a row fewer."""
+    if d.phase != "next_execution_plan" or not d.what.startswith("forward"):
         return False
 
     def written_under_copy(side, snap) -> bool:
