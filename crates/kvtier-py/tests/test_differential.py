@@ -68,6 +68,7 @@ def test_the_harness_finds_planted_bugs_and_accepts_relabelled_ids(reference):
     # The reference with a bug planted (an off-by-one size, a dropped event, swapped
     # rows, ...) must diverge; with its ids consistently relabelled, it must not.
     problems = differential.mutation_check(reference, seeds=range(0, 20))
+    problems += differential.mutation_check(reference, seeds=range(0, 20), hybrid=True)
     assert not problems, problems
 
 
