@@ -1355,3 +1355,50 @@ fn a_request_given_up_at_its_retraction_leaves_the_lru_order_of_its_prompt_alone
     );
     check(&mut s);
 }
+
+/// Hybrid seeds 1811 and 3640 (3640 shrunk). r03's finish caches its checkpoint on its
+/// published node, though the slot holds another depth (C.3). The reference's first
+/// chunk for r08, whose prompt shares that node's prefix, makes room for its own view
+/// of the match, which counts that state: a longer prefix, so fewer pages, and its
+/// lock keeps the path from eviction. kvtier made room for its own match, which skips
+/// the state: more pages, evicting what the reference keeps, and r08 ran a plan early.
+#[test]
+fn a_first_chunk_makes_room_for_the_references_view_of_its_match() {
+    let mut s = sched(SchedulerConfig {
+        policy: Policy::ReferenceWheel,
+        page_size: 4,
+        device_pages: 16,
+        host_pages: 4,
+        max_batch_size: 3,
+        max_scheduled_tokens: 13,
+        mamba: Some(kvtier_types::MambaSettings {
+            device_slots: 4,
+            host_slots: 78,
+            chunk: 8,
+        }),
+        ..fixture()
+    });
+    let mut engine = Engine::default();
+    for (id, n) in [("r03", 1), ("r04", 2), ("r05", 1), ("r08", 1)] {
+        engine.max_new.insert(id.into(), n);
+    }
+    let prefix = vec![37, 11, 8, 28, 15, 21, 35, 27, 24, 26, 6, 4];
+    let with = |tail: &[i32]| [prefix.clone(), tail.to_vec()].concat();
+    submit(&mut s, "r05", vec![1, 1, 1]);
+    submit(&mut s, "r04", with(&[34]));
+    submit(
+        &mut s,
+        "r03",
+        with(&[35, 9, 30, 11, 37, 7, 37, 8, 30, 10, 39, 35]),
+    );
+    submit(&mut s, "r08", with(&[7]));
+    let rows: Vec<Vec<String>> = (0..5)
+        .map(|_| row_ids(&step(&mut s, &mut engine)))
+        .collect();
+    assert_eq!(
+        rows[4],
+        ["r05"],
+        "r08 waits a plan, as in the reference: {rows:?}"
+    );
+    check(&mut s);
+}

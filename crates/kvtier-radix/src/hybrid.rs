@@ -67,17 +67,32 @@ impl RadixCore {
             let aligned = self.states().map_or(0, |s| s.align(shape.tokens));
             (aligned > 0).then_some(aligned)
         });
-        // Where the state was found from the host terminal (#612), the reference reuses
-        // the whole host prefix, deeper than the state (C.7), and makes room to load all
-        // of it back. kvtier loads back only down to the state, after the same room.
-        let room = if self.is_reference() && capped.found_from_host() {
-            ask.shape(0, kv.host_pages, ps).need
+        // The reference makes room for its own view of the match, which counts the
+        // states cached off their depth (C.3) and, where the state was found from the
+        // host terminal (#612), reuses the whole host prefix, deeper than the state
+        // (C.7); it locks that view's device terminal meanwhile. kvtier makes the same
+        // room, then admits its own match, which may need more.
+        let (room_at, room) = if self.is_reference() {
+            let (device, host) = self
+                .with_states(|states, tree| states.reference_capped(tree, kv.device, kv.host))
+                .expect("a hybrid first chunk needs the state family");
+            let host_pages = if use_host || capped.found_from_host() {
+                self.depth_pages(host)
+            } else {
+                0
+            };
+            let view = ask.shape(self.depth_pages(device), host_pages, ps);
+            (device, view.need)
         } else {
-            shape.need
+            (m.device, shape.need)
         };
-        let Some(guard) = self.make_room(m.device, room) else {
+        let Some(guard) = self.make_room(room_at, room) else {
             return Outcome::waits();
         };
+        if room < shape.need && self.available(Tier::Device) < shape.need {
+            self.unlock(guard);
+            return Outcome::waits();
+        }
         // A host state deeper than every device state is loaded back.
         let load_node = (capped.host_src.is_some() && capped.cow_src.is_none())
             .then(|| {
