@@ -207,8 +207,9 @@ impl SchedulerCore {
 
     fn issue_finish_write_backs(&mut self, plan: &mut ExecutionPlan, seen: &mut Seen) {
         // In the order the finishes came; one aborted since is no longer draining.
-        let draining: Vec<usize> = std::mem::take(&mut self.finishing)
-            .into_iter()
+        let draining: Vec<usize> = self
+            .finishing
+            .drain(..)
             .filter(|(key, id)| {
                 self.requests.holds(*key, id)
                     && matches!(self.requests[*key].state, State::Draining(_))

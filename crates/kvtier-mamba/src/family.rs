@@ -148,14 +148,6 @@ pub struct CappedMatch<N> {
     pub branching: Option<u32>,
 }
 
-impl<N: PartialEq> CappedMatch<N> {
-    /// Whether the state to copy was found from the host terminal (#612: `source` off
-    /// the device terminal), where the reference leaves the host prefix uncapped.
-    pub fn found_from_host(&self) -> bool {
-        self.source.as_ref().is_some_and(|s| *s != self.device)
-    }
-}
-
 /// Counters of the family (the reference's probe counters where it has them).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MambaStats {
@@ -682,10 +674,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
             let a = self.attached.entry(node).or_default();
             a.device_off = None;
             // A host copy of a state off the node's depth goes with it.
-            let stale_host = match a.host_off.take() {
-                Some(_) => a.host.take(),
-                None => None,
-            };
+            let stale_host = a.host_off.take().and_then(|_| a.host.take());
             if let Some(old) = a.device.replace(id) {
                 if self.pending.get(&node).is_some_and(|p| p.reads == old) {
                     let earlier = self.retiring.insert(node, old);

@@ -540,6 +540,11 @@ def writeback_records(op: dict) -> list[dict]:
     return recs
 
 
+def plan_writeback_records(snap: dict) -> list[dict]:
+    """One record per op id of a plan's write-backs, in plan order."""
+    return [rec for c in snap["cache"] if c["type"] == "WriteBackOp" for rec in writeback_records(c)]
+
+
 # --------------------------------------------------------------------------------------
 # Id mapping and comparison
 # --------------------------------------------------------------------------------------
@@ -1187,11 +1192,9 @@ def run_script(script: dict, ref_module, kv_module, id_modes: dict | None = None
                     for f in snap["forward"]:
                         for i, rid in enumerate(f["request_ids"]):
                             side.group_pages[rid] = _row_group_pages(f, i)
-                for c in snap["cache"]:
-                    if c["type"] == "WriteBackOp":
-                        for rec in writeback_records(c):
-                            side.unacked_pairs[rec["op_id"]] = set(zip(rec["src"], rec["dst"]))
-                            side.unacked_mamba_src[rec["op_id"]] = set(rec["mamba_src"] or [])
+                for rec in plan_writeback_records(snap):
+                    side.unacked_pairs[rec["op_id"]] = set(zip(rec["src"], rec["dst"]))
+                    side.unacked_mamba_src[rec["op_id"]] = set(rec["mamba_src"] or [])
             k_ref = snapshot_kv_events(ref.sched.drain_kv_events())
             k_ours = _read_ours(comp, "drain_kv_events()",
                                 lambda: snapshot_kv_events(ours.sched.drain_kv_events()))
@@ -1387,7 +1390,7 @@ def _on_a_copy(check, *args) -> bool:
 def _rewrites_pending_copy(ours, snap) -> bool:
     """Our plan has a write-back with no pages of its own, or one that copies again a
     pair an earlier, unacknowledged op of ours copies."""
-    records = [rec for c in snap["cache"] if c["type"] == "WriteBackOp" for rec in writeback_records(c)]
+    records = plan_writeback_records(snap)
     if any(not rec["src"] and not rec.get("mamba_src") for rec in records):
         return True
     this_plan = {rec["op_id"] for rec in records}
@@ -1408,8 +1411,7 @@ def _reuses_slot_under_copy(d, ref, ours, snap_ref, snap_ours) -> bool:
 
     def written_under_copy(side, snap) -> bool:
         copied = set().union(set(), *side.unacked_mamba_src.values())
-        copied |= {x for c in snap["cache"] if c["type"] == "WriteBackOp"
-                   for rec in writeback_records(c) for x in rec["mamba_src"] or []}
+        copied |= {x for rec in plan_writeback_records(snap) for x in rec["mamba_src"] or []}
         return any(slot in copied for f in snap["forward"]
                    for key in ("mamba_pool_indices", "mamba_checkpoint_dst_indices")
                    for slot in f[key] if slot >= 0)
@@ -1527,10 +1529,7 @@ def _same_copies_split_otherwise(ref_snap, ours_snap, comp) -> bool:
     """The plan's write-backs copy exactly the reference's pages, but split among more
     ops: a request that finished after another with the same prefix, in the same step,
     has an op of its own for the shared pages (which the reference gives it none for)."""
-    def records(snap):
-        return [rec for c in snap["cache"] if c["type"] == "WriteBackOp" for rec in writeback_records(c)]
-
-    ref_recs, ours_recs = records(ref_snap), records(ours_snap)
+    ref_recs, ours_recs = plan_writeback_records(ref_snap), plan_writeback_records(ours_snap)
     if len(ours_recs) <= len(ref_recs):
         return False
     # Device pages compare through the bijection (they appeared in page tables); the
@@ -1563,8 +1562,7 @@ def _loads_back_less_than_it_evicted(d, ref, ours, ref_snap, ours_snap) -> bool:
 
 def _write_back_order(snap: dict) -> list[int]:
     """A plan's write-back op ids in plan order (the order the driver acknowledges)."""
-    return [r["op_id"] for c in snap["cache"] if c["type"] == "WriteBackOp"
-            for r in writeback_records(c)]
+    return [r["op_id"] for r in plan_writeback_records(snap)]
 
 
 def _reference_alone(ref, start: int, steps: int):

@@ -39,6 +39,22 @@ impl RadixCore {
         (m, capped)
     }
 
+    /// The KV match `kv` as the reference's match caps it at its states, those cached
+    /// off their depth too (`MambaFamily::reference_capped`): the prefix it makes room
+    /// for.
+    fn reference_view(&self, kv: Match) -> Match {
+        let (device, host) = self
+            .states()
+            .map(|states| states.reference_capped(self, kv.device, kv.host))
+            .expect("hybrid admission needs the state family");
+        Match {
+            device,
+            device_pages: self.depth_pages(device),
+            host,
+            host_pages: self.depth_pages(host),
+        }
+    }
+
     /// A hybrid request's first chunk: its prefix capped at the deepest cached state, a
     /// host state loaded back when it is deeper than any device state, and a working and
     /// a checkpoint slot.
@@ -73,16 +89,12 @@ impl RadixCore {
         // (C.7); it locks that view's device terminal meanwhile. kvtier makes the same
         // room, then admits its own match, which may need more.
         let (room_at, room) = if self.is_reference() {
-            let (device, host) = self
-                .with_states(|states, tree| states.reference_capped(tree, kv.device, kv.host))
-                .expect("a hybrid first chunk needs the state family");
-            let host_pages = if use_host || capped.found_from_host() {
-                self.depth_pages(host)
-            } else {
-                0
-            };
-            let view = ask.shape(self.depth_pages(device), host_pages, ps);
-            (device, view.need)
+            let view = self.reference_view(kv);
+            let host_pages = if use_host { view.host_pages } else { 0 };
+            (
+                view.device,
+                ask.shape(view.device_pages, host_pages, ps).need,
+            )
         } else {
             (m.device, shape.need)
         };
@@ -317,14 +329,10 @@ impl RadixCore {
     /// finds too little. Whether it had both.
     fn reference_recovery_room(&mut self, kv: Match, source: NodeId, d: u32) -> bool {
         let ps = self.page_size();
-        let (device, host) = self
-            .with_states(|states, tree| states.reference_capped(tree, kv.device, kv.host))
-            .expect("hybrid recovery needs the state family");
-        let load_back = self
-            .depth_pages(host)
-            .saturating_sub(self.depth_pages(device));
+        let view = self.reference_view(kv);
+        let load_back = view.host_pages.saturating_sub(view.device_pages);
         let pages = (load_back * ps + d).div_ceil(ps);
-        let Some(guard) = self.make_room(device, pages) else {
+        let Some(guard) = self.make_room(view.device, pages) else {
             return false;
         };
         self.unlock(guard);

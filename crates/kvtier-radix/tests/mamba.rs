@@ -622,6 +622,15 @@ fn publishing_a_depth_twice_keeps_the_first_state() {
     check(&mut c);
 }
 
+/// A reference-policy cache with host states whose 2-page node's state is being
+/// written back: the cache, the node, the copy's pairs and the nodes it is for.
+fn a_state_being_copied() -> (RadixCore, NodeId, Vec<TransferPair>, Vec<NodeId>) {
+    let mut c = cache(true, Policy::Reference);
+    let node = written_back_candidate(&mut c, 2);
+    let (pairs, nodes) = family(&mut c, |f, tree| f.prepare_write_back(tree, &[node]));
+    (c, node, pairs, nodes)
+}
+
 /// Hybrid seeds 303 and 904 (C.10). Under the reference policy a state published again
 /// replaces the cached one, as the reference does; but where a write-back in flight is
 /// still copying the old slot, kvtier frees that slot only at the write-back's
@@ -630,10 +639,8 @@ fn publishing_a_depth_twice_keeps_the_first_state() {
 /// freed the new one.
 #[test]
 fn a_state_replaced_under_a_write_back_is_freed_at_its_ack() {
-    let mut c = cache(true, Policy::Reference);
-    let node = written_back_candidate(&mut c, 2);
+    let (mut c, node, pairs, nodes) = a_state_being_copied();
     let old = device_state(&c, node).expect("device state");
-    let (pairs, nodes) = family(&mut c, |f, tree| f.prepare_write_back(tree, &[node]));
     assert_eq!(pairs[0].src, old);
     let lock = c.lock(node, Tier::Device);
     let new = publish(&mut c, node);
@@ -679,9 +686,7 @@ fn a_state_replaced_under_a_write_back_is_freed_at_its_ack() {
 /// old code kept every replaced slot until then, and the next row took another slot.
 #[test]
 fn a_state_replaced_twice_under_a_write_back_frees_the_middle_one_at_once() {
-    let mut c = cache(true, Policy::Reference);
-    let node = written_back_candidate(&mut c, 2);
-    let (_, nodes) = family(&mut c, |f, tree| f.prepare_write_back(tree, &[node]));
+    let (mut c, node, _, nodes) = a_state_being_copied();
     let lock = c.lock(node, Tier::Device);
     let middle = publish(&mut c, node);
     assert_eq!(
@@ -710,9 +715,7 @@ fn a_state_replaced_twice_under_a_write_back_frees_the_middle_one_at_once() {
 /// counted the host copy as a state there and freed the slot.
 #[test]
 fn a_host_copy_alone_leaves_room_for_a_slot_off_its_depth() {
-    let mut c = cache(true, Policy::Reference);
-    let node = written_back_candidate(&mut c, 2);
-    let (_, nodes) = family(&mut c, |f, tree| f.prepare_write_back(tree, &[node]));
+    let (mut c, node, _, nodes) = a_state_being_copied();
     family(&mut c, |f, tree| f.write_back_done(tree, &nodes, true));
     let host = host_state(&c, node).expect("a host copy");
     assert_eq!(device_state(&c, node), None, "demoted at the ack");

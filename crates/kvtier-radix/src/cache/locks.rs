@@ -40,22 +40,13 @@ impl RadixCore {
         self.release_lock(lock.node, lock.tier);
     }
 
-    /// Releases a lock the reference never takes (reference policies): a node it leaves
-    /// unlocked keeps its place in the LRU order instead of being keyed again by its last
-    /// access, as a release of one of the reference's own locks does.
-    pub fn unlock_transient(&mut self, mut lock: NodeLock) {
+    /// Releases a lock on a request's published path. `transient`: a lock the
+    /// reference never takes (reference policies), so a node it leaves unlocked keeps
+    /// its place in the LRU order instead of being keyed again by its last access, as a
+    /// release of one of the reference's own locks does.
+    pub(crate) fn release_published(&mut self, mut lock: NodeLock, transient: bool) {
         lock.home = None;
-        self.release(lock.node, lock.tier, false);
-    }
-
-    /// Releases a lock on a request's published path: as one the reference never takes
-    /// when `transient` (see [`Self::unlock_transient`]).
-    pub(crate) fn release_published(&mut self, lock: NodeLock, transient: bool) {
-        if transient {
-            self.unlock_transient(lock);
-        } else {
-            self.unlock(lock);
-        }
+        self.release(lock.node, lock.tier, !transient);
     }
 
     pub(super) fn release_lock(&mut self, node: NodeId, tier: Tier) {
