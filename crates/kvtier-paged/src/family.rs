@@ -226,13 +226,14 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
     }
 
     /// The state-group pages request tables borrow, as `(group, page)`: every one of
-    /// the tables `tree`'s owner keeps, and those of `committing` inside each group's
-    /// window at `depth` (the wheel's checkpoint there drops the ones below it first).
+    /// the tables `tree`'s owner keeps, and all of `committing`'s as the commit left
+    /// them. A terminal checkpoint drops the entries below the window; where the
+    /// terminal's snapshot already held the window, nothing did, and the wheel spares
+    /// the windows those older entries still borrow.
     pub fn borrowed_state<T: SnapshotTree<Node = N>>(
         &self,
         tree: &T,
         committing: &RequestTables,
-        depth: u32,
     ) -> BTreeSet<(usize, PageId)> {
         let state = self.adjunct.continuation();
         let mut borrowed = BTreeSet::new();
@@ -242,15 +243,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
             }
         });
         for &i in state {
-            let g = &self.adjunct.groups()[i];
-            let lower = depth.saturating_sub(g.window().unwrap_or(0)) / g.tokens_per_page().max(1);
-            let table = &committing.tables[i];
-            borrowed.extend(
-                (table.base()..)
-                    .zip(table.borrowed())
-                    .filter(|&(page, _)| page >= lower)
-                    .map(|(_, &p)| (i, p)),
-            );
+            borrowed.extend(committing.tables[i].borrowed().iter().map(|&p| (i, p)));
         }
         borrowed
     }
@@ -914,7 +907,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
     ) {
         // The wheel spares windows that request tables borrow.
         let borrowed_state = if self.wheel_detach {
-            self.borrowed_state(tree, committing, depth)
+            self.borrowed_state(tree, committing)
         } else {
             BTreeSet::new()
         };

@@ -401,6 +401,16 @@ fn first_turn(family: &mut PagedFamily<usize>) -> (TestTree, usize, kvtier_paged
     (tree, n256, hit)
 }
 
+/// The window-state pages of the snapshot on `node`.
+fn first_window(family: &PagedFamily<usize>, node: usize) -> Vec<kvtier_types::PageId> {
+    let snapshot = family.snapshot(node).expect("a snapshot");
+    snapshot.segments[1]
+        .as_ref()
+        .expect("a window")
+        .pages
+        .clone()
+}
+
 /// #460: a second turn's terminal commit detaches the superseded state windows of the
 /// first turn's snapshots that only it pins; without the fix they stay, one window a
 /// turn, in the small state pools.
@@ -555,9 +565,12 @@ fn the_wheels_detach_spares_a_window_a_table_still_borrows() {
         tree.tables.push(reader);
         let mut r2 = family.new_tables();
         family.acquire(&mut r2, 256, 512, Some(&hit)).unwrap();
-        let census = family.borrowed_state(&tree, &r2, 512);
-        assert_eq!(census.is_empty(), !borrowed, "borrowed {borrowed}");
+        let window = first_window(&family, n256);
         family.commit_chunk_holding(&mut tree, &mut r2, n512, None);
+        // The terminal checkpoint dropped r2's entries below its window.
+        let census = family.borrowed_state(&tree, &r2);
+        let reads_window = window.iter().any(|&p| census.contains(&(1, p)));
+        assert_eq!(reads_window, borrowed, "borrowed {borrowed}");
         let old = family.snapshot(n256).unwrap();
         assert_eq!(old.segments[1].is_some(), borrowed, "borrowed {borrowed}");
         assert_eq!(family.stats().stale_state_detached, u64::from(!borrowed));
@@ -567,6 +580,39 @@ fn the_wheels_detach_spares_a_window_a_table_still_borrows() {
         family.release(&mut r2);
         family.check_invariants([&r2]).unwrap();
     }
+}
+
+/// Hybrid seed 7597: two requests read the same hit and run to the same terminal. The
+/// first commits it, window state included; the second only adopts the history there
+/// (the window is not required), so no checkpoint drops its entries below the window,
+/// and those still borrow the first turn's window. The wheel spares that window when
+/// the second commits alone; kvtier counted the second's entries inside the window at
+/// the terminal only, detached it, and gave its pages out while the wheel kept them.
+#[test]
+fn the_wheels_detach_spares_a_window_an_adopting_committer_still_borrows() {
+    let mut family = PagedFamily::new(history_and_window(), false).detaching_as_the_wheel();
+    let (mut tree, n256, hit) = first_turn(&mut family);
+    let n512 = tree.insert(n256, 512);
+    let (mut first, mut second) = (family.new_tables(), family.new_tables());
+    for tables in [&mut first, &mut second] {
+        family.acquire(tables, 256, 512, Some(&hit)).unwrap();
+    }
+    tree.lock_path(n512, 2);
+    family.commit_chunk_holding(&mut tree, &mut first, n512, None);
+    assert!(family.snapshot(n512).unwrap().segments[1].is_some());
+    family.release(&mut first);
+    tree.lock_path(n512, -1);
+    let window = first_window(&family, n256);
+    family.commit_chunk_holding(&mut tree, &mut second, n512, None);
+    let census = family.borrowed_state(&tree, &second);
+    assert!(
+        window.iter().all(|&p| census.contains(&(1, p))),
+        "the adopting commit keeps its entries below the window"
+    );
+    assert!(family.snapshot(n256).unwrap().segments[1].is_some());
+    assert_eq!(family.stats().stale_state_detached, 0);
+    family.release(&mut second);
+    family.check_invariants([&second]).unwrap();
 }
 
 /// A running request's next op is admitted before its previous chunk is committed.
