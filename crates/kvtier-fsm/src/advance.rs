@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use kvtier_radix::{CacheOp, TokenRef};
+use kvtier_radix::{CacheOp, StopLock, TokenRef};
 use kvtier_types::{
     AbortNotice, AbortReason, EngineEvent, LookupAsk, OpId, PageId, RequestId, RequestSpec, Token,
 };
@@ -681,6 +681,11 @@ impl SchedulerCore {
             && !self.config.disable_prefix_cache
             && !publication.tokens.is_empty();
         let id = self.requests[key].id.clone();
+        let device_lock = if self.reference_policy() {
+            self.outbox.hand_over(key, &id, device_lock)
+        } else {
+            StopLock::Held(device_lock)
+        };
         self.outbox.push(
             CacheOp::Finish {
                 publication,

@@ -2,7 +2,7 @@
 //! each result goes, and the mail and replies exchanged with the cache families. The
 //! replies are applied by the core (`mail.rs`).
 
-use kvtier_radix::{CacheBatch, CacheOp, CacheReply};
+use kvtier_radix::{CacheBatch, CacheOp, CacheReply, NodeLock, StopLock};
 use kvtier_types::{ActorName, ExecutionPlan, RequestId};
 
 use crate::request::Republish;
@@ -63,6 +63,28 @@ impl Outbox {
             demote: None,
         };
         self.push(op, Target::Ignore);
+    }
+
+    /// A stopping request's device lock, moved into its decode publication queued in
+    /// this batch if there is one: the cache releases it once that publication's lock is
+    /// taken and keeps the new lock for the stop op, as the reference moves a request's
+    /// lock to each node it publishes (so another request's commit in between counts
+    /// this one's lock once, and none once it stopped).
+    pub fn hand_over(&mut self, key: usize, id: &RequestId, lock: NodeLock) -> StopLock {
+        let queued = self.targets.iter().rposition(
+            |t| matches!(t, Target::PublishDecode { key: k, id: i, .. } if *k == key && i == id),
+        );
+        match queued.map(|at| &mut self.ops[at]) {
+            Some(CacheOp::PublishDecode {
+                stops: stops @ None,
+                ..
+            }) => {
+                let ticket = key as u64;
+                *stops = Some((lock, ticket));
+                StopLock::HandedOver(ticket)
+            }
+            _ => StopLock::Held(lock),
+        }
     }
 
     pub fn is_empty(&self) -> bool {

@@ -355,6 +355,7 @@ impl SchedulerCore {
             let ChunkCommit {
                 publication: Some(publication),
                 checkpoint,
+                ..
             } = *commit
             else {
                 continue;
@@ -542,6 +543,13 @@ impl SchedulerCore {
         let computed = run.window_end() / ps;
         let publication = self.requests[key].publication(run, computed, ps);
         let checkpoint = run.states.as_mut().and_then(|s| s.take_checkpoint());
+        // Nothing new to publish: the tables commit again where the request's published
+        // prefix ends (not while a publication is still in flight, which committed them
+        // further on).
+        let recommit = match (&publication, &run.tables) {
+            (None, Some(t)) if run.published_ahead == 0 => Some((t.key(), run.device_lock.node())),
+            _ => None,
+        };
         self.requests[key].state = state;
         let (publication, republish) = match publication {
             Some((p, r)) => (Some(p), Some(Box::new(r))),
@@ -551,6 +559,7 @@ impl SchedulerCore {
             Some(Box::new(ChunkCommit {
                 publication,
                 checkpoint,
+                recommit,
             })),
             republish,
         )
@@ -721,6 +730,7 @@ impl SchedulerCore {
                 // A decode row that ends the next page gets a slot then.
                 renew: false,
                 retire,
+                stops: None,
             },
             Target::PublishDecode {
                 key,
@@ -741,6 +751,7 @@ impl SchedulerCore {
         let ChunkCommit {
             publication,
             checkpoint,
+            ..
         } = commit;
         if let Some(p) = publication {
             run.landed(p.pages.len());

@@ -649,6 +649,99 @@ fn the_wheel_detaches_a_superseded_window_at_the_first_decode_commit() {
     assert_eq!(freed, [1, 2]);
 }
 
+/// Hybrid seed 1425 (shrunk): r07 runs down the path r08 cached, snapshot by snapshot.
+/// Its window group is not required, so its commits adopt only the history there, and
+/// its window table keeps borrowing its hit's pages: the commit before its last chunk
+/// spares the window at 4 for that, and the chunk's slide then drops the borrow. Its
+/// first decode publishes no new page, yet the reference commits again, and the wheel
+/// then detaches that window (#460). kvtier committed only what was new and kept it.
+#[test]
+fn the_wheel_commits_again_at_a_first_decode_that_publishes_nothing() {
+    use kvtier_types::{GroupRole, GroupSpec, PagedSettings};
+    let mut freed = Vec::new();
+    for policy in [Policy::Reference, Policy::ReferenceWheel] {
+        let mut s = sched(SchedulerConfig {
+            policy,
+            publish_prefix_mid_flight: false,
+            page_size: 4,
+            device_pages: 8,
+            host_pages: 0,
+            disable_l2_cache: true,
+            max_batch_size: 1,
+            max_scheduled_tokens: 4,
+            paged: Some(PagedSettings {
+                groups: vec![
+                    GroupSpec::full_history("full", 2, 2, 46),
+                    GroupSpec::sliding("swa", 2, 1, 28, 10, GroupRole::State),
+                ],
+                required: vec!["full".into()],
+            }),
+            ..fixture()
+        });
+        let mut engine = Engine::default();
+        engine.max_new.insert("r08".into(), 1);
+        submit(&mut s, "r08", tokens(1, 21));
+        drain(&mut s, &mut engine, 20);
+        let mut prompt = tokens(1, 16);
+        prompt.push(100);
+        submit(&mut s, "r07", prompt);
+        run_until(&mut s, &mut engine, 10, |s, _| {
+            state(s, "r07") == StateKind::PrefillDone
+        });
+        let before = group_free(&mut s)["swa"];
+        let plan = s.next_plan();
+        assert_eq!(row_kinds(&plan), [RowKind::Decode], "{policy:?}");
+        freed.push(group_free(&mut s)["swa"] as i64 - before as i64);
+        check(&mut s);
+    }
+    // The row takes a page (its slide only drops a borrow); the wheel also frees the
+    // window at 4, two pages (1425: the wheel's pool has 15 free after the plan).
+    assert_eq!(freed, [-1, 1]);
+}
+
+/// Hybrid seed 1196 (shrunk): r01 and r02 share a 4-token prompt prefix (pages of one
+/// token; a 4-token window state group, not required) and finish in the same step, each
+/// with a decode result first. The reference moves a request's lock to each node it
+/// publishes and drops it at the finish, so r02's commit, after r01's finish, finds the
+/// shared prefix's snapshots held by r02 alone and the wheel detaches their windows
+/// (#460). kvtier's r01 still held both its old lock and the one its publication took
+/// until the batch's reply, which kept those windows.
+#[test]
+fn a_request_that_finishes_after_a_publication_lets_go_of_its_locks_at_once() {
+    use kvtier_types::{GroupRole, GroupSpec, PagedSettings};
+    let mut s = sched(SchedulerConfig {
+        policy: Policy::ReferenceWheel,
+        publish_prefix_mid_flight: false,
+        page_size: 1,
+        device_pages: 24,
+        host_pages: 0,
+        disable_l2_cache: true,
+        max_batch_size: 7,
+        max_scheduled_tokens: 4,
+        paged: Some(PagedSettings {
+            groups: vec![
+                GroupSpec::sliding("swa", 4, 1, 37, 4, GroupRole::State),
+                GroupSpec::full_history("full", 1, 1, 40),
+            ],
+            required: vec!["full".into()],
+        }),
+        ..fixture()
+    });
+    let mut engine = Engine::with_max_new(6);
+    submit(&mut s, "r01", tokens(1, 4));
+    let mut r02 = tokens(1, 4);
+    r02.extend(tokens(100, 7));
+    submit(&mut s, "r02", r02);
+    let plans = drain(&mut s, &mut engine, 20);
+    // Both finish in the last step, r01's result and finish first.
+    let last = plans.iter().rev().find(|p| !p.forward.rows.is_empty());
+    assert_eq!(row_ids(last.expect("rows ran")), ["r01", "r02"]);
+    // Once both are forgotten: their tables' pages back, and the windows r02's last
+    // commit detached (one fewer while r01's locks stayed).
+    assert_eq!(group_free(&mut s)["swa"], 34);
+    check(&mut s);
+}
+
 /// Hybrid seed 239 (shrunk): with prefix reuse off, the reference's finish matches
 /// nothing (its prefix match answers the root), so a finished request's path is not
 /// touched. Two requests finish in one step; the next request's room evicts the

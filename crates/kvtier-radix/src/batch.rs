@@ -123,6 +123,16 @@ pub struct Publication {
     pub tables: Option<TablesKey>,
 }
 
+/// A stopping request's device lock, as its stop op finds it.
+#[derive(Debug)]
+pub enum StopLock {
+    /// The lock it holds.
+    Held(NodeLock),
+    /// Handed to its publication earlier in the same batch (`CacheOp::PublishDecode`'s
+    /// `stops`), which left the lock on the published node under this ticket.
+    HandedOver(u64),
+}
+
 /// Handles a request let go of (pages, locks, state slots, tables), carried to the
 /// cache so that they are released in event order: the reference frees an aborted
 /// request's pages where the abort comes among the step's events, after the pages an
@@ -190,6 +200,10 @@ pub enum CacheOp {
         /// The node of the request's previous decode state: the new, deeper one makes it
         /// redundant (a later turn resumes from the deepest), so it goes.
         retire: Option<NodeId>,
+        /// The request stops later in this batch: its previous lock, released as soon as
+        /// the new one is taken (the reference moves a request's lock to each node it
+        /// publishes), and the ticket its stop op takes the new lock by (not returned).
+        stops: Option<(NodeLock, u64)>,
     },
     /// A request finished: publish its pages, release its locks and, when
     /// `write_back` is set, attach host pages for whatever is not on host yet.
@@ -197,7 +211,7 @@ pub enum CacheOp {
         /// What to publish (may be empty).
         publication: Publication,
         /// The request's device lock on its prefix.
-        device_lock: NodeLock,
+        device_lock: StopLock,
         /// The request's host lock on a load-back source.
         host_lock: Option<NodeLock>,
         /// Attach a write-back for the device-only part.
@@ -436,6 +450,12 @@ pub struct ChunkCommit {
     pub publication: Option<Publication>,
     /// The checkpoint and the depth whose state it holds.
     pub checkpoint: Option<(Slot, Option<u32>)>,
+    /// Paged models under the reference's order, when nothing new is published: the
+    /// request's tables and its published node, where they are committed again. The
+    /// reference commits at every chunk and at the first decode all the same; such a
+    /// commit still completes the terminal's window state and (the wheel's #460)
+    /// detaches the windows the request's last slide stopped borrowing.
+    pub recommit: Option<(TablesKey, NodeId)>,
 }
 
 /// What committing a chunk did.
@@ -585,15 +605,23 @@ impl RadixCore {
     /// Executes a batch in order.
     pub fn execute(&mut self, batch: CacheBatch) -> CacheReply {
         self.drain_releases();
+        let mut handed_over = Vec::new();
         let results = batch
             .ops
             .into_iter()
-            .map(|op| self.execute_op(op))
+            .map(|op| self.execute_op(op, &mut handed_over))
             .collect();
+        // A lock nobody took is released by its drop all the same.
+        debug_assert!(
+            handed_over.is_empty(),
+            "handed over, not taken: {handed_over:?}"
+        );
         CacheReply { results }
     }
 
-    fn execute_op(&mut self, op: CacheOp) -> OpResult {
+    /// `handed_over`: locks publications of this batch left for their requests' stop
+    /// ops, by ticket.
+    fn execute_op(&mut self, op: CacheOp, handed_over: &mut Vec<(u64, NodeLock)>) -> OpResult {
         match op {
             CacheOp::Release(handles) => {
                 drop(handles);
@@ -647,6 +675,19 @@ impl RadixCore {
                 states,
                 tables,
             } => {
+                let device_lock = match device_lock {
+                    StopLock::Held(lock) => lock,
+                    StopLock::HandedOver(ticket) => {
+                        let at = handed_over.iter().position(|&(t, _)| t == ticket);
+                        match at {
+                            Some(i) => handed_over.swap_remove(i).1,
+                            None => {
+                                debug_assert!(false, "no lock handed over under {ticket}");
+                                self.lock(self.root(), Tier::Device)
+                            }
+                        }
+                    }
+                };
                 let tokens = publication.tokens.clone();
                 let inserted = !publication.pages.is_empty();
                 let (lock, pages) = self.publish(publication, None);
@@ -810,9 +851,16 @@ impl RadixCore {
                 checkpoint,
                 renew,
                 retire,
+                stops,
             } => {
-                let (published, checkpoint) =
-                    self.publish_decode(publication, checkpoint, renew, retire);
+                let (old, ticket) = stops.map_or((None, None), |(old, t)| (Some(old), Some(t)));
+                let (mut published, checkpoint) =
+                    self.publish_decode(publication, checkpoint, renew, retire, old);
+                if let Some(ticket) = ticket
+                    && let Some((lock, _)) = published.take()
+                {
+                    handed_over.push((ticket, lock));
+                }
                 OpResult::PublishedDecode {
                     published,
                     checkpoint,
@@ -1158,7 +1206,7 @@ impl RadixCore {
             };
         }
         let asked = commit.is_some() || checkpoint != CheckpointNeed::None;
-        let published = commit.and_then(|c| self.commit_chunk(*c));
+        let published = commit.and_then(|c| self.commit_chunk(*c, None));
         let Some(pages) = self.allocate(Tier::Device, need as usize) else {
             debug_assert!(false, "pages were made free");
             return Outcome::waits();

@@ -347,13 +347,22 @@ impl RadixCore {
     /// Commits a hybrid request's last chunk: its new full pages go into the tree and
     /// its checkpoint is cached at their end if it holds that state (else freed). Returns
     /// the lock on the published node and its path's device pages; `None` when nothing
-    /// was published.
-    pub(crate) fn commit_chunk(&mut self, commit: ChunkCommit) -> Option<(NodeLock, Vec<PageId>)> {
+    /// was published. `old`: the request's previous lock, given up once the new one is
+    /// taken (`None`: the request keeps it until the reply is in).
+    pub(crate) fn commit_chunk(
+        &mut self,
+        commit: ChunkCommit,
+        old: Option<NodeLock>,
+    ) -> Option<(NodeLock, Vec<PageId>)> {
         let ChunkCommit {
             publication,
             checkpoint,
+            recommit,
         } = commit;
-        let published = publication.and_then(|p| self.publish_pages(p));
+        let published = publication.and_then(|p| self.publish_pages(p, old));
+        if let (None, Some((key, node))) = (&published, recommit) {
+            self.commit_tables(key, node, None);
+        }
         let node = published.as_ref().map(|(lock, _)| lock.node());
         if let Some((slot, at)) = checkpoint {
             self.cache_state(node, slot, at);
@@ -363,8 +372,12 @@ impl RadixCore {
 
     /// Publishes a request's pages; the lock on the published node and its path's device
     /// pages.
-    fn publish_pages(&mut self, publication: Publication) -> Option<(NodeLock, Vec<PageId>)> {
-        let (lock, _) = self.publish(publication, None);
+    fn publish_pages(
+        &mut self,
+        publication: Publication,
+        old: Option<NodeLock>,
+    ) -> Option<(NodeLock, Vec<PageId>)> {
+        let (lock, _) = self.publish(publication, old);
         let lock = lock?;
         let mut path = Vec::new();
         self.device_path_pages(lock.node(), &mut path);
@@ -385,18 +398,23 @@ impl RadixCore {
 
     /// A decoding hybrid request's new full pages, and its checkpoint (cached where it
     /// holds the state at their end); a fresh checkpoint when asked for and one can be
-    /// had.
+    /// had. `old`: as for [`Self::commit_chunk`].
     pub(crate) fn publish_decode(
         &mut self,
         publication: Publication,
         checkpoint: Option<(kvtier_mamba::Slot, Option<u32>)>,
         renew: bool,
         retire: Option<NodeId>,
+        old: Option<NodeLock>,
     ) -> (Option<(NodeLock, Vec<PageId>)>, Option<kvtier_mamba::Slot>) {
-        let published = self.commit_chunk(ChunkCommit {
-            publication: Some(publication),
-            checkpoint,
-        });
+        let published = self.commit_chunk(
+            ChunkCommit {
+                publication: Some(publication),
+                checkpoint,
+                recommit: None,
+            },
+            old,
+        );
         let deeper = published.as_ref().is_some_and(|(lock, _)| {
             self.states()
                 .is_some_and(|s| s.device_slot(lock.node()).is_some())
