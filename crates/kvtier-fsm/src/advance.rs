@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use kvtier_radix::{CacheOp, StopLock, TokenRef};
+use kvtier_radix::{CacheOp, GroupTables, StopLock, TokenRef};
 use kvtier_types::{
     AbortNotice, AbortReason, EngineEvent, LookupAsk, OpId, PageId, RequestId, RequestSpec, Token,
 };
@@ -315,8 +315,9 @@ impl SchedulerCore {
                             self.publish_decoded(key, before);
                         }
                         // Only paged models hold tables (a branch per decode row, not a
-                        // state lookup: W2's hot path).
-                        if kind == StateKind::Decoding && self.config.paged.is_some() {
+                        // state lookup: W2's hot path). A retracted request's kept tables
+                        // rewind too (its last row's results, a step late).
+                        if kind != StateKind::PrefillDone && self.config.paged.is_some() {
                             self.rewind_tables(key);
                         }
                         Ok(())
@@ -509,12 +510,12 @@ impl SchedulerCore {
         self.queue_publication(key, publication, checkpoint, retire, true);
     }
 
-    /// Paged models: a decoding request's group tables give back the pages its row
+    /// Paged models: a decoding (or retracted) request's group tables give back the pages its row
     /// reserved past the tokens it now has (after the publication above), as the
     /// reference rewinds them at each result; the next decode takes what it needs.
     fn rewind_tables(&mut self, key: usize) {
         let r = &self.requests[key];
-        let Some(tables) = r.state.running().and_then(|run| run.tables.as_ref()) else {
+        let Some(tables) = r.state.tables() else {
             return;
         };
         let op = CacheOp::RewindTables {
@@ -635,12 +636,15 @@ impl SchedulerCore {
                 op,
                 host_lock,
                 local_kv,
+                tables,
                 ..
             } => {
                 drop((host_lock, local_kv));
+                self.keep_stopped_tables(key, tables);
                 State::WritingBack { op }
             }
-            State::Retracted(held) => {
+            State::Retracted(mut held) => {
+                self.keep_stopped_tables(key, held.tables.take());
                 drop(held);
                 State::Finished
             }
@@ -658,6 +662,14 @@ impl SchedulerCore {
         Ok(())
     }
 
+    /// A stopped request's group tables: under the reference policies they stay until
+    /// the request is forgotten at the next plan, as the reference frees them.
+    fn keep_stopped_tables(&mut self, key: usize, tables: Option<GroupTables>) {
+        if self.reference_policy() {
+            self.requests[key].stopped_tables = tables;
+        }
+    }
+
     /// Publishes a finished request's full pages and, with L2 on, asks the cache to
     /// attach host pages for the write-back of whatever is not on host yet. With a
     /// write-back possible the request is `Draining` until the reply says whether one
@@ -672,7 +684,7 @@ impl SchedulerCore {
             tables,
         } = self.requests[key].settle(run, self.config.page_size, !self.reference_policy());
         let tables = if self.reference_policy() {
-            self.requests[key].stopped_tables = tables;
+            self.keep_stopped_tables(key, tables);
             None
         } else {
             tables
@@ -806,12 +818,14 @@ impl SchedulerCore {
                 host_lock,
                 local_kv,
                 published_pages,
+                tables,
                 ..
             } => State::Retracted(Retracted {
                 prefix_lock: host_lock,
                 device_lock: None,
                 local_kv,
                 published_pages,
+                tables,
             }),
             other => other,
         };

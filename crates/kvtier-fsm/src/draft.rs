@@ -205,6 +205,7 @@ pub(crate) enum Entry {
     Recovery {
         local_kv: LocalKv,
         published_pages: u32,
+        tables: Option<kvtier_radix::GroupTables>,
     },
 }
 
@@ -234,6 +235,8 @@ pub(crate) struct Retraction {
     pub local_kv: LocalKv,
     /// Its pages published in the tree.
     pub published_pages: u32,
+    /// Paged models under the reference policies: its group tables, kept.
+    pub tables: Option<kvtier_radix::GroupTables>,
 }
 
 /// What the core is waiting for.

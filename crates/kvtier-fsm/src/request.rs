@@ -212,6 +212,9 @@ pub(crate) struct Retracted {
     pub local_kv: LocalKv,
     /// Pages of the request published in the tree; its tail pages follow them.
     pub published_pages: u32,
+    /// Paged models under the reference policies: its group tables, kept until it
+    /// resumes from them (kvtier's own policy recomputes from the deepest snapshot).
+    pub tables: Option<GroupTables>,
 }
 
 #[derive(Debug)]
@@ -240,12 +243,26 @@ pub(crate) enum State {
         host_lock: NodeLock,
         local_kv: LocalKv,
         published_pages: u32,
+        tables: Option<GroupTables>,
     },
     Retracted(Retracted),
     Finished,
 }
 
 impl State {
+    /// Its group tables: a running request's, or a retracted one's kept.
+    pub fn tables(&self) -> Option<&GroupTables> {
+        match self {
+            State::Prefilling(run) | State::PrefillDone(run) | State::Decoding(run) => {
+                run.tables.as_ref()
+            }
+            State::Retracting { tables, .. } | State::Retracted(Retracted { tables, .. }) => {
+                tables.as_ref()
+            }
+            _ => None,
+        }
+    }
+
     pub fn kind(&self) -> StateKind {
         match self {
             State::LookingUp { .. } => StateKind::LookingUp,

@@ -496,6 +496,7 @@ impl SchedulerCore {
                         device_lock,
                         local_kv,
                         published_pages,
+                        tables,
                     } = held;
                     let r = &self.requests[key];
                     // Every token but the last has been computed.
@@ -506,10 +507,13 @@ impl SchedulerCore {
                         tail_free: local_kv.tail_free,
                         held: std::iter::once(prefix_lock).chain(device_lock).collect(),
                         computed,
+                        // Its row computes the last token, from there on.
+                        tables: tables.as_ref().map(|t| (t.key(), computed)),
                     });
                     Entry::Recovery {
                         local_kv,
                         published_pages,
+                        tables,
                     }
                 }
                 _ => Entry::None,
@@ -643,13 +647,19 @@ impl SchedulerCore {
                 (Entry::FirstChunk, Outcome::Admitted(admission)) => {
                     self.first_chunk(key, *admission, draft);
                 }
-                (Entry::Recovery { local_kv, .. }, Outcome::Admitted(admission)) => {
-                    self.recovery(key, local_kv, *admission, draft);
+                (
+                    Entry::Recovery {
+                        local_kv, tables, ..
+                    },
+                    Outcome::Admitted(admission),
+                ) => {
+                    self.recovery(key, local_kv, tables, *admission, draft);
                 }
                 (
                     Entry::Recovery {
                         local_kv,
                         published_pages,
+                        tables,
                     },
                     Outcome::Waits { held, .. },
                 ) => {
@@ -660,6 +670,7 @@ impl SchedulerCore {
                             device_lock: held.next(),
                             local_kv,
                             published_pages,
+                            tables,
                         });
                     } else {
                         debug_assert!(false, "a recovery's locks did not come back");
@@ -1006,10 +1017,18 @@ impl SchedulerCore {
             tables,
         } = self.requests[key].settle(run, self.config.page_size, !self.reference_policy());
         let published_pages = (publication.tokens.len() / self.config.page_size as usize) as u32;
+        // The reference keeps a retracted request's group tables and resumes it from
+        // them; kvtier's own policy recomputes it from its deepest snapshot.
+        let (tables, kept) = if self.reference_policy() {
+            (None, tables)
+        } else {
+            (tables, None)
+        };
         draft.retract = Some(Retraction {
             key,
             local_kv,
             published_pages,
+            tables: kept,
         });
         Some(CacheBatch {
             ops: vec![CacheOp::Retract {
@@ -1032,6 +1051,7 @@ impl SchedulerCore {
             key,
             local_kv,
             published_pages,
+            tables,
         } = retraction;
         let id = self.requests[key].id.clone();
         match outcome {
@@ -1046,6 +1066,7 @@ impl SchedulerCore {
                     host_lock,
                     local_kv,
                     published_pages,
+                    tables,
                 };
             }
             RetractOutcome::Kept {
@@ -1057,6 +1078,7 @@ impl SchedulerCore {
                     device_lock: None,
                     local_kv,
                     published_pages,
+                    tables,
                 });
             }
             RetractOutcome::HostExhausted => {
@@ -1064,7 +1086,7 @@ impl SchedulerCore {
                 // request (kvtier says so in the plan); by default it computes its
                 // history again instead, like the deadlock breaker's victim: its tail
                 // pages go, its prefix stays as evictable cache, nothing is lost.
-                drop(local_kv);
+                drop((local_kv, tables));
                 if self.reference_policy() {
                     self.abort_notice(id, AbortReason::HostPoolExhausted, &mut draft.plan);
                 } else {
@@ -1249,6 +1271,7 @@ impl SchedulerCore {
         &mut self,
         key: usize,
         mut local_kv: LocalKv,
+        tables: Option<kvtier_radix::GroupTables>,
         admission: Admission,
         draft: &mut PlanInProgress,
     ) {
@@ -1281,7 +1304,7 @@ impl SchedulerCore {
             published_ahead: 0,
             states,
             decode_state: None,
-            tables: None,
+            tables,
         };
         if let Some(slot) = cow_src {
             self.ops.record_copy(r.id.clone(), slot);
@@ -1289,6 +1312,9 @@ impl SchedulerCore {
         draft
             .rows
             .push_decode_row(r, &run, RowKind::Recovery, 0, d, cow_src);
+        if run.tables.is_some() {
+            draft.rows.set_groups(false, admission.groups);
+        }
         self.requests[key].state = State::Decoding(run);
         self.push_load_back(key, admission.load_back, &mut draft.plan, &mut draft.seen);
     }

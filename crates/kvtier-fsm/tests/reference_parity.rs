@@ -742,6 +742,58 @@ fn a_request_that_finishes_after_a_publication_lets_go_of_its_locks_at_once() {
     check(&mut s);
 }
 
+/// Hybrid seed 5873 (shrunk): with no host tier, r02 (7 tokens, one partial page) is
+/// retracted with nothing to copy while r05 prefills. The reference keeps a retracted
+/// request's group tables and resumes it as a decode from them: its recovery row reads
+/// the same table. kvtier released them at the retraction and recomputed the request
+/// from its deepest snapshot (still kvtier's own policy).
+#[test]
+fn a_retracted_paged_request_resumes_from_the_tables_it_kept() {
+    use kvtier_types::{GroupSpec, PagedSettings};
+    let mut s = sched(SchedulerConfig {
+        policy: Policy::ReferenceWheel,
+        publish_prefix_mid_flight: false,
+        page_size: 8,
+        device_pages: 10,
+        host_pages: 0,
+        disable_l2_cache: true,
+        max_batch_size: 3,
+        max_scheduled_tokens: 7,
+        paged: Some(PagedSettings {
+            groups: vec![GroupSpec::full_history("full", 4, 2, 10)],
+            required: vec!["full".into()],
+        }),
+        ..fixture()
+    });
+    let mut engine = Engine::with_max_new(1);
+    engine.max_new.insert("r02".into(), 2);
+    let r01 = tokens(1, 50);
+    let mut r05 = r01[..30].to_vec();
+    r05.extend(tokens(100, 11));
+    submit(&mut s, "r05", r05);
+    submit(&mut s, "r02", vec![1; 7]);
+    submit(&mut s, "r01", r01);
+    let plans = drain(&mut s, &mut engine, 40);
+    assert_eq!(s.stats().retractions, 1);
+    let rows: Vec<_> = plans
+        .iter()
+        .flat_map(|p| {
+            let rows = p.forward.rows.iter().enumerate();
+            rows.filter(|(_, r)| r.request_id.as_str() == "r02")
+                .map(move |(i, r)| (r.kind, p.forward.groups_of(i)[0].pages.clone()))
+        })
+        .collect();
+    // Its first chunk's table, its retraction, then a recovery row on that same table
+    // (no second prefill).
+    let first = rows[0].1.clone();
+    assert_eq!(
+        rows.iter().map(|r| r.0).collect::<Vec<_>>(),
+        [RowKind::Prefill, RowKind::Prefill, RowKind::Recovery]
+    );
+    assert_eq!(rows[2].1[0], first[0]);
+    check(&mut s);
+}
+
 /// Hybrid seed 239 (shrunk): with prefix reuse off, the reference's finish matches
 /// nothing (its prefix match answers the root), so a finished request's path is not
 /// touched. Two requests finish in one step; the next request's room evicts the

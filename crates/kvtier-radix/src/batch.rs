@@ -240,8 +240,9 @@ pub enum CacheOp {
         host_lock: Option<NodeLock>,
         /// Hybrid models: the request's state slots, as for `Finish`.
         states: Option<FinalStates>,
-        /// Paged models: the request's group tables, as for `Finish` (a retracted
-        /// request recomputes from its deepest snapshot).
+        /// Paged models under kvtier's own policy: the request's group tables, as for
+        /// `Finish` (a retracted request recomputes from its deepest snapshot). The
+        /// reference policies keep them with the request, which resumes from them.
         tables: Option<GroupTables>,
     },
     /// Prefetched host pages land: insert them after the locked host prefix.
@@ -425,6 +426,10 @@ pub enum Intent {
         /// cached state holding exactly those; otherwise it is recomputed from the
         /// deepest state.
         computed: u32,
+        /// Paged models under the reference policies: the group tables it kept and its
+        /// row's first position; it resumes as a decode from them (without, it is
+        /// recomputed from its deepest snapshot).
+        tables: Option<(TablesKey, u32)>,
     },
 }
 
@@ -1103,18 +1108,29 @@ impl RadixCore {
                     tail_free,
                     held,
                     computed,
+                    tables,
                 } => {
                     if slots == 0 {
                         Outcome::Waits { held, commit: None }
                     } else if self.has_snapshots() {
-                        // Its group tables went at retraction: it computes its history
-                        // again from the deepest snapshot.
-                        drop(held);
-                        Outcome::Recompute
+                        match tables {
+                            // The reference resumes it as a decode from its kept tables,
+                            // their row spanning the decode input.
+                            Some((key, first)) => {
+                                let groups = (key, first, d);
+                                self.recovery(&tokens, tail_pages, tail_free, held, d, Some(groups))
+                            }
+                            // Its group tables went at retraction: it computes its
+                            // history again from the deepest snapshot.
+                            None => {
+                                drop(held);
+                                Outcome::Recompute
+                            }
+                        }
                     } else if self.has_states() {
                         self.recovery_hybrid(&tokens, tail_pages, tail_free, held, d, computed)
                     } else {
-                        self.recovery(&tokens, tail_pages, tail_free, held, d)
+                        self.recovery(&tokens, tail_pages, tail_free, held, d, None)
                     }
                 }
             };
@@ -1412,6 +1428,7 @@ impl RadixCore {
         tail_free: u32,
         held: Vec<NodeLock>,
         d: u32,
+        groups: Option<(TablesKey, u32, u32)>,
     ) -> Outcome {
         let (reserve_pages, new_tail_free) = grow(tail_free, d, self.page_size());
         let reference = self.is_reference();
@@ -1457,7 +1474,18 @@ impl RadixCore {
             Some(node) => self.match_path(node),
             None => self.match_prefix(tokens),
         };
-        let Some(pinned) = self.pin_prefix(m, room, true) else {
+        // The reference's order: room for the KV (its eviction stays even when the
+        // groups then refuse), the groups' admission, then the load-back.
+        let Some(guard) = self.make_room(m.device, room) else {
+            return Outcome::Waits { held, commit: None };
+        };
+        if let Some((key, first, span)) = groups
+            && !self.admit_groups(key, first, first + span, None)
+        {
+            self.unlock(guard);
+            return Outcome::Waits { held, commit: None };
+        }
+        let Some(pinned) = self.pin_path(m, guard, true) else {
             return Outcome::Waits { held, commit: None };
         };
         for lock in held {
@@ -1465,7 +1493,12 @@ impl RadixCore {
         }
         let begin_pages = m.device_pages.max(m.host_pages);
         let shape = ChunkShape::recovery(begin_pages, reserve_pages, new_tail_free);
-        self.admitted(pinned, &shape, None)
+        let mut outcome = self.admitted(pinned, &shape, None);
+        if let (Some((key, first, span)), Outcome::Admitted(admission)) = (groups, &mut outcome) {
+            self.acquire_groups(key, first, first + span);
+            admission.groups = self.group_view(key);
+        }
+        outcome
     }
 
     /// Locks the device match, makes `need` pages free, and locks the path the request
