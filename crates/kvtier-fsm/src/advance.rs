@@ -154,6 +154,7 @@ impl SchedulerCore {
 
     /// Adds a request in `state` (Submitted or LookingUp); returns its prompt.
     fn queue(&mut self, spec: RequestSpec, state: State) -> Arc<Vec<Token>> {
+        self.idle_plans = 0;
         let prefill_len = spec.tokens.len() as u32;
         let empty = tracing::field::Empty;
         let span = tracing::info_span!(
@@ -269,6 +270,7 @@ impl SchedulerCore {
     }
 
     fn apply(&mut self, event: EngineEvent) -> Result<(), SchedError> {
+        self.idle_plans = 0;
         let name = event.name();
         if !self.voided.is_empty()
             && let EngineEvent::ExtendResult { request_id, .. }

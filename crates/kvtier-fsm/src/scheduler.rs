@@ -166,6 +166,9 @@ pub struct SchedulerCore {
     /// came: the next plan issues them in it, so the first claims the copy of a prefix
     /// they share, as the reference's first finish does.
     pub(crate) finishing: Vec<(usize, RequestId)>,
+    /// Plans in a row that had nothing for the engine, with no submission or event
+    /// since the first: a state nothing but a new request can change.
+    pub(crate) idle_plans: u32,
     /// The ticket of the next L3 lookup.
     pub(crate) next_lookup: u64,
     /// L3 lookups under way: their requests, in the order of the ask's prompts.
@@ -206,6 +209,7 @@ impl SchedulerCore {
             voided: BTreeSet::new(),
             notices: Vec::new(),
             regrown: Vec::new(),
+            idle_plans: 0,
             next_lookup: 0,
             lookups: BTreeMap::new(),
         })

@@ -186,6 +186,11 @@ impl SchedulerCore {
                 "every row of a paged model carries every group"
             );
         }
+        self.idle_plans = if plan.is_empty() {
+            self.idle_plans + 1
+        } else {
+            0
+        };
         let elapsed = started.elapsed();
         self.stats.step_duration.observe(elapsed);
         if let Some(threshold) = self.config.slow_step_threshold
@@ -1111,6 +1116,12 @@ impl SchedulerCore {
         // device copies it read (the reference waits for it, and so does kvtier rather
         // than compute a history again).
         if self.ops.write_backs_in_flight() > 0 {
+            return;
+        }
+        // The reference waits while anything may still change (a new request can run
+        // and take the state a retracted one is stuck behind): under its policies the
+        // deadlock is broken only at the second empty plan with nothing in between.
+        if self.reference_policy() && self.idle_plans == 0 {
             return;
         }
         let mut victim: Option<(usize, usize)> = None;

@@ -794,6 +794,58 @@ fn a_retracted_paged_request_resumes_from_the_tables_it_kept() {
     check(&mut s);
 }
 
+/// Hybrid seed 5371 (shrunk): r03 is retracted over the state r01 left at 32 (a pool of
+/// three state slots) and cannot resume: its own state at 40 is protected for the
+/// recovery, and the one at 32 above it is no leaf, so no slot can be evicted. The plan
+/// runs nothing, and the reference waits: r04 arrives next and runs (its admission
+/// evicts both states), and r03, its state lost, is given up. kvtier's deadlock breaker
+/// requeued r03 at the first empty plan; under the reference policies it waits for a
+/// second one with nothing in between, the fixed point nothing but a new request ends.
+#[test]
+fn a_retracted_request_waits_one_empty_plan_for_a_new_request() {
+    let mut s = sched(SchedulerConfig {
+        policy: Policy::ReferenceWheel,
+        publish_prefix_mid_flight: false,
+        page_size: 8,
+        device_pages: 7,
+        host_pages: 9,
+        disable_l2_cache: true,
+        max_batch_size: 1,
+        mamba: Some(kvtier_types::MambaSettings {
+            device_slots: 3,
+            host_slots: 0,
+            chunk: 8,
+        }),
+        ..fixture()
+    });
+    let mut engine = Engine::with_max_new(2);
+    engine.max_new.insert("r01".into(), 1);
+    let r01 = tokens(1, 32);
+    submit(&mut s, "r01", r01.clone());
+    drain(&mut s, &mut engine, 10);
+    let mut r03 = r01.clone();
+    r03.extend(tokens(100, 8));
+    submit(&mut s, "r03", r03);
+    run_until(&mut s, &mut engine, 10, |s, _| {
+        state(s, "r03") == StateKind::Retracted
+    });
+    let plan = step(&mut s, &mut engine);
+    assert!(plan.is_empty(), "the recovery cannot get its state slots");
+    assert_eq!(state(&s, "r03"), StateKind::Retracted, "it waits");
+    let mut r04 = r01[..24].to_vec();
+    r04.extend(tokens(200, 8));
+    submit(&mut s, "r04", r04);
+    let plan = step(&mut s, &mut engine);
+    assert_eq!(row_ids(&plan), ["r04"]);
+    let plans = drain(&mut s, &mut engine, 10);
+    let aborted: Vec<_> = plans.iter().flat_map(|p| p.aborted.iter()).collect();
+    assert_eq!(aborted.len(), 1);
+    assert_eq!(aborted[0].request_id.as_str(), "r03");
+    assert_eq!(aborted[0].reason, kvtier_types::AbortReason::StateLost);
+    assert_eq!(s.stats().recomputes, 0);
+    check(&mut s);
+}
+
 /// Hybrid seed 239 (shrunk): with prefix reuse off, the reference's finish matches
 /// nothing (its prefix match answers the root), so a finished request's path is not
 /// touched. Two requests finish in one step; the next request's room evicts the

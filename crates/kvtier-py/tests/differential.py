@@ -925,6 +925,9 @@ class Side:
         # read a wrong one.
         self.states = StateTracker(self.cfg)
         self.read_wrong_state_at: int | None = None
+        # Its plans in a row, up to the current one, that had nothing to run or copy,
+        # with no arrival or event since the first: it sits at a fixed point.
+        self.idle_plans = 0
 
     def submit(self, step: int):
         rids = self.arrivals.get(step, [])
@@ -1168,6 +1171,8 @@ def run_script(script: dict, ref_module, kv_module, id_modes: dict | None = None
             comp.step = step
             result.stats["steps"] += 1
             comp.phase = "submit"
+            if ref.arrivals.get(step):
+                ref.idle_plans = 0
             _compare_exc(comp, "submit_requests", ref.submit(step), ours.submit(step), result)
 
             comp.phase = "next_execution_plan"
@@ -1217,6 +1222,8 @@ def run_script(script: dict, ref_module, kv_module, id_modes: dict | None = None
             result.stats["reserve_updates"] += sum(1 for e in log_ref if e[0] == "UpdateReserveNumTokens")
             if any(e[0] == "Abort" for e in log_ref):
                 result.flags.add("abort")
+            ref_idle = not any(f["request_ids"] for f in s_ref["forward"]) and not s_ref["cache"]
+            ref.idle_plans = ref.idle_plans + 1 if ref_idle and not log_ref else 0
             _, e_ref = _call(ref.sched.advance, ev_ref)
             _, e_ours = _call(ours.sched.advance, ev_ours)
             _compare_exc(comp, "advance()", e_ref, e_ours, result)
@@ -1602,7 +1609,10 @@ def _reference_stalls(ref, step: int, phase: str = "", plan: dict | None = None,
     an abort the script sends later can end it; kvtier breaks it by recomputing the
     request, or gives up one that can never fit again, or never had it). A divergence
     right after a plan counts that plan as the first of those steps (an abort the
-    script sends at the next step may end the deadlock kvtier broke at once)."""
+    script sends at the next step may end the deadlock kvtier broke at once), and the
+    idle plans right before it with no arrival or event since (the reference was at
+    that fixed point already; under the reference policies kvtier breaks the deadlock
+    only at its second empty plan, and a request arriving later may still run)."""
 
     def stalled(snap) -> tuple[bool, dict]:
         ran = any(f["request_ids"] for f in snap["forward"])
@@ -1618,8 +1628,11 @@ def _reference_stalls(ref, step: int, phase: str = "", plan: dict | None = None,
         ref.reqs = {rid: dict(r, abort_at=None) for rid, r in ref.reqs.items()}
         still, last = 0, None
         if phase == "next_execution_plan" and plan is not None:
+            before = ref.idle_plans
             idle, last = stalled(plan)
-            still = int(idle)
+            still = int(idle) + (before if idle else 0)
+            if still >= quiet:
+                return True
             ref.sched.advance(ref.build_event(step, plan, _write_back_order(plan))[0])
             ref.sched.drain_kv_events()
         for snap in _reference_alone(ref, step + 1, steps):
