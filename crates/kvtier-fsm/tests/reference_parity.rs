@@ -846,6 +846,48 @@ fn a_retracted_request_waits_one_empty_plan_for_a_new_request() {
     check(&mut s);
 }
 
+/// Hybrid seed 2094 (shrunk): r02's state at 8 is written to host and its device copy
+/// demoted; r04 has r02's prompt. The reference's match prefers that host state (it
+/// lies deeper than any device state), so its admission needs a third state slot for
+/// the load-back, while r00's write-back still reads one: r04 waits a step. kvtier's own
+/// match does not reuse that state (it holds 9 tokens, not 8) and asked for two slots
+/// only, so it admitted r04 a step early. It makes the room the reference's view needs
+/// now, then admits its own match.
+#[test]
+fn a_first_chunk_makes_room_for_the_host_state_the_references_view_loads_back() {
+    let mut s = sched(SchedulerConfig {
+        policy: Policy::ReferenceWheel,
+        publish_prefix_mid_flight: false,
+        page_size: 8,
+        device_pages: 4,
+        host_pages: 146,
+        max_batch_size: 1,
+        max_scheduled_tokens: 19,
+        mamba: Some(kvtier_types::MambaSettings {
+            device_slots: 3,
+            host_slots: 38,
+            chunk: 32,
+        }),
+        ..fixture()
+    });
+    let mut engine = Engine::with_max_new(1);
+    let prompt = tokens(1, 9);
+    submit(&mut s, "r02", prompt.clone());
+    submit(&mut s, "r04", prompt);
+    assert_eq!(row_ids(&step(&mut s, &mut engine)), ["r02"]);
+    submit(&mut s, "r00", vec![1; 8]);
+    assert_eq!(row_ids(&step(&mut s, &mut engine)), ["r00"]);
+    let plan = step(&mut s, &mut engine);
+    assert!(
+        plan.forward.is_empty(),
+        "r04 waits for the load-back's slot"
+    );
+    assert_eq!(plan.write_backs.len(), 1, "r00's write-back");
+    assert_eq!(state(&s, "r04"), StateKind::Submitted);
+    assert_eq!(row_ids(&step(&mut s, &mut engine)), ["r04"]);
+    check(&mut s);
+}
+
 /// Hybrid seed 239 (shrunk): with prefix reuse off, the reference's finish matches
 /// nothing (its prefix match answers the root), so a finished request's path is not
 /// touched. Two requests finish in one step; the next request's room evicts the

@@ -88,15 +88,16 @@ impl RadixCore {
         // host terminal (#612), reuses the whole host prefix, deeper than the state
         // (C.7); it locks that view's device terminal meanwhile. kvtier makes the same
         // room, then admits its own match, which may need more.
-        let (room_at, room) = if self.is_reference() {
-            let view = self.reference_view(kv);
-            let host_pages = if use_host { view.host_pages } else { 0 };
-            (
-                view.device,
-                ask.shape(view.device_pages, host_pages, ps).need,
-            )
-        } else {
-            (m.device, shape.need)
+        let view = self.is_reference().then(|| self.reference_view(kv));
+        let (room_at, room) = match view {
+            Some(view) => {
+                let host_pages = if use_host { view.host_pages } else { 0 };
+                (
+                    view.device,
+                    ask.shape(view.device_pages, host_pages, ps).need,
+                )
+            }
+            None => (m.device, shape.need),
         };
         let Some(guard) = self.make_room(room_at, room) else {
             return Outcome::waits();
@@ -114,7 +115,16 @@ impl RadixCore {
                 })
             })
             .flatten();
-        let need = 2 + u32::from(load_node.is_some());
+        // The reference's view loads its host state back where it lies deeper than its
+        // device state: a third slot, which it makes room for even where kvtier's own
+        // match starts from a device state.
+        let view_loads = view.is_some_and(|v| {
+            v.host_pages > v.device_pages
+                && self
+                    .states()
+                    .is_some_and(|s| s.config().host_copies() && s.device_slot(v.host).is_none())
+        });
+        let need = 2 + u32::from(load_node.is_some() || view_loads);
         // The state the request starts from must survive the room made for its own slots
         // (else the slot it copies from could come back as one of them). The reference
         // does not keep it: the slot may come back as the row's own, which the engine
