@@ -512,9 +512,9 @@ impl SchedulerCore {
         self.queue_publication(key, publication, checkpoint, retire, true);
     }
 
-    /// Paged models: a decoding (or retracted) request's group tables give back the pages its row
-    /// reserved past the tokens it now has (after the publication above), as the
-    /// reference rewinds them at each result; the next decode takes what it needs.
+    /// Paged models: a decoding (or retracted) request's group tables give back the
+    /// pages its row reserved past the tokens it now has (after the publication above),
+    /// as the reference rewinds them at each result; the next decode takes what it needs.
     fn rewind_tables(&mut self, key: usize) {
         let r = &self.requests[key];
         let Some(tables) = r.state.tables() else {
