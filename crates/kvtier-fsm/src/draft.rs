@@ -201,12 +201,18 @@ pub(crate) enum Entry {
     FirstChunk,
     /// A decode; a hybrid request's first one commits its last prefill chunk (`Some`).
     Decode(Option<Box<Republish>>),
-    /// A retracted request: its state is out while its locks travel with the intent.
-    Recovery {
-        local_kv: LocalKv,
-        published_pages: u32,
-        tables: Option<kvtier_radix::GroupTables>,
-    },
+    /// A retracted request: its state is out while its locks travel with the intent
+    /// (boxed: a step's entries are mostly decodes, and this one is large).
+    Recovery(Box<Resume>),
+}
+
+/// What a retracted request keeps outside the tree while its recovery is tried.
+#[derive(Debug)]
+pub(crate) struct Resume {
+    pub local_kv: LocalKv,
+    pub published_pages: u32,
+    /// Paged models under the reference policies: its group tables, kept.
+    pub tables: Option<kvtier_radix::GroupTables>,
 }
 
 /// A plan between its batches.

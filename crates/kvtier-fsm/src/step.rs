@@ -29,7 +29,7 @@ use kvtier_types::{
     RowKind, StateObject, TransferKind, TransferPair, WriteBackOp,
 };
 
-use crate::draft::{Awaiting, Entry, PlanInProgress, Retraction, Rows, Seen};
+use crate::draft::{Awaiting, Entry, PlanInProgress, Resume, Retraction, Rows, Seen};
 use crate::ops::WriteBackInFlight;
 use crate::outbox::{FamilyMail, Progress, Target};
 use crate::request::{LocalKv, Prefetch, Republish, Retracted, Running, Settled, State, StateKind};
@@ -515,11 +515,11 @@ impl SchedulerCore {
                         // Its row computes the last token, from there on.
                         tables: tables.as_ref().map(|t| (t.key(), computed)),
                     });
-                    Entry::Recovery {
+                    Entry::Recovery(Box::new(Resume {
                         local_kv,
                         published_pages,
                         tables,
-                    }
+                    }))
                 }
                 _ => Entry::None,
             };
@@ -652,22 +652,18 @@ impl SchedulerCore {
                 (Entry::FirstChunk, Outcome::Admitted(admission)) => {
                     self.first_chunk(key, *admission, draft);
                 }
-                (
-                    Entry::Recovery {
+                (Entry::Recovery(resume), Outcome::Admitted(admission)) => {
+                    let Resume {
                         local_kv, tables, ..
-                    },
-                    Outcome::Admitted(admission),
-                ) => {
+                    } = *resume;
                     self.recovery(key, local_kv, tables, *admission, draft);
                 }
-                (
-                    Entry::Recovery {
+                (Entry::Recovery(resume), Outcome::Waits { held, .. }) => {
+                    let Resume {
                         local_kv,
                         published_pages,
                         tables,
-                    },
-                    Outcome::Waits { held, .. },
-                ) => {
+                    } = *resume;
                     let mut held = held.into_iter();
                     if let Some(prefix_lock) = held.next() {
                         self.requests[key].state = State::Retracted(Retracted {
@@ -681,20 +677,20 @@ impl SchedulerCore {
                         debug_assert!(false, "a recovery's locks did not come back");
                     }
                 }
-                (Entry::Recovery { local_kv, .. }, Outcome::TooBig) => {
+                (Entry::Recovery(resume), Outcome::TooBig) => {
                     // Even an empty device pool could not hold it again: give up, and say so.
-                    drop(local_kv);
+                    drop(resume);
                     let id = self.requests[key].id.clone();
                     self.abort_notice(id, AbortReason::ExceedsDevicePool, &mut draft.plan);
                 }
-                (Entry::Recovery { local_kv, .. }, Outcome::Recompute) => {
+                (Entry::Recovery(resume), Outcome::Recompute) => {
                     // Its state cannot be restored exactly: compute its history again from
                     // the deepest cached state.
-                    drop(local_kv);
+                    drop(resume);
                     self.requeue(key, &mut draft.plan);
                 }
-                (Entry::Recovery { local_kv, .. }, Outcome::StateLost) => {
-                    drop(local_kv);
+                (Entry::Recovery(resume), Outcome::StateLost) => {
+                    drop(resume);
                     let id = self.requests[key].id.clone();
                     self.abort_notice(id, AbortReason::StateLost, &mut draft.plan);
                 }
