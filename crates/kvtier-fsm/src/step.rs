@@ -21,8 +21,8 @@
 use std::time::Instant;
 
 use kvtier_radix::{
-    Admission, AdmitProgram, Attached, CacheBatch, CacheOp, CheckpointNeed, ChunkCommit, Intent,
-    OpResult, Outcome, PrefetchCheck, RetractOutcome, TokenRef,
+    Admission, AdmitProgram, Attached, CacheBatch, CacheOp, CheckpointNeed, ChunkCommit,
+    GroupTables, Intent, OpResult, Outcome, PrefetchCheck, RetractOutcome, TokenRef,
 };
 use kvtier_types::{
     AbortNotice, AbortReason, ExecutionPlan, LoadBackOp, OpId, Policy, PrefetchOp, RequestId,
@@ -512,8 +512,7 @@ impl SchedulerCore {
                         tail_free: local_kv.tail_free,
                         held: std::iter::once(prefix_lock).chain(device_lock).collect(),
                         computed,
-                        // Its row computes the last token, from there on.
-                        tables: tables.as_ref().map(|t| (t.key(), computed)),
+                        tables: tables.as_ref().map(GroupTables::key),
                     });
                     Entry::Recovery(Box::new(Resume {
                         local_kv,

@@ -422,14 +422,14 @@ pub enum Intent {
         tail_free: u32,
         /// Its old locks, released once the new ones are taken (returned if it waits).
         held: Vec<NodeLock>,
-        /// Hybrid models: the tokens it computed. Its state is restored only from a
-        /// cached state holding exactly those; otherwise it is recomputed from the
-        /// deepest state.
+        /// The tokens it computed (its row computes the next one). Hybrid models: its
+        /// state is restored only from a cached state holding exactly those; otherwise
+        /// it is recomputed from the deepest state.
         computed: u32,
-        /// Paged models under the reference policies: the group tables it kept and its
-        /// row's first position; it resumes as a decode from them (without, it is
-        /// recomputed from its deepest snapshot).
-        tables: Option<(TablesKey, u32)>,
+        /// Paged models under the reference policies: the group tables it kept; it
+        /// resumes as a decode from them, its row's groups from position `computed`
+        /// (without, it is recomputed from its deepest snapshot).
+        tables: Option<TablesKey>,
     },
 }
 
@@ -681,16 +681,11 @@ impl RadixCore {
                 tables,
             } => {
                 let device_lock = match device_lock {
-                    StopLock::Held(lock) => lock,
+                    StopLock::Held(lock) => Some(lock),
                     StopLock::HandedOver(ticket) => {
                         let at = handed_over.iter().position(|&(t, _)| t == ticket);
-                        match at {
-                            Some(i) => handed_over.swap_remove(i).1,
-                            None => {
-                                debug_assert!(false, "no lock handed over under {ticket}");
-                                self.lock(self.root(), Tier::Device)
-                            }
-                        }
+                        debug_assert!(at.is_some(), "no lock handed over under {ticket}");
+                        at.map(|i| handed_over.swap_remove(i).1)
                     }
                 };
                 let tokens = publication.tokens.clone();
@@ -708,7 +703,7 @@ impl RadixCore {
                         Some(lock) => lock.node(),
                         None => {
                             let ps = self.page_size() as usize;
-                            let held = device_lock.node();
+                            let held = device_lock.as_ref().map_or(self.root(), NodeLock::node);
                             let published = &tokens[..pages as usize * ps];
                             if self.depth_pages(held) == pages {
                                 held
@@ -739,7 +734,7 @@ impl RadixCore {
                 if let Some(lock) = lock {
                     self.release_published(lock, self.is_reference());
                 }
-                for lock in [device_lock].into_iter().chain(host_lock) {
+                for lock in device_lock.into_iter().chain(host_lock) {
                     self.unlock(lock);
                 }
                 let freed = self.free(Tier::Device, leftover);
@@ -1114,11 +1109,10 @@ impl RadixCore {
                         Outcome::Waits { held, commit: None }
                     } else if self.has_snapshots() {
                         match tables {
-                            // The reference resumes it as a decode from its kept tables,
-                            // their row spanning the decode input.
-                            Some((key, first)) => {
-                                let groups = (key, first, d);
-                                self.recovery(&tokens, tail_pages, tail_free, held, d, Some(groups))
+                            // The reference resumes it as a decode from its kept tables.
+                            Some(key) => {
+                                let groups = Some((key, computed));
+                                self.recovery(&tokens, tail_pages, tail_free, held, d, groups)
                             }
                             // Its group tables went at retraction: it computes its
                             // history again from the deepest snapshot.
@@ -1421,6 +1415,10 @@ impl RadixCore {
         }))
     }
 
+    /// Resumes a retracted request: its prefix locked (loaded back from host where the
+    /// device lost it) and the pages for its decode input. `groups`: a paged request's
+    /// kept tables and its row's first position, admitted after the KV room is made and
+    /// acquired with the row.
     fn recovery(
         &mut self,
         tokens: &[Token],
@@ -1428,7 +1426,7 @@ impl RadixCore {
         tail_free: u32,
         held: Vec<NodeLock>,
         d: u32,
-        groups: Option<(TablesKey, u32, u32)>,
+        groups: Option<(TablesKey, u32)>,
     ) -> Outcome {
         let (reserve_pages, new_tail_free) = grow(tail_free, d, self.page_size());
         let reference = self.is_reference();
@@ -1479,8 +1477,9 @@ impl RadixCore {
         let Some(guard) = self.make_room(m.device, room) else {
             return Outcome::Waits { held, commit: None };
         };
-        if let Some((key, first, span)) = groups
-            && !self.admit_groups(key, first, first + span, None)
+        // The group row spans the decode input from its first position.
+        if let Some((key, first)) = groups
+            && !self.admit_groups(key, first, first + d, None)
         {
             self.unlock(guard);
             return Outcome::Waits { held, commit: None };
@@ -1494,8 +1493,8 @@ impl RadixCore {
         let begin_pages = m.device_pages.max(m.host_pages);
         let shape = ChunkShape::recovery(begin_pages, reserve_pages, new_tail_free);
         let mut outcome = self.admitted(pinned, &shape, None);
-        if let (Some((key, first, span)), Outcome::Admitted(admission)) = (groups, &mut outcome) {
-            self.acquire_groups(key, first, first + span);
+        if let (Some((key, first)), Outcome::Admitted(admission)) = (groups, &mut outcome) {
+            self.acquire_groups(key, first, first + d);
             admission.groups = self.group_view(key);
         }
         outcome
