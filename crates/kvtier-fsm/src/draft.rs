@@ -209,7 +209,8 @@ pub(crate) enum Entry {
 /// What a retracted request keeps outside the tree while its recovery is tried.
 #[derive(Debug)]
 pub(crate) struct Resume {
-    pub local_kv: LocalKv,
+    /// Free slots in its last kept page (the pages travel with the intent).
+    pub tail_free: u32,
     pub published_pages: u32,
     /// Paged models under the reference policies: its group tables, kept.
     pub tables: Option<kvtier_radix::GroupTables>,

@@ -22,7 +22,8 @@ use std::time::Instant;
 
 use kvtier_radix::{
     Admission, AdmitProgram, Attached, CacheBatch, CacheOp, CheckpointNeed, ChunkCommit,
-    GroupTables, Intent, OpResult, Outcome, PrefetchCheck, RetractOutcome, TokenRef,
+    GroupTables, Intent, OpResult, Outcome, PrefetchCheck, RetractOutcome, RetractedHandles,
+    TokenRef,
 };
 use kvtier_types::{
     AbortNotice, AbortReason, ExecutionPlan, LoadBackOp, OpId, Policy, PrefetchOp, RequestId,
@@ -506,16 +507,19 @@ impl SchedulerCore {
                     let r = &self.requests[key];
                     // Every token but the last has been computed.
                     let computed = (r.tokens.len() as u32).saturating_sub(1);
+                    let LocalKv { pages, tail_free } = local_kv;
                     intents.push(Intent::Recovery {
                         tokens: TokenRef::new(&r.tokens, (published_pages * ps) as usize),
-                        tail_pages: local_kv.pages.len() as u32,
-                        tail_free: local_kv.tail_free,
-                        held: std::iter::once(prefix_lock).chain(device_lock).collect(),
+                        tail_free,
+                        kept: Box::new(RetractedHandles {
+                            locks: std::iter::once(prefix_lock).chain(device_lock).collect(),
+                            tail: pages,
+                        }),
                         computed,
                         tables: tables.as_ref().map(GroupTables::key),
                     });
                     Entry::Recovery(Box::new(Resume {
-                        local_kv,
+                        tail_free,
                         published_pages,
                         tables,
                     }))
@@ -652,18 +656,20 @@ impl SchedulerCore {
                     self.first_chunk(key, *admission, draft);
                 }
                 (Entry::Recovery(resume), Outcome::Admitted(admission)) => {
-                    let Resume {
-                        local_kv, tables, ..
-                    } = *resume;
-                    self.recovery(key, local_kv, tables, *admission, draft);
+                    self.recovery(key, resume.tables, *admission, draft);
                 }
-                (Entry::Recovery(resume), Outcome::Waits { held, .. }) => {
+                (Entry::Recovery(resume), Outcome::StaysRetracted(kept)) => {
                     let Resume {
-                        local_kv,
+                        tail_free,
                         published_pages,
                         tables,
                     } = *resume;
-                    let mut held = held.into_iter();
+                    let RetractedHandles { locks, tail } = *kept;
+                    let local_kv = LocalKv {
+                        pages: tail,
+                        tail_free,
+                    };
+                    let mut held = locks.into_iter();
                     if let Some(prefix_lock) = held.next() {
                         self.requests[key].state = State::Retracted(Retracted {
                             prefix_lock,
@@ -1276,7 +1282,6 @@ impl SchedulerCore {
     fn recovery(
         &mut self,
         key: usize,
-        mut local_kv: LocalKv,
         tables: Option<kvtier_radix::GroupTables>,
         admission: Admission,
         draft: &mut PlanInProgress,
@@ -1287,7 +1292,11 @@ impl SchedulerCore {
             debug_assert!(false, "the program counted a free slot");
             return;
         };
-        local_kv.absorb(admission.pages, d, ps);
+        // The cache put its kept pages ahead of those for the decode input.
+        let local_kv = LocalKv {
+            pages: admission.pages,
+            tail_free: admission.tail_free,
+        };
         let r = &self.requests[key];
         let (mut states, cow_src) = match admission.states {
             Some(grant) => (Some(grant.states), grant.cow_src),

@@ -1641,3 +1641,59 @@ fn a_first_chunk_makes_room_for_the_references_view_of_its_match() {
     );
     check(&mut s);
 }
+
+/// Hybrid seeds 5016 and 16131 (16131 shrunk): r01 and then r08 are retracted, their
+/// states left on device nodes with no host copy. r01 resumes, is retracted again, and
+/// r08's recovery, failing for room, evicts r01's path and its state. At the next plan
+/// the reference gives r01 up (state lost) and frees its kept pages at once: r08, the
+/// next candidate, resumes on them in that same plan. kvtier freed them once the plan's
+/// admission was over, so r08 waited a plan. The kept pages travel with the recovery
+/// intent now, and the cache frees them where it gives the request up.
+#[test]
+fn a_request_given_up_for_its_lost_state_frees_its_pages_for_the_next_recovery() {
+    let mut s = sched(SchedulerConfig {
+        policy: Policy::ReferenceWheel,
+        publish_prefix_mid_flight: false,
+        page_size: 2,
+        device_pages: 21,
+        host_pages: 230,
+        max_batch_size: 7,
+        max_scheduled_tokens: 8,
+        decode_input_tokens: 2,
+        mamba: Some(kvtier_types::MambaSettings {
+            device_slots: 20,
+            host_slots: 0,
+            chunk: 8,
+        }),
+        ..fixture()
+    });
+    let mut engine = Engine::default();
+    for (id, n) in [("r08", 5), ("r09", 5), ("r00", 8), ("r01", 4)] {
+        engine.max_new.insert(id.into(), n);
+    }
+    submit(&mut s, "r08", vec![1; 7]);
+    submit(&mut s, "r09", vec![9, 16]);
+    submit(&mut s, "r00", vec![1]);
+    submit(&mut s, "r01", vec![30, 7, 23, 9, 34, 1, 38, 39, 19, 17, 14]);
+    let plans: Vec<_> = (0..14).map(|_| step(&mut s, &mut engine)).collect();
+    let aborted: Vec<_> = plans.iter().flat_map(|p| p.aborted.iter()).collect();
+    let lost = plans
+        .iter()
+        .position(|p| p.aborted.iter().any(|a| a.request_id.as_str() == "r01"))
+        .expect("r01 is given up");
+    assert_eq!(aborted.len(), 1, "{aborted:?}");
+    assert_eq!(aborted[0].reason, kvtier_types::AbortReason::StateLost);
+    let resumed = plans[lost]
+        .forward
+        .rows
+        .iter()
+        .find(|r| r.request_id.as_str() == "r08")
+        .map(|r| r.kind);
+    assert_eq!(
+        resumed,
+        Some(RowKind::Recovery),
+        "r08 resumes in the plan that gives r01 up: {:?}",
+        row_ids(&plans[lost])
+    );
+    check(&mut s);
+}

@@ -416,12 +416,12 @@ pub enum Intent {
     Recovery {
         /// Its published prefix.
         tokens: TokenRef,
-        /// Pages it kept outside the tree.
-        tail_pages: u32,
         /// Free slots in its last page.
         tail_free: u32,
-        /// Its old locks, released once the new ones are taken (returned if it waits).
-        held: Vec<NodeLock>,
+        /// Its locks and the pages it kept outside the tree, with the intent: they come
+        /// back where it stays retracted ([`Outcome::StaysRetracted`]), its pages head
+        /// the admitted row's, and the cache frees them where it is given up.
+        kept: Box<RetractedHandles>,
         /// The tokens it computed (its row computes the next one). Hybrid models: its
         /// state is restored only from a cached state holding exactly those; otherwise
         /// it is recomputed from the deepest state.
@@ -431,6 +431,17 @@ pub enum Intent {
         /// (without, it is recomputed from its deepest snapshot).
         tables: Option<TablesKey>,
     },
+}
+
+/// What a retracted request holds while its recovery is tried. They travel with the
+/// intent because the reference frees a request it gives up at once, and the next
+/// candidate of the same step may need those pages.
+#[derive(Debug)]
+pub struct RetractedHandles {
+    /// Its old locks, released once the new ones are taken.
+    pub locks: Vec<NodeLock>,
+    /// Its own device pages past the published prefix.
+    pub tail: OwnedPages,
 }
 
 /// Whether a hybrid row needs a fresh checkpoint slot.
@@ -535,6 +546,8 @@ pub enum Outcome {
     /// An L3 prefetch starts instead of the first chunk (boxed: outcomes are moved
     /// once per row, and this rare one is the largest).
     Prefetch(Box<PrefetchStart>),
+    /// A retracted request is not resumed this step; its handles come back.
+    StaysRetracted(Box<RetractedHandles>),
     /// A retracted request can never fit the device pool again.
     TooBig,
     /// A retracted hybrid request whose state cannot be restored exactly: recompute its
@@ -1099,13 +1112,14 @@ impl RadixCore {
                 }
                 Intent::Recovery {
                     tokens,
-                    tail_pages,
                     tail_free,
-                    held,
+                    mut kept,
                     computed,
                     tables,
                 } => {
-                    if slots == 0 {
+                    let held = std::mem::take(&mut kept.locks);
+                    let tail_pages = kept.tail.len() as u32;
+                    let outcome = if slots == 0 {
                         Outcome::Waits { held, commit: None }
                     } else if self.has_snapshots() {
                         match tables {
@@ -1125,7 +1139,8 @@ impl RadixCore {
                         self.recovery_hybrid(&tokens, tail_pages, tail_free, held, d, computed)
                     } else {
                         self.recovery(&tokens, tail_pages, tail_free, held, d, None)
-                    }
+                    };
+                    self.settle_recovery(outcome, kept)
                 }
             };
             match &outcome {
@@ -1150,6 +1165,7 @@ impl RadixCore {
                     }
                 }
                 Outcome::Waits { .. }
+                | Outcome::StaysRetracted(_)
                 | Outcome::Prefetch(_)
                 | Outcome::TooBig
                 | Outcome::Recompute
@@ -1415,6 +1431,30 @@ impl RadixCore {
         }))
     }
 
+    /// A recovery's handles after its outcome: back with a request that stays
+    /// retracted; its kept pages ahead of the admitted row's fresh ones; freed at once
+    /// where the request is given up or recomputed, as the reference frees a request it
+    /// gives up before it tries the next candidate.
+    fn settle_recovery(&mut self, outcome: Outcome, mut kept: Box<RetractedHandles>) -> Outcome {
+        match outcome {
+            Outcome::Waits { held, commit } => {
+                debug_assert!(commit.is_none(), "a recovery commits no chunk");
+                kept.locks = held;
+                Outcome::StaysRetracted(kept)
+            }
+            Outcome::Admitted(mut admission) => {
+                let mut fresh = std::mem::replace(&mut admission.pages, kept.tail);
+                let appended = admission.pages.append(&mut fresh);
+                debug_assert!(appended.is_ok(), "kept pages of another pool");
+                Outcome::Admitted(admission)
+            }
+            given_up => {
+                drop(kept);
+                given_up
+            }
+        }
+    }
+
     /// Resumes a retracted request: its prefix locked (loaded back from host where the
     /// device lost it) and the pages for its decode input. `groups`: a paged request's
     /// kept tables and its row's first position, admitted after the KV room is made and
@@ -1629,7 +1669,7 @@ impl Intent {
     /// The intent not admitted: its handles come back.
     fn unused(self) -> Outcome {
         match self {
-            Intent::Recovery { held, .. } => Outcome::Waits { held, commit: None },
+            Intent::Recovery { kept, .. } => Outcome::StaysRetracted(kept),
             Intent::NextChunk { commit, .. } | Intent::Decode { commit, .. } => Outcome::Waits {
                 held: Vec::new(),
                 commit,

@@ -34,8 +34,8 @@ pub mod protocol;
 pub use batch::{
     Admission, AdmitProgram, Attached, BackupSource, CacheBatch, CacheOp, CacheReply,
     CheckpointNeed, ChunkCommit, Committed, FinalStates, Intent, OpResult, Outcome, PrefetchCheck,
-    PrefetchSkip, PrefetchStart, Publication, Released, RetractOutcome, StateGrant, StopLock,
-    TokenRef, grow,
+    PrefetchSkip, PrefetchStart, Publication, Released, RetractOutcome, RetractedHandles,
+    StateGrant, StopLock, TokenRef, grow,
 };
 pub use cache::{
     CacheConfig, CachedState, InsertResult, Match, Probe, RadixCore, TreeStats, WriteBackTicket,
