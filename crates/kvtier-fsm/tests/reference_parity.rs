@@ -1697,3 +1697,45 @@ fn a_request_given_up_for_its_lost_state_frees_its_pages_for_the_next_recovery()
     );
     check(&mut s);
 }
+
+/// Hybrid seed 39154 (shrunk; 13637, 17033 and 17593 of 10,000–39,999 too): r01 is
+/// retracted with a state at the device terminal of its match, and the one its
+/// recovery would start from above it. The reference makes room for two state slots
+/// with that terminal locked, so the state there cannot go; no other state is an
+/// unlocked leaf, and r01 stays retracted. kvtier unlocked the terminal before making
+/// the state room, evicted that state for the slots, and requeued r01 to recompute.
+#[test]
+fn a_recovery_keeps_its_path_locked_while_it_makes_room_for_its_states() {
+    let mut s = sched(SchedulerConfig {
+        policy: Policy::ReferenceWheel,
+        publish_prefix_mid_flight: false,
+        page_size: 1,
+        device_pages: 27,
+        host_pages: 182,
+        max_batch_size: 8,
+        max_scheduled_tokens: 4,
+        mamba: Some(kvtier_types::MambaSettings {
+            device_slots: 7,
+            host_slots: 64,
+            chunk: 1,
+        }),
+        ..fixture()
+    });
+    let mut engine = Engine::default();
+    for (id, n) in [("r00", 1), ("r01", 2), ("r02", 9)] {
+        engine.max_new.insert(id.into(), n);
+    }
+    let r01 = vec![27, 8, 28, 15, 34, 4, 3, 7, 14, 32, 37];
+    submit(&mut s, "r01", r01.clone());
+    submit(&mut s, "r00", [r01, vec![2, 21, 39]].concat());
+    submit(&mut s, "r02", vec![1; 5]);
+    run_until(&mut s, &mut engine, 10, |s, _| {
+        state(s, "r01") == StateKind::Retracted
+    });
+    for _ in 0..3 {
+        step(&mut s, &mut engine);
+        assert_eq!(state(&s, "r01"), StateKind::Retracted, "r01 waits");
+    }
+    assert_eq!(s.stats().recomputes, 0);
+    check(&mut s);
+}

@@ -336,7 +336,8 @@ impl RadixCore {
     /// match caps it: `MambaFamily::reference_capped`) and the decode input, then a
     /// fresh pair of state slots, and one more for a host state it loads back. It
     /// evicts as the reference does, which keeps what it evicted even where it then
-    /// finds too little. Whether it had both.
+    /// finds too little, and keeps the view's device terminal locked throughout (the
+    /// states on its path are not evicted for the slots). Whether it had both.
     fn reference_recovery_room(&mut self, kv: Match, source: NodeId, d: u32) -> bool {
         let ps = self.page_size();
         let view = self.reference_view(kv);
@@ -345,13 +346,14 @@ impl RadixCore {
         let Some(guard) = self.make_room(view.device, pages) else {
             return false;
         };
-        self.unlock(guard);
         let state_load = self
             .states()
             .is_some_and(|s| s.device_slot(source).is_none());
         let need = 2 + u32::from(state_load);
-        self.with_states(|states, tree| states.ensure_device(tree, need, Some(source)))
-            == Some(true)
+        let states =
+            self.with_states(|states, tree| states.ensure_device(tree, need, Some(source)));
+        self.unlock(guard);
+        states == Some(true)
     }
 
     /// Commits a hybrid request's last chunk: its new full pages go into the tree and
