@@ -1145,11 +1145,12 @@ WRONG_STATE_OURS = "rows computing on a recurrent state of another depth than th
 
 
 def run_script(script: dict, ref_module, kv_module, id_modes: dict | None = None,
-               stall_limit: int = 40, trace=None) -> RunResult:
+               stall_limit: int = 40, trace=None, classify: bool = True) -> RunResult:
     """Drives both modules through `script`; stops at the first divergence.
 
     Returns a RunResult; `result.divergence` is None when the two agreed throughout.
     `id_modes` overrides ID_MODES per namespace (e.g. {"pool": "bijection"}).
+    `classify` False leaves a divergence unclassified (`result.known` None).
     """
     result = RunResult(script)
     comp = Comparator(id_modes)
@@ -1266,7 +1267,7 @@ def run_script(script: dict, ref_module, kv_module, id_modes: dict | None = None
                 quiet = 0
     except Divergence as d:
         result.divergence = d
-        if ref is not None and ours is not None:
+        if ref is not None and ours is not None and classify:
             result.context = [f"reference events at step {s}: {events}" for s, events in ref.log[-3:]]
             result.known = classify_divergence(d, ref, ours, current_ref, current_ours, comp)
         elif d.phase == "construct" and _refused_transport_only_groups(script["config"], d):
@@ -1330,6 +1331,16 @@ KNOWN_DIFFERENCES = {
         "copying them, so the row reads KV never written; kvtier copies every page it "
         "attaches"
     ),
+    "host-state-eviction-ties": (
+        "a write-back needs host Mamba slots and evicts host states for them: the reference "
+        "sorts its candidates by last access time alone (an unstable sort over a hash set "
+        "of node addresses), and the states one match touched tie, so which of them go "
+        "depends on where its nodes lie in memory (the same script evicts others from run "
+        "to run); kvtier breaks the tie by node age. Recognised by running the reference "
+        "again on the script in fresh processes with its heap laid out otherwise: it makes "
+        "kvtier's plan there, or its own choice changes and kvtier's slots are among those "
+        "it draws"
+    ),
     "pending-copy": (
         "a finishing request whose prefix is still being written back by an earlier op: the "
         "reference writes nothing (it ignores failed copies), kvtier copies those pages in the "
@@ -1337,6 +1348,11 @@ KNOWN_DIFFERENCES = {
         "failed copy never leaves host pages read as written"
     ),
 }
+
+
+# Known differences where the reference's side depends on its heap layout (in some
+# runs it makes kvtier's plan).
+HEAP_DEPENDENT = {"host-state-eviction-ties"}
 
 
 def _new_divergence(result) -> bool:
@@ -1373,6 +1389,8 @@ def classify_divergence(d, ref, ours, current_ref, current_ours, comp) -> str | 
         return "abort-during-copy"
     if _on_a_copy(_reference_stalls, ref, d.step, d.phase, current_ref):
         return "reference-stall"
+    if _reference_ties_host_states(d, ref, ours):
+        return "host-state-eviction-ties"
     return None
 
 
@@ -1599,6 +1617,83 @@ def _reference_reads_wrong_state(ref, step: int, phase: str, plan: dict | None,
         raise
     except BaseException:  # noqa: BLE001
         return False
+
+
+def _reference_ties_host_states(d, ref, ours, shifts=range(100, 1700, 100)) -> bool:
+    """A write-back's host state slots differ, and the reference's own choice there is
+    not fixed: run again on the script in fresh processes whose heaps are shifted by
+    `shifts` allocations first (the order of its tied candidates follows their
+    addresses), it makes kvtier's plan at that step, or it picks other slots and
+    kvtier's are among those it drew. Only for unknown divergences in those slots;
+    it stops at the first probe that settles it."""
+    if not (d.what.startswith("WriteBackOp") and d.what.endswith("['mamba']")):
+        return False
+    if not (isinstance(d.ref, list) and isinstance(d.ours, list) and len(d.ref) == len(d.ours)):
+        return False
+    seen, drawn = {tuple(d.ref)}, set(d.ref)
+    for shift in shifts:
+        other = run_elsewhere(ref.script, ref.mod, ours.mod, shift)
+        if other is None:
+            continue
+        if other["step"] is None or other["step"] > d.step:
+            return True  # it made kvtier's plan
+        if other["step"] == d.step and other["what"] == d.what:
+            seen.add(tuple(other["ref"]))
+            drawn.update(other["ref"])
+            if len(seen) > 1 and set(d.ours) <= drawn:
+                return True
+    return False
+
+
+def run_elsewhere(script: dict, ref_module, kv_module, shift: int,
+                  classify: bool = False) -> dict | None:
+    """Runs `script` through both modules again in a fresh process whose heap `shift`
+    allocations moved first: its first divergence as `step`, `what`, `ref` (`step` None
+    when there is none) and, with `classify`, `known`; None when it could not run."""
+    import subprocess
+
+    def spec(module) -> str:
+        if not module.__name__.startswith("_differential"):
+            return module.__name__
+        path = Path(module.__file__)
+        return str(path.parent if path.name == "__init__.py" else path)
+
+    request = {
+        "script": script,
+        "shift": shift,
+        "classify": classify,
+        "reference": str(Path(ref_module.__file__).resolve().parents[1]),
+        "ours": spec(kv_module),
+    }
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); "
+            "import differential; differential._probe_main()")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    try:
+        done = subprocess.run([sys.executable, "-c", code], input=json.dumps(request),
+                              capture_output=True, text=True, timeout=120, env=env)
+        return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return None
+
+
+def _probe_main() -> None:
+    """The process of `run_elsewhere`: shifts the heap, then runs the script and prints
+    its first divergence as JSON."""
+    import ctypes
+
+    request = json.loads(sys.stdin.read())
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    rng = random.Random(request["shift"])
+    shifted = [libc.malloc(rng.randrange(16, 4096)) for _ in range(request["shift"])]
+    ref = load_reference(request["reference"])
+    ours = load_module(request["ours"])
+    result = run_script(request["script"], ref, ours, classify=request["classify"])
+    d = result.divergence
+    out = {"step": None} if d is None else {"step": d.step, "what": d.what, "ref": d.ref,
+                                            "known": result.known}
+    print(json.dumps(out, default=repr))
+    del shifted
 
 
 def _reference_stalls(ref, step: int, phase: str = "", plan: dict | None = None,

@@ -11,6 +11,8 @@ import json
 import os
 import pathlib
 
+import pytest
+
 import differential
 
 OPEN = json.loads((pathlib.Path(__file__).with_name("open_divergences.json")).read_text())
@@ -90,10 +92,25 @@ def test_each_known_difference_has_a_script_that_shows_it(reference, ours):
     for kind in differential.KNOWN_DIFFERENCES:
         for name, script in scripts_of(kind):
             result = differential.run_script(script, reference, ours)
-            assert result.divergence is not None, f"{name} no longer diverges"
-            assert result.known == kind, f"{name}: {result.known}: {result.divergence.report()}"
+            if result.divergence is None and kind in differential.HEAP_DEPENDENT:
+                # The reference's ties fell kvtier's way in this process's heap (about
+                # one run in 250 for this script): run it where the heap lies otherwise.
+                assert _diverges_elsewhere(name, kind, script, reference, ours)
+            else:
+                assert result.divergence is not None, f"{name} no longer diverges"
+                assert result.known == kind, f"{name}: {result.known}: {result.divergence.report()}"
             kinds.add(kind)
     assert kinds == set(differential.KNOWN_DIFFERENCES)
+
+
+def _diverges_elsewhere(name, kind, script, reference, ours) -> bool:
+    for shift in (100, 200, 300):
+        other = differential.run_elsewhere(script, reference, ours, shift, classify=True)
+        assert other is not None, f"{name}: its run in a fresh process failed"
+        if other["step"] is not None:
+            assert other["known"] == kind, f"{name}: {other}"
+            return True
+    pytest.fail(f"{name} no longer diverges")
 
 
 def test_the_open_divergences_still_diverge(reference, ours):
