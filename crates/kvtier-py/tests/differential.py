@@ -1685,7 +1685,8 @@ def _probe_main() -> None:
     libc = ctypes.CDLL(None)
     libc.malloc.restype = ctypes.c_void_p
     rng = random.Random(request["shift"])
-    shifted = [libc.malloc(rng.randrange(16, 4096)) for _ in range(request["shift"])]
+    for _ in range(request["shift"]):  # never freed: the scheduler's nodes land elsewhere
+        libc.malloc(rng.randrange(16, 4096))
     ref = load_reference(request["reference"])
     ours = load_module(request["ours"])
     result = run_script(request["script"], ref, ours, classify=request["classify"])
@@ -1693,7 +1694,6 @@ def _probe_main() -> None:
     out = {"step": None} if d is None else {"step": d.step, "what": d.what, "ref": d.ref,
                                             "known": result.known}
     print(json.dumps(out, default=repr))
-    del shifted
 
 
 def _reference_stalls(ref, step: int, phase: str = "", plan: dict | None = None,
