@@ -656,7 +656,7 @@ impl SchedulerCore {
                     self.first_chunk(key, *admission, draft);
                 }
                 (Entry::Recovery(resume), Outcome::Admitted(admission)) => {
-                    self.recovery(key, resume.tables, *admission, draft);
+                    self.recovery(key, *resume, *admission, draft);
                 }
                 (Entry::Recovery(resume), Outcome::StaysRetracted(kept)) => {
                     let Resume {
@@ -1282,7 +1282,7 @@ impl SchedulerCore {
     fn recovery(
         &mut self,
         key: usize,
-        tables: Option<kvtier_radix::GroupTables>,
+        resume: Resume,
         admission: Admission,
         draft: &mut PlanInProgress,
     ) {
@@ -1292,7 +1292,15 @@ impl SchedulerCore {
             debug_assert!(false, "the program counted a free slot");
             return;
         };
+        let Resume {
+            tail_free, tables, ..
+        } = resume;
         // The cache put its kept pages ahead of those for the decode input.
+        let (fresh, tail_free) = kvtier_radix::grow(tail_free, d, ps);
+        debug_assert!(
+            admission.pages.len() >= fresh as usize && admission.tail_free == tail_free,
+            "allocation and accounting disagree"
+        );
         let local_kv = LocalKv {
             pages: admission.pages,
             tail_free: admission.tail_free,

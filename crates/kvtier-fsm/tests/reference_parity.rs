@@ -8,6 +8,16 @@ use common::*;
 use kvtier_fsm::StateKind;
 use kvtier_types::{Policy, RowKind, SchedulerConfig};
 
+/// The 0.1.0 wheel as the binding configures it: its reference policy, and no
+/// publication of a prefix mid-flight.
+fn wheel(config: SchedulerConfig) -> SchedulerConfig {
+    SchedulerConfig {
+        policy: Policy::ReferenceWheel,
+        publish_prefix_mid_flight: false,
+        ..config
+    }
+}
+
 fn reference(config: SchedulerConfig) -> SchedulerConfig {
     SchedulerConfig {
         policy: Policy::Reference,
@@ -709,9 +719,7 @@ fn the_wheel_commits_again_at_a_first_decode_that_publishes_nothing() {
 #[test]
 fn a_request_that_finishes_after_a_publication_lets_go_of_its_locks_at_once() {
     use kvtier_types::{GroupRole, GroupSpec, PagedSettings};
-    let mut s = sched(SchedulerConfig {
-        policy: Policy::ReferenceWheel,
-        publish_prefix_mid_flight: false,
+    let mut s = sched(wheel(SchedulerConfig {
         page_size: 1,
         device_pages: 24,
         host_pages: 0,
@@ -726,7 +734,7 @@ fn a_request_that_finishes_after_a_publication_lets_go_of_its_locks_at_once() {
             required: vec!["full".into()],
         }),
         ..fixture()
-    });
+    }));
     let mut engine = Engine::with_max_new(6);
     submit(&mut s, "r01", tokens(1, 4));
     let mut r02 = tokens(1, 4);
@@ -750,9 +758,7 @@ fn a_request_that_finishes_after_a_publication_lets_go_of_its_locks_at_once() {
 #[test]
 fn a_retracted_paged_request_resumes_from_the_tables_it_kept() {
     use kvtier_types::{GroupSpec, PagedSettings};
-    let mut s = sched(SchedulerConfig {
-        policy: Policy::ReferenceWheel,
-        publish_prefix_mid_flight: false,
+    let mut s = sched(wheel(SchedulerConfig {
         page_size: 8,
         device_pages: 10,
         host_pages: 0,
@@ -764,7 +770,7 @@ fn a_retracted_paged_request_resumes_from_the_tables_it_kept() {
             required: vec!["full".into()],
         }),
         ..fixture()
-    });
+    }));
     let mut engine = Engine::with_max_new(1);
     engine.max_new.insert("r02".into(), 2);
     let r01 = tokens(1, 50);
@@ -803,9 +809,7 @@ fn a_retracted_paged_request_resumes_from_the_tables_it_kept() {
 /// second one with nothing in between, the fixed point nothing but a new request ends.
 #[test]
 fn a_retracted_request_waits_one_empty_plan_for_a_new_request() {
-    let mut s = sched(SchedulerConfig {
-        policy: Policy::ReferenceWheel,
-        publish_prefix_mid_flight: false,
+    let mut s = sched(wheel(SchedulerConfig {
         page_size: 8,
         device_pages: 7,
         host_pages: 9,
@@ -817,7 +821,7 @@ fn a_retracted_request_waits_one_empty_plan_for_a_new_request() {
             chunk: 8,
         }),
         ..fixture()
-    });
+    }));
     let mut engine = Engine::with_max_new(2);
     engine.max_new.insert("r01".into(), 1);
     let r01 = tokens(1, 32);
@@ -855,9 +859,7 @@ fn a_retracted_request_waits_one_empty_plan_for_a_new_request() {
 /// now, then admits its own match.
 #[test]
 fn a_first_chunk_makes_room_for_the_host_state_the_references_view_loads_back() {
-    let mut s = sched(SchedulerConfig {
-        policy: Policy::ReferenceWheel,
-        publish_prefix_mid_flight: false,
+    let mut s = sched(wheel(SchedulerConfig {
         page_size: 8,
         device_pages: 4,
         host_pages: 146,
@@ -869,7 +871,7 @@ fn a_first_chunk_makes_room_for_the_host_state_the_references_view_loads_back() 
             chunk: 32,
         }),
         ..fixture()
-    });
+    }));
     let mut engine = Engine::with_max_new(1);
     let prompt = tokens(1, 9);
     submit(&mut s, "r02", prompt.clone());
@@ -1162,9 +1164,7 @@ fn a_state_found_from_the_host_terminal_waits_for_room_for_the_whole_host_prefix
 /// make the reference's room first in every recovery (and match again after it).
 #[test]
 fn a_recovery_makes_the_references_room_even_where_it_resumes_exactly() {
-    let mut s = sched(SchedulerConfig {
-        policy: Policy::ReferenceWheel,
-        publish_prefix_mid_flight: false,
+    let mut s = sched(wheel(SchedulerConfig {
         page_size: 1,
         device_pages: 15,
         host_pages: 206,
@@ -1177,7 +1177,7 @@ fn a_recovery_makes_the_references_room_even_where_it_resumes_exactly() {
             chunk: 4,
         }),
         ..fixture()
-    });
+    }));
     let mut engine = Engine::with_max_new(2);
     engine.max_new.insert("r00".into(), 1);
     engine.max_new.insert("r05".into(), 1);
@@ -1651,9 +1651,7 @@ fn a_first_chunk_makes_room_for_the_references_view_of_its_match() {
 /// intent now, and the cache frees them where it gives the request up.
 #[test]
 fn a_request_given_up_for_its_lost_state_frees_its_pages_for_the_next_recovery() {
-    let mut s = sched(SchedulerConfig {
-        policy: Policy::ReferenceWheel,
-        publish_prefix_mid_flight: false,
+    let mut s = sched(wheel(SchedulerConfig {
         page_size: 2,
         device_pages: 21,
         host_pages: 230,
@@ -1666,7 +1664,7 @@ fn a_request_given_up_for_its_lost_state_frees_its_pages_for_the_next_recovery()
             chunk: 8,
         }),
         ..fixture()
-    });
+    }));
     let mut engine = Engine::default();
     for (id, n) in [("r08", 5), ("r09", 5), ("r00", 8), ("r01", 4)] {
         engine.max_new.insert(id.into(), n);
@@ -1706,9 +1704,7 @@ fn a_request_given_up_for_its_lost_state_frees_its_pages_for_the_next_recovery()
 /// the state room, evicted that state for the slots, and requeued r01 to recompute.
 #[test]
 fn a_recovery_keeps_its_path_locked_while_it_makes_room_for_its_states() {
-    let mut s = sched(SchedulerConfig {
-        policy: Policy::ReferenceWheel,
-        publish_prefix_mid_flight: false,
+    let mut s = sched(wheel(SchedulerConfig {
         page_size: 1,
         device_pages: 27,
         host_pages: 182,
@@ -1720,7 +1716,7 @@ fn a_recovery_keeps_its_path_locked_while_it_makes_room_for_its_states() {
             chunk: 1,
         }),
         ..fixture()
-    });
+    }));
     let mut engine = Engine::default();
     for (id, n) in [("r00", 1), ("r01", 2), ("r02", 9)] {
         engine.max_new.insert(id.into(), n);
