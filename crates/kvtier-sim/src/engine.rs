@@ -11,8 +11,7 @@ use std::time::Instant;
 
 use kvtier::{KvError, LocalSystem};
 
-use crate::workloads::WorkloadError;
-
+use kvtier_fsm::{BatchError, SchedError};
 use kvtier_types::{
     EngineEvent, ExecutionPlan, RequestId, RequestSpec, RowKind, SchedulerConfig, Token,
     engine_rule,
@@ -116,7 +115,7 @@ pub struct StepDriver {
     /// W2 turns this off outside its steady steps.
     pub measure: bool,
     /// An embedder's observability, timed with the step.
-    pub observe: crate::workloads::Observe,
+    pub observe: Observe,
 }
 
 /// Submits, timed. Never inlined so callgrind can toggle on it.
@@ -168,7 +167,7 @@ impl StepDriver {
             skip_empty_advance: false,
             l3_lookups: config.l3_prefetch_enabled(),
             measure: true,
-            observe: crate::workloads::Observe::default(),
+            observe: Observe::default(),
         }
     }
 
@@ -365,5 +364,56 @@ impl StepDriver {
         }
         c.hit_tokens_device = c.hit_tokens - c.hit_tokens_host.min(c.hit_tokens);
         Ok(events)
+    }
+}
+
+/// What a workload run publishes and exports as it goes (see `WorkloadOptions::observe`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Observe {
+    /// Where the KV events go.
+    pub kv_events: Option<crate::scenario::KvEventsSink>,
+    /// Where the metrics go.
+    pub metrics: Option<crate::scenario::MetricsSink>,
+}
+
+impl Observe {
+    /// Whether anything is watched.
+    pub fn is_on(&self) -> bool {
+        self.kv_events.is_some() || self.metrics.is_some()
+    }
+}
+
+/// Why a workload run failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkloadError {
+    /// The scheduler refused the config.
+    #[error(transparent)]
+    Config(#[from] SchedError),
+    /// The scheduler refused a submit or an event the engine sent.
+    #[error(transparent)]
+    Refused(#[from] BatchError),
+    /// The actor system failed.
+    #[error(transparent)]
+    System(KvError),
+    /// Bad workload options.
+    #[error("{0}")]
+    Options(String),
+    /// The run stopped making progress.
+    #[error("workload stalled after {0} steps")]
+    Stalled(u64),
+    /// The plan ran a row for a request the engine does not know (never submitted,
+    /// aborted, or finished).
+    #[error("the plan has a row for {0}, which is not live")]
+    UnknownRow(RequestId),
+}
+
+impl From<KvError> for WorkloadError {
+    fn from(e: KvError) -> Self {
+        match e {
+            KvError::Batch(e) => WorkloadError::Refused(e),
+            KvError::Sched(e) => WorkloadError::Config(e),
+            other => WorkloadError::System(other),
+        }
     }
 }

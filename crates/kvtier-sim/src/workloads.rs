@@ -2,13 +2,12 @@
 
 use std::collections::BTreeMap;
 
-use kvtier::KvError;
-use kvtier_fsm::{BatchError, SchedError};
 use kvtier_types::{RequestId, RequestSpec, SchedulerConfig, Token};
 use serde::Serialize;
 
 use crate::api::{Path, scheduler_on};
 use crate::engine::{Counters, StepDriver};
+pub use crate::engine::{Observe, WorkloadError};
 use crate::tokens::{gen_tokens, tag};
 
 /// Which workload.
@@ -58,22 +57,6 @@ pub struct WorkloadOptions {
     /// after every step (KV events on), the metrics refreshed every
     /// [`crate::scenario::METRICS_EVERY`] steps.
     pub observe: Observe,
-}
-
-/// What a workload run publishes and exports as it goes (see `WorkloadOptions::observe`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Observe {
-    /// Where the KV events go.
-    pub kv_events: Option<crate::scenario::KvEventsSink>,
-    /// Where the metrics go.
-    pub metrics: Option<crate::scenario::MetricsSink>,
-}
-
-impl Observe {
-    /// Whether anything is watched.
-    pub fn is_on(&self) -> bool {
-        self.kv_events.is_some() || self.metrics.is_some()
-    }
 }
 
 impl WorkloadOptions {
@@ -224,31 +207,6 @@ impl Report {
     }
 }
 
-/// Why a workload run failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum WorkloadError {
-    /// The scheduler refused the config.
-    #[error(transparent)]
-    Config(#[from] SchedError),
-    /// The scheduler refused a submit or an event the engine sent.
-    #[error(transparent)]
-    Refused(#[from] BatchError),
-    /// The actor system failed.
-    #[error(transparent)]
-    System(KvError),
-    /// Bad workload options.
-    #[error("{0}")]
-    Options(String),
-    /// The run stopped making progress.
-    #[error("workload stalled after {0} steps")]
-    Stalled(u64),
-    /// The plan ran a row for a request the engine does not know (never submitted,
-    /// aborted, or finished).
-    #[error("the plan has a row for {0}, which is not live")]
-    UnknownRow(RequestId),
-}
-
 /// Runs a workload to completion.
 pub fn run_workload(options: &WorkloadOptions) -> Result<Report, WorkloadError> {
     if options.page_size == 0 {
@@ -258,16 +216,6 @@ pub fn run_workload(options: &WorkloadOptions) -> Result<Report, WorkloadError> 
         WorkloadKind::W1 => run_w1(options),
         WorkloadKind::W2 => run_w2(options),
         WorkloadKind::W3 => run_w3(options),
-    }
-}
-
-impl From<KvError> for WorkloadError {
-    fn from(e: KvError) -> Self {
-        match e {
-            KvError::Batch(e) => WorkloadError::Refused(e),
-            KvError::Sched(e) => WorkloadError::Config(e),
-            other => WorkloadError::System(other),
-        }
     }
 }
 

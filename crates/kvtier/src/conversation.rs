@@ -456,7 +456,7 @@ impl Front {
                         let mail = family_mail(mail, &conv.span);
                         return Ok(self.send(conv, Stage::Family(result), mail));
                     }
-                    None => return Err(super::runtime::nothing_to_wait_for()),
+                    None => return Err(nothing_to_wait_for()),
                 }
             }
             Stage::Stats(scheduler) => {
@@ -484,7 +484,7 @@ impl Front {
                     }
                 }
                 let (Some(tree), Some(host)) = (tree, host) else {
-                    return Err(super::runtime::nothing_to_wait_for());
+                    return Err(nothing_to_wait_for());
                 };
                 Ok(Outcome::Stats(Box::new(SystemStats {
                     scheduler: (*scheduler).with_tree(tree),
@@ -494,9 +494,7 @@ impl Front {
                 })))
             }
             Stage::KvEvents => {
-                let answer = answers
-                    .next()
-                    .ok_or_else(super::runtime::nothing_to_wait_for)?;
+                let answer = answers.next().ok_or_else(nothing_to_wait_for)?;
                 let error = unexpected(&answer);
                 match answer.reply::<RadixCore>()? {
                     RadixReply::KvEvents(events) => Ok(Outcome::KvEvents(events)),
@@ -529,15 +527,11 @@ impl Front {
                 }
             }
             Stage::Forward => {
-                let answer = answers
-                    .next()
-                    .ok_or_else(super::runtime::nothing_to_wait_for)?;
+                let answer = answers.next().ok_or_else(nothing_to_wait_for)?;
                 Ok(Outcome::Reply(answer.body))
             }
             Stage::TakeCore(actor) => {
-                let answer = answers
-                    .next()
-                    .ok_or_else(super::runtime::nothing_to_wait_for)?;
+                let answer = answers.next().ok_or_else(nothing_to_wait_for)?;
                 // Later calls treat the system as built without it.
                 self.actors.remove(&actor);
                 Ok(Outcome::Reply(answer.body))
@@ -570,7 +564,7 @@ impl Front {
                 }
                 return Ok(self.close(conv, report, closing));
             }
-            Stage::Over => return Err(super::runtime::nothing_to_wait_for()),
+            Stage::Over => return Err(nothing_to_wait_for()),
         };
         Ok(self.finish(conv, outcome))
     }
@@ -613,4 +607,13 @@ fn family_mail(mail: Vec<FamilyMail>, span: &tracing::Span) -> Vec<Mail> {
             FamilyMail::Radix(batch) => Mail::to::<RadixCore>(RadixMsg::RunBatch(batch), span),
         })
         .collect()
+}
+
+/// The error of a conversation that waits with no answer to come (a broken protocol).
+pub(crate) fn nothing_to_wait_for() -> KvError {
+    debug_assert!(false, "a conversation waits with no mail out");
+    KvError::UnexpectedAnswer {
+        from: ActorName::SCHEDULER,
+        answer: "nothing",
+    }
 }

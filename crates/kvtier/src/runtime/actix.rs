@@ -202,7 +202,9 @@ impl FrontActor {
                 return Box::pin(fut::ready(result));
             }
             Step::Wait => {
-                let step = self.front.fault(&mut conv, super::nothing_to_wait_for());
+                let step = self
+                    .front
+                    .fault(&mut conv, crate::conversation::nothing_to_wait_for());
                 return self.drive(conv, step);
             }
             Step::Send(mail) => mail,

@@ -153,7 +153,9 @@ impl Bus {
     fn wait(&mut self, conv: &mut Conversation) -> Step {
         loop {
             let Some(envelope) = self.next() else {
-                return self.front.fault(conv, super::nothing_to_wait_for());
+                return self
+                    .front
+                    .fault(conv, crate::conversation::nothing_to_wait_for());
             };
             if let Some(ticket) = envelope.lookup {
                 self.deliver_lookup(ticket, envelope.payload);

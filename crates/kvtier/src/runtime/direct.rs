@@ -68,7 +68,9 @@ impl Driver for Direct {
                     feed(&mut self.front, &mut self.post, &mut conv, answers)
                 }
                 // Every answer was handed over: nothing is left to wait for.
-                Step::Wait => self.front.fault(&mut conv, super::nothing_to_wait_for()),
+                Step::Wait => self
+                    .front
+                    .fault(&mut conv, crate::conversation::nothing_to_wait_for()),
             };
         }
     }

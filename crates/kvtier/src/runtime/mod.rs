@@ -47,12 +47,3 @@ pub(crate) fn feed(
     }
     step
 }
-
-/// The error of a conversation that waits with no answer to come (a broken protocol).
-pub(crate) fn nothing_to_wait_for() -> KvError {
-    debug_assert!(false, "a conversation waits with no mail out");
-    KvError::UnexpectedAnswer {
-        from: ActorName::SCHEDULER,
-        answer: "nothing",
-    }
-}
