@@ -1,6 +1,6 @@
 //! A plan under construction: the rows of its forward batch, the transfer pairs it has
 //! emitted, its candidates and what each asked the cache for. [`Awaiting`] holds it
-//! between the plan's batches; `step.rs` fills it.
+//! between the plan's batches; `step/` fills it.
 
 use std::collections::HashSet;
 use std::collections::hash_map::{self, HashMap};

@@ -1,5 +1,5 @@
 //! The scheduler core: its state, construction and queries. What it does is split by
-//! concern: `advance.rs` (submit and events), `step.rs` (plans), `mail.rs` (the cache's
+//! concern: `advance/` (submit and events), `step/` (plans), `mail.rs` (the cache's
 //! replies).
 
 use std::collections::{BTreeMap, BTreeSet};
