@@ -1,7 +1,7 @@
 //! The `kvtier` command.
 //!
 //! * `kvtier replay` — the main job: replays a scenario (`chat` by default) through the
-//!   scheduler with the reference engine, which checks every KV slot it reads, and prints
+//!   scheduler with the oracle engine, which checks every KV slot it reads, and prints
 //!   the report. Benchmark workloads replay through the core.
 //! * `kvtier bench w1|w2|w3` — runs one benchmark workload exactly as defined in
 //!   WORKLOADS.md; `--json` makes the last stdout line one JSON object.
@@ -22,7 +22,7 @@ mod sweep;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use kvtier_sim::Path;
-use kvtier_sim::reference::Verify;
+use kvtier_sim::oracle::Verify;
 use kvtier_sim::scenario::L3Store;
 
 use crate::bench::BenchWorkload;
@@ -55,7 +55,7 @@ enum Command {
 
 #[derive(Debug, Clone, Default, clap::Args)]
 struct ReplayArgs {
-    /// Workload to replay: a scenario through the reference engine, or a benchmark
+    /// Workload to replay: a scenario through the oracle engine, or a benchmark
     /// workload through the core.
     #[arg(long, value_enum)]
     workload: Option<ReplayWorkload>,

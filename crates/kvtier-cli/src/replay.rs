@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use clap::builder::PossibleValue;
 use kvtier_model::ModelSpec;
-use kvtier_sim::reference::Verify;
+use kvtier_sim::oracle::Verify;
 use kvtier_sim::scenario::{
     CostModel, L3Store, Model, SCENARIO_PAGE_SIZE, Scenario, ScenarioOptions, TraceWorkload,
     run_scenario_with_progress,
@@ -19,7 +19,7 @@ use serde::de::{self, Deserializer, EnumAccess, VariantAccess, Visitor};
 
 use crate::{ReplayArgs, report};
 
-/// What `replay` runs: a scenario through the reference engine, or a benchmark workload
+/// What `replay` runs: a scenario through the oracle engine, or a benchmark workload
 /// through the core. Its names are the library's: the scenarios', then the workloads'.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReplayWorkload {
@@ -477,7 +477,7 @@ fn run_cluster(args: &ReplayArgs, options: ScenarioOptions, instances: usize) ->
 /// The model a replay serves: a kind (`dense`, `mamba-hybrid`, `sliding-window`,
 /// `compressed-state`), a built-in preset, or a `config.json`. A preset or config sets
 /// the family (dense, Mamba hybrid with its scan chunk, or paged groups), the KV bytes
-/// per token of the virtual clock and the mid-flight gate; the reference engine keeps
+/// per token of the virtual clock and the mid-flight gate; the oracle engine keeps
 /// its small checked geometry.
 /// `tcp://` on a loopback address (`127.0.0.1`, `[::1]`, `localhost`).
 fn is_loopback_endpoint(endpoint: &str) -> bool {

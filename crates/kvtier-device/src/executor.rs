@@ -23,7 +23,7 @@ pub struct NewRequest {
 }
 
 /// What runs a plan's forward rows over the arenas: an engine's model runner, or the
-/// reference engine that proves the KV it reads is right.
+/// oracle engine that proves the KV it reads is right.
 pub trait ModelRunner: Send + std::fmt::Debug {
     /// Requests submitted since the last plan (before their first row).
     fn admit(&mut self, _requests: &[NewRequest]) {}

@@ -1,4 +1,4 @@
-//! The reference engine's paged-cache groups: what a window or compressed-state model
+//! The oracle engine's paged-cache groups: what a window or compressed-state model
 //! keeps beside (or instead of) token-paged KV, and the check that every row reads
 //! exactly the group entries its tokens would have produced.
 //!
@@ -43,7 +43,7 @@ pub struct WrongGroupEntry {
 }
 
 /// The engine's group memory: one word per entry, per group (the oracle of a paged
-/// model; [`crate::reference::ReferenceEngine::with_groups`]).
+/// model; [`crate::oracle::OracleEngine::with_groups`]).
 #[derive(Debug)]
 pub struct GroupMemory {
     groups: Vec<GroupSpec>,

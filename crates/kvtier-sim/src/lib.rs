@@ -15,7 +15,7 @@ pub mod engine;
 pub mod groups;
 pub mod hybrid;
 pub mod l3_bench;
-pub mod reference;
+pub mod oracle;
 pub mod scenario;
 pub mod sweep;
 pub mod tokens;

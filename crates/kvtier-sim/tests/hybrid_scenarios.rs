@@ -1,5 +1,5 @@
 //! The scenarios on a Mamba-hybrid model: every row's recurrent state is checked by the
-//! reference engine, and reuse must never change an answer — the cache on gives the
+//! oracle engine, and reuse must never change an answer — the cache on gives the
 //! tokens of the cache off, with zero integrity errors, on every path.
 
 mod common;
@@ -38,7 +38,7 @@ fn hybrid_rollout_and_longdoc_answer_as_without_the_cache() {
     }
 }
 
-/// A hybrid model's answers are the dense model's: the reference engine's tokens depend
+/// A hybrid model's answers are the dense model's: the oracle engine's tokens depend
 /// on the recurrent state only through how wrong it is.
 #[test]
 fn a_right_state_changes_no_answer() {

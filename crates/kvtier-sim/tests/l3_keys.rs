@@ -1,5 +1,5 @@
 //! L3 keys through the whole system (scheduler, radix, host, device and L3 actors, with
-//! the reference engine), against review bugs of the L3 pull request (reference 000):
+//! the oracle engine), against review bugs of the L3 pull request (reference 000):
 //!
 //! * J: keys without a namespace let two models collide in one cluster;
 //! * K: a tag applied on some verbs only (get and put, not exists) made every lookup miss;
@@ -20,7 +20,7 @@ use kvtier_l3::{
     Capabilities, L3Backend, L3Core, L3Error, L3Key, L3Stats, LocalStore, LocalStoreConfig,
     Namespace, PutOutcome,
 };
-use kvtier_sim::reference::{ReferenceEngine, Verify};
+use kvtier_sim::oracle::{OracleEngine, Verify};
 use kvtier_sim::scenario::scenario_geometry;
 use kvtier_sim::{Path, system_on};
 use kvtier_types::hash::rolling_page_hashes;
@@ -116,7 +116,7 @@ impl Rig {
             enable_l3_storage: true,
             ..SchedulerConfig::default()
         };
-        let mut device = ReferenceEngine::new(scenario_geometry(PAGE), device_pages, Verify::Full)
+        let mut device = OracleEngine::new(scenario_geometry(PAGE), device_pages, Verify::Full)
             .expect("engine")
             .into_device(host_pages)
             .expect("device");
@@ -201,8 +201,8 @@ impl Rig {
             .expect("a device");
         let engine = device
             .runner()
-            .and_then(|runner| runner.as_any().downcast_ref::<ReferenceEngine>())
-            .expect("the reference engine");
+            .and_then(|runner| runner.as_any().downcast_ref::<OracleEngine>())
+            .expect("the oracle engine");
         assert!(engine.errors.is_empty(), "{:?}", engine.errors.first());
     }
 
@@ -250,7 +250,7 @@ fn every_verb_uses_one_namespaced_key_per_page() {
 
         // A second system (fresh device and host) over the same store finds every page
         // under the same keys: exists and get ask for exactly the keys put stored. (The
-        // same request id: the reference engine salts its answers with it.)
+        // same request id: the oracle engine salts its answers with it.)
         let mut second = Rig::start(path, dir.path(), "model-a");
         second.run(vec![(0, RequestSpec::new("a", prompt.clone()), 4)]);
         let exists: Vec<L3Key> = second.keys(Verb::Exists).into_iter().flatten().collect();

@@ -174,7 +174,7 @@ fn without_l3_the_documents_are_recomputed() {
 /// and sampled verification.
 #[test]
 fn a_wrong_object_under_a_right_key_is_caught_by_the_oracle() {
-    use kvtier_sim::reference::{Provenance, Verify};
+    use kvtier_sim::oracle::{Provenance, Verify};
     use kvtier_types::Tier;
     let off = cache_off();
     for verify in [Verify::Full, Verify::Sampled(16)] {

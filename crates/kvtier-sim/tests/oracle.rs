@@ -1,4 +1,4 @@
-//! Mutation tests of the reference engine's integrity oracle: each plants one bug a
+//! Mutation tests of the oracle engine's integrity oracle: each plants one bug a
 //! KV-cache system can have between the scheduler's plan and the engine, and the oracle
 //! must name it (request, position, page, tier, layer, plane, provenance) and the answer
 //! must change, under full and sampled verification.
@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use kvtier_device::{DeviceCore, NewRequest};
 use kvtier_fsm::Scheduler;
-use kvtier_sim::reference::{self, IntegrityError, Provenance, ReferenceEngine, Verify, WrongKv};
+use kvtier_sim::oracle::{self, IntegrityError, OracleEngine, Provenance, Verify, WrongKv};
 use kvtier_sim::scenario::scenario_geometry;
 use kvtier_types::{
     EngineEvent, ExecutionPlan, PageId, RequestId, RequestSpec, RowKind, SchedulerConfig, Tier,
@@ -64,7 +64,7 @@ fn run(verify: Verify, mut mutate: impl FnMut(&mut Step)) -> Run {
         ..SchedulerConfig::default()
     };
     let mut scheduler = Scheduler::new(config).expect("config");
-    let mut device = ReferenceEngine::new(scenario_geometry(PAGE), DEVICE_PAGES, verify)
+    let mut device = OracleEngine::new(scenario_geometry(PAGE), DEVICE_PAGES, verify)
         .and_then(|engine| engine.into_device(HOST_PAGES))
         .expect("arenas");
     for (name, prompt, max_new) in requests() {
@@ -98,8 +98,8 @@ fn run(verify: Verify, mut mutate: impl FnMut(&mut Step)) -> Run {
     }
     let engine = device
         .runner()
-        .and_then(|runner| runner.as_any().downcast_ref::<ReferenceEngine>())
-        .expect("the reference engine runs the forward");
+        .and_then(|runner| runner.as_any().downcast_ref::<OracleEngine>())
+        .expect("the oracle engine runs the forward");
     Run {
         outputs: engine.outputs.clone(),
         errors: engine.errors.clone(),
@@ -272,7 +272,7 @@ fn a_byte_corrupted_in_layer_1_plane_1_is_caught() {
             }
             // One step after r1's prefill computed its first page.
             if let Some(page) = first_page {
-                reference::corrupt(step.device.arenas_mut(), page, 1, 1).expect("in range");
+                oracle::corrupt(step.device.arenas_mut(), page, 1, 1).expect("in range");
                 corrupted = true;
             }
             first_page = table_of(step.plan, "r1").map(|table| table[0]);

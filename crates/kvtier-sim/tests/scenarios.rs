@@ -1,4 +1,4 @@
-//! The reference engine's integrity oracle on the scenario workloads: cache reuse never
+//! The oracle engine's integrity oracle on the scenario workloads: cache reuse never
 //! changes an answer, and failures become misses (the oracle's own mutation tests are in
 //! `oracle.rs`). The seeded campaign (docs/campaign.md) runs here too: a CI-sized range of
 //! seeds, the seeds that once failed, and a planted store bug it must catch.

@@ -15,7 +15,7 @@ use kvtier_device::NewRequest;
 use kvtier_l3::{L3Core, L3Error, L3Faults, L3Key, LocalStore, LocalStoreConfig, Namespace};
 use kvtier_sim::Path;
 use kvtier_sim::api::system_with_hooks;
-use kvtier_sim::reference::{ReferenceEngine, Verify};
+use kvtier_sim::oracle::{OracleEngine, Verify};
 use kvtier_sim::scenario::scenario_geometry;
 use kvtier_types::{ExecutionPlan, RequestId, RequestSpec, SchedulerConfig, Token};
 
@@ -90,7 +90,7 @@ impl FaultHooks for LateAnswers {
     }
 }
 
-/// A system over the store in `dir`, with the reference engine as its device.
+/// A system over the store in `dir`, with the oracle engine as its device.
 fn system(
     path: Path,
     dir: &std::path::Path,
@@ -98,7 +98,7 @@ fn system(
     hooks: impl FaultHooks + 'static,
 ) -> LocalSystem {
     let config = config();
-    let device = ReferenceEngine::new(scenario_geometry(PAGE), config.device_pages, Verify::Full)
+    let device = OracleEngine::new(scenario_geometry(PAGE), config.device_pages, Verify::Full)
         .expect("engine")
         .into_device(config.host_pages)
         .expect("device");
@@ -203,8 +203,8 @@ fn run(
     let device = s.take_device().expect("device").expect("a device");
     let engine = device
         .runner()
-        .and_then(|r| r.as_any().downcast_ref::<ReferenceEngine>())
-        .expect("the reference engine");
+        .and_then(|r| r.as_any().downcast_ref::<OracleEngine>())
+        .expect("the oracle engine");
     assert!(engine.errors.is_empty(), "{:?}", engine.errors.first());
     s.shutdown().expect("shutdown");
     Run {

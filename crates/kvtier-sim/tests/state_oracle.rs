@@ -1,4 +1,4 @@
-//! Mutation tests of the reference engine's recurrent-state oracle (hybrid models):
+//! Mutation tests of the oracle engine's recurrent-state oracle (hybrid models):
 //! each plants one bug between the scheduler's plan and the engine — a row copying the
 //! wrong cached state, a cached state corrupted, a state load-back dropped — and the
 //! oracle must name it (request, slot, position) and the answer must change.
@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use kvtier_device::{DeviceCore, NewRequest};
 use kvtier_fsm::Scheduler;
-use kvtier_sim::reference::{IntegrityError, ReferenceEngine, Verify, WrongState};
+use kvtier_sim::oracle::{IntegrityError, OracleEngine, Verify, WrongState};
 use kvtier_sim::scenario::{SCENARIO_STATE, scenario_geometry};
 use kvtier_types::{
     EngineEvent, ExecutionPlan, MambaSettings, RequestId, RequestSpec, SchedulerConfig, Tier,
@@ -58,7 +58,7 @@ fn run(phases: &[(&str, Vec<Token>)], mut mutate: impl FnMut(&mut Step)) -> Run 
         ..SchedulerConfig::default()
     };
     let mut scheduler = Scheduler::new(config).expect("config");
-    let mut device = ReferenceEngine::new(scenario_geometry(PAGE), DEVICE_PAGES, Verify::Full)
+    let mut device = OracleEngine::new(scenario_geometry(PAGE), DEVICE_PAGES, Verify::Full)
         .and_then(|e| {
             e.with_states(
                 SCENARIO_STATE,
@@ -95,7 +95,7 @@ fn run(phases: &[(&str, Vec<Token>)], mut mutate: impl FnMut(&mut Step)) -> Run 
         }
         assert!(scheduler.is_idle(), "{name} ran to the end");
     }
-    let engine = ReferenceEngine::of(&device).expect("the reference engine");
+    let engine = OracleEngine::of(&device).expect("the oracle engine");
     Run {
         outputs: engine.outputs.clone(),
         errors: engine.errors.clone(),

@@ -2,7 +2,7 @@
 //! selectors, the tokens a replay makes, the unbounded-cache bound on a hand-made trace,
 //! and a replay whose capacity holds everything reaching that bound exactly.
 
-use kvtier_sim::reference::Verify;
+use kvtier_sim::oracle::Verify;
 use kvtier_sim::scenario::{L3Store, ScenarioOptions, TraceWorkload, run_scenario};
 use kvtier_sim::trace::{
     BLOCK_TOKENS, TraceError, TraceRequest, TraceSlice, parse_trace, read_trace,

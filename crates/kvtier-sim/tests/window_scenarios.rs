@@ -1,5 +1,5 @@
 //! The scenarios on window and compressed-state models: every row's group entries are
-//! checked by the reference engine (the window its tokens attend, the compressed
+//! checked by the oracle engine (the window its tokens attend, the compressed
 //! history, the compressor states), and reuse must never change an answer — the cache on
 //! gives the tokens of the cache off, with zero integrity errors, on every path.
 

@@ -1,4 +1,4 @@
-//! The toy engine rule: how the simulated and reference engines, the tests and the
+//! The toy engine rule: how the simulated and oracle engines, the tests and the
 //! examples answer a plan's forward rows.
 //!
 //! * A row yields one generated token when it completes its prompt — a prefill row

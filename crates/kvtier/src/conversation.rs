@@ -357,7 +357,7 @@ impl Front {
                 if l3_work {
                     // The L3 ops move to the L3 actor; the device keeps a copy of the
                     // prefetches (rare and small), so its runner knows which host pages
-                    // L3 fills (the reference engine's provenance).
+                    // L3 fills (the oracle engine's provenance).
                     let prefetches = if device {
                         plan.prefetches.clone()
                     } else {

@@ -261,7 +261,7 @@ def replay(
     l3: Literal["off", "local"] = "local",
     runtime: Runtime = "direct",
 ) -> dict[str, Any]:
-    """`kvtier replay --trace`: the trace through kvtier and the reference engine."""
+    """`kvtier replay --trace`: the trace through kvtier and the oracle engine."""
 
 def run_workload(
     name: Literal["w1", "w2", "w3"], *, requests: int | None = None, runtime: Runtime = "direct"

@@ -96,7 +96,7 @@ fn path_named(runtime: &str) -> PyResult<Path> {
 }
 
 /// Replays a trace (`kvtier replay --trace`): every request through kvtier and the
-/// reference engine on a virtual clock, every KV read checked. Returns the report
+/// oracle engine on a virtual clock, every KV read checked. Returns the report
 /// (hits by tier, TTFT, copies, integrity errors).
 #[pyfunction]
 #[pyo3(signature = (trace=None, *, limit=2000, device_pages=None, host_pages=None, l3="local", runtime="direct"))]

@@ -1,7 +1,7 @@
 //! One seed's three runs and the checks between them.
 //!
 //! 1. **Direct** (cache on): the scheduler core over its own cache (`kvtier_fsm::Scheduler`),
-//!    the device with the reference engine and the L3 core called in place, in the order
+//!    the device with the oracle engine and the L3 core called in place, in the order
 //!    the actors' conversation uses. `check_invariants` runs after every call (exact page
 //!    conservation against every request, tree structure, locks). It decides the client
 //!    aborts that depend on the scheduler's state, which only this path can see.
@@ -40,7 +40,7 @@ use super::faults::{
 use super::spec::{AbortPoint, Prefix, RunSpec, longest_prompt};
 use super::{CampaignError, Check, Failure, RunKind, SeedReport};
 use crate::api::{Path, system_with_hooks};
-use crate::reference::ReferenceEngine;
+use crate::oracle::OracleEngine;
 use crate::scenario::{l3_core_over, reference_device, scratch_dir};
 
 /// When, within a step, a client abort is made.
@@ -506,14 +506,14 @@ fn run_actors(
     Ok(record)
 }
 
-/// The reference engine found no integrity error.
+/// The oracle engine found no integrity error.
 fn engine_clean(kind: RunKind, device: &DeviceCore) -> Result<(), Stop> {
-    let Some(engine) = ReferenceEngine::of(device) else {
+    let Some(engine) = OracleEngine::of(device) else {
         return Err(fail(
             Check::System,
             kind,
             None,
-            "the device has no reference engine".into(),
+            "the device has no oracle engine".into(),
         ));
     };
     match engine.errors.first() {

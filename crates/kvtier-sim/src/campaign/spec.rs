@@ -11,7 +11,7 @@ use kvtier_types::{SchedulerConfig, Token};
 
 use super::faults::{FaultKind, FaultRates};
 use super::{CampaignError, SeedRng};
-use crate::reference::Verify;
+use crate::oracle::Verify;
 use crate::tokens::{gen_tokens, splitmix64, tag};
 
 /// Page sizes a seed draws from, with their weights: the small ones stress page

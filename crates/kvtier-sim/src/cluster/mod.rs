@@ -2,7 +2,7 @@
 //! router, with or without one L3 store shared by all (docs/cluster.md).
 //!
 //! Each instance is a complete system (its actors, device and host tiers, L3 core and
-//! reference engine) stepped on its own clock; the cluster is a discrete-event loop that
+//! oracle engine) stepped on its own clock; the cluster is a discrete-event loop that
 //! always does the earliest thing next: route the next arrival, or step the instance
 //! whose clock is behind (ties to the lower index). An instance with nothing to do
 //! waits for its next request.

@@ -21,7 +21,7 @@ use super::{
     publish_kv_events, refresh_metrics, scenario_groups,
 };
 use crate::api::system_on;
-use crate::reference::ReferenceEngine;
+use crate::oracle::OracleEngine;
 use crate::trace::{TraceRequest, unbounded_hit_tokens};
 
 /// What one [`Instance::step`] did.
@@ -431,14 +431,14 @@ impl Instance {
         }
         let outputs = std::mem::take(&mut self.outputs);
         r.output_digest = output_digest(&outputs);
-        // The device actor's counters, and the reference engine's findings.
+        // The device actor's counters, and the oracle engine's findings.
         let device = s.take_device()?.ok_or(KvError::NoDevice)?;
         // Every request is done: shutdown lets go of everything, and the pools must
         // balance (a page neither free nor in the tree fails the run).
         let mut r = std::mem::take(&mut self.r);
         let report = self.s.shutdown()?;
         report.conservation.map_err(ScenarioError::System)?;
-        let engine = ReferenceEngine::of(&device).ok_or(KvError::NoDevice)?;
+        let engine = OracleEngine::of(&device).ok_or(KvError::NoDevice)?;
         debug_assert_eq!(engine.outputs, outputs, "answers as the engine saw them");
         let stats = device.stats();
         r.finished = outputs.len() as u64;

@@ -26,7 +26,7 @@ use kvtier_types::{GroupSpec, MambaSettings, PagedSettings, RequestId, RequestSp
 use serde::Serialize;
 
 use crate::api::Path;
-use crate::reference::{IntegrityError, ReferenceEngine, Verify};
+use crate::oracle::{IntegrityError, OracleEngine, Verify};
 use crate::tokens::{gen_tokens, tag};
 use crate::trace::TraceRequest;
 
@@ -356,7 +356,7 @@ pub struct ScenarioOptions {
     pub l3_memory_bytes: u64,
     /// Faults injected at the L3 actor.
     pub l3_fault: L3Fault,
-    /// The model id in the L3 key namespace. The reference engine's KV is a pure
+    /// The model id in the L3 key namespace. The oracle engine's KV is a pure
     /// function of the tokens, so runs under one id share their objects (a second run
     /// over a kept store finds the first run's documents); tests against a long-lived
     /// Mooncake master give each run its own.
@@ -713,7 +713,7 @@ pub(crate) fn mooncake_cluster(
         })
 }
 
-/// A device core over fresh arenas of the scenario geometry, with the reference engine as
+/// A device core over fresh arenas of the scenario geometry, with the oracle engine as
 /// its model runner (pools include page 0).
 pub fn reference_device(
     page_size: u32,
@@ -734,7 +734,7 @@ pub fn hybrid_reference_device(
     states: Option<MambaSettings>,
     groups: Option<&PagedSettings>,
 ) -> Result<DeviceCore, DeviceError> {
-    let mut engine = ReferenceEngine::new(scenario_geometry(page_size), device_pages, verify)?;
+    let mut engine = OracleEngine::new(scenario_geometry(page_size), device_pages, verify)?;
     if let Some(m) = states {
         engine = engine.with_states(SCENARIO_STATE, m.chunk, m.device_slots, m.host_slots)?;
     }
@@ -744,7 +744,7 @@ pub fn hybrid_reference_device(
     engine.into_device(host_pages)
 }
 
-/// The L3 actor's core over `backend`, keyed under `model` (the reference engine's KV
+/// The L3 actor's core over `backend`, keyed under `model` (the oracle engine's KV
 /// layout), moving pages of `arena`.
 pub(crate) fn l3_core_over(
     backend: Box<dyn L3Backend>,

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use kvtier_l3::{MooncakeConfig, testing};
 use kvtier_sim::Path;
-use kvtier_sim::reference::Verify;
+use kvtier_sim::oracle::Verify;
 use kvtier_sim::scenario::{
     Model, Scenario, ScenarioOptions, ScenarioReport, TraceWorkload, run_scenario,
 };
