@@ -80,9 +80,6 @@ pub fn check_bincode(
     Ok(violations)
 }
 
-/// Dependency declarations of a manifest, in order of first mention: the tables
-/// `[<kind>]`, `[target.<cfg>.<kind>]` (for each kind in [`DEPENDENCY_TABLES`]) and
-
 #[cfg(test)]
 mod tests {
     use super::*;

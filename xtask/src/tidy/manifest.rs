@@ -47,7 +47,9 @@ impl Dependency {
     }
 }
 
-/// Whether the root manifest pins bincode exactly in `[workspace.dependencies]`.
+/// Dependency declarations of a manifest, in order of first mention: the tables
+/// `[<kind>]`, `[target.<cfg>.<kind>]` (for each kind in [`DEPENDENCY_TABLES`]) and
+/// `[workspace.dependencies]`.
 pub fn dependencies(manifest: &str) -> Result<Vec<Dependency>> {
     let document = DeTable::parse(manifest)?;
     let mut deps = Vec::new();

@@ -1,4 +1,4 @@
-//! The trace tools: read a request trace, replay one through kvtier with the reference
+//! The trace tools: read a request trace, replay one through kvtier with the oracle
 //! engine, run a benchmark workload. Reports come back as dicts (their JSON fields).
 
 use std::sync::Arc;

@@ -149,11 +149,6 @@ impl RadixCore {
         }))
     }
 
-    /// A recovery's handles after its outcome: back with a request that stays
-    /// retracted; its kept pages ahead of the admitted row's fresh ones; freed at once
-    /// where the request is given up or recomputed, as the reference frees a request it
-    /// gives up before it tries the next candidate.
-
     /// Locks the device match, makes `need` pages free, and locks the path the request
     /// will read: with a deeper host match, device pages are attached to the host-only
     /// nodes (the load-back) and both tiers are locked. `None` with nothing changed.

@@ -6,6 +6,10 @@ use super::*;
 use crate::{NodeLock, RadixCore, TablesKey};
 
 impl RadixCore {
+    /// A recovery's handles after its outcome: back with a request that stays
+    /// retracted; its kept pages ahead of the admitted row's fresh ones; freed at once
+    /// where the request is given up or recomputed, as the reference frees a request it
+    /// gives up before it tries the next candidate.
     pub(super) fn settle_recovery(
         &mut self,
         outcome: Outcome,

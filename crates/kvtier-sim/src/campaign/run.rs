@@ -41,7 +41,7 @@ use super::spec::{AbortPoint, Prefix, RunSpec, longest_prompt};
 use super::{CampaignError, Check, Failure, RunKind, SeedReport};
 use crate::api::{Path, system_with_hooks};
 use crate::oracle::OracleEngine;
-use crate::scenario::{l3_core_over, reference_device, scratch_dir};
+use crate::scenario::{l3_core_over, oracle_device, scratch_dir};
 
 /// When, within a step, a client abort is made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -277,7 +277,7 @@ fn build(
     cache: bool,
     tally: &Arc<FaultTally>,
 ) -> Result<(DeviceCore, Option<L3Core>, Option<tempfile::TempDir>), CampaignError> {
-    let mut device = reference_device(
+    let mut device = oracle_device(
         spec.page_size,
         spec.device_pages,
         spec.host_pages,

@@ -1,4 +1,4 @@
-//! One kvtier system (its actors, device and host tiers, L3 core) and its reference
+//! One kvtier system (its actors, device and host tiers, L3 core) and its oracle
 //! engine, stepped on its own virtual clock: the engine side of a replay. A scenario
 //! drives one ([`super::run_scenario_with`]); a cluster drives several
 //! ([`crate::cluster`]), which is why submitting, stepping and reporting are separate.
@@ -17,7 +17,7 @@ use kvtier_types::{EngineEvent, MambaSettings, RequestId, RequestSpec, Scheduler
 use super::{
     CostModel, KvEventsSink, METRICS_EVERY, MetricsSink, Model, SCENARIO_PAGE_SIZE,
     SCENARIO_STATE_CHUNK, Scenario, ScenarioError, ScenarioOptions, ScenarioReport, StepWork,
-    TraceWorkload, hybrid_reference_device, l3_core, output_digest, percentile, prefix_residency,
+    TraceWorkload, hybrid_oracle_device, l3_core, output_digest, percentile, prefix_residency,
     publish_kv_events, refresh_metrics, scenario_groups,
 };
 use crate::api::system_on;
@@ -119,7 +119,7 @@ impl Instance {
             track_lost_hits: o.metrics.is_some() || o.timeline || o.kv_events.is_some(),
             ..SchedulerConfig::default()
         };
-        let mut device = hybrid_reference_device(
+        let mut device = hybrid_oracle_device(
             PAGE,
             device_pages,
             host_pages,
