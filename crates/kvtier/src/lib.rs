@@ -13,7 +13,7 @@
 //! * [`Runtime::Direct`]: the cores called in place, in sending order.
 //!
 //! All give the same plans as [`kvtier_fsm::Scheduler`], step for step: the cores are
-//! the same, and each call is one conversation (`conversation.rs`, written once) of the
+//! the same, and each call is one conversation (`conversation/`, written once) of the
 //! typed messages each core declares beside itself (`docs/messages.md`). An embedder's
 //! own actor joins with [`SystemBuilder::actor`] and is reached with [`Handle::ask`].
 //!

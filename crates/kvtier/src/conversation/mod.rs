@@ -14,13 +14,15 @@
 //! so a slow store holds its requests back, never the actor, and the same answers before
 //! the same calls give the same plans on every runtime.
 
+mod calls;
+
 use std::any::Any;
 use std::collections::BTreeSet;
 
-use kvtier_device::{DeviceCore, DeviceMsg, DeviceReply, NewRequest};
-use kvtier_fsm::{FamilyMail, FamilyReply, Progress, SchedulerCore, SchedulerStats};
-use kvtier_host::{HostCore, HostMsg, HostReply};
-use kvtier_l3::{L3Core, L3Msg, L3Reply};
+use calls::{executed, stats_answered};
+use kvtier_device::NewRequest;
+use kvtier_fsm::{FamilyMail, SchedulerCore, SchedulerStats};
+use kvtier_l3::{L3Core, L3Reply};
 use kvtier_radix::{RadixCore, RadixMsg, RadixReply};
 use kvtier_types::{
     ActorCore, ActorName, EngineEvent, ExecutionPlan, KvEvent, RequestId, RequestSpec,
@@ -295,25 +297,8 @@ impl Front {
     }
 
     fn start(&mut self, conv: &mut Conversation, call: Call) -> Result<Step, KvError> {
-        let span = conv.span.clone();
         match call {
-            Call::Submit(specs) => {
-                let lookup = self.core()?.config().l3_prefetch_enabled();
-                if !(lookup && self.has(ActorName::L3)) {
-                    self.core()?.submit(specs)?;
-                    return Ok(self.finish(conv, Ok(Outcome::Done)));
-                }
-                // Long prompts wait in the core while L3 looks them up.
-                let (ask, result) = self.core()?.submit_with_lookup(specs);
-                if let Some(ask) = ask {
-                    let ticket = ask.ticket;
-                    let mail = Mail::to::<L3Core>(L3Msg::L3Lookup(ask), &span);
-                    self.detached.push((ticket, mail));
-                    self.lookups_in_flight += 1;
-                }
-                result?;
-                Ok(self.finish(conv, Ok(Outcome::Done)))
-            }
+            Call::Submit(specs) => self.submit(conv, specs),
             Call::SettleLookups => Ok(self.finish(conv, Ok(Outcome::Done))),
             Call::Advance(events) => {
                 let result = self.core()?.advance(events).map_err(KvError::from);
@@ -325,89 +310,19 @@ impl Front {
             }
             Call::NextPlan => {
                 let mail = self.core()?.plan()?;
-                Ok(self.send(conv, Stage::Family(Ok(())), family_mail(mail, &span)))
+                let mail = family_mail(mail, &conv.span);
+                Ok(self.send(conv, Stage::Family(Ok(())), mail))
             }
-            Call::Stats => {
-                let scheduler = self.core()?.stats();
-                let mut mail = vec![
-                    Mail::to::<RadixCore>(RadixMsg::CacheStats, &span),
-                    Mail::to::<HostCore>(HostMsg::HostStatsQuery, &span),
-                ];
-                if self.has(ActorName::DEVICE) {
-                    mail.push(Mail::to::<DeviceCore>(DeviceMsg::DeviceStatsQuery, &span));
-                }
-                if self.has(ActorName::L3) {
-                    mail.push(Mail::to::<L3Core>(L3Msg::L3StatsQuery, &span));
-                }
-                Ok(self.send(conv, Stage::Stats(Box::new(scheduler)), mail))
-            }
+            Call::Stats => self.stats(conv),
             Call::TakeKvEvents => {
                 self.core()?;
-                let mail = Mail::to::<RadixCore>(RadixMsg::DrainKvEvents, &span);
+                let mail = Mail::to::<RadixCore>(RadixMsg::DrainKvEvents, &conv.span);
                 Ok(self.send(conv, Stage::KvEvents, vec![mail]))
             }
-            Call::Execute(mut plan, new_requests) => {
-                self.alive()?;
-                let (device, l3) = (self.has(ActorName::DEVICE), self.has(ActorName::L3));
-                if !device && !l3 {
-                    return Err(KvError::NoDevice);
-                }
-                let mut mail = Vec::new();
-                let l3_work = l3 && !(plan.prefetches.is_empty() && plan.backups.is_empty());
-                if l3_work {
-                    // The L3 ops move to the L3 actor; the device keeps a copy of the
-                    // prefetches (rare and small), so its runner knows which host pages
-                    // L3 fills (the oracle engine's provenance).
-                    let prefetches = if device {
-                        plan.prefetches.clone()
-                    } else {
-                        std::mem::take(&mut plan.prefetches)
-                    };
-                    let transfer = L3Msg::L3Transfer {
-                        prefetches,
-                        backups: std::mem::take(&mut plan.backups),
-                    };
-                    mail.push(Mail::to::<L3Core>(transfer, &span));
-                }
-                if device {
-                    let execute = DeviceMsg::Execute { plan, new_requests };
-                    mail.push(Mail::to::<DeviceCore>(execute, &span));
-                }
-                Ok(self.send(conv, Stage::Execute, mail))
-            }
-            Call::TakeCore(actor) => {
-                self.alive()?;
-                if !self.has(actor) {
-                    return Ok(self.finish(conv, Ok(Outcome::Absent)));
-                }
-                let mail = Mail::take_core(actor, &span);
-                Ok(self.send(conv, Stage::TakeCore(actor), vec![mail]))
-            }
-            Call::Ask(mail) => {
-                self.alive()?;
-                if !self.has(mail.to) {
-                    return Err(KvError::NoActor(mail.to));
-                }
-                Ok(self.send(conv, Stage::Forward, vec![mail]))
-            }
-            Call::Shutdown => {
-                if self.shut_down {
-                    return Err(KvError::ShutDown);
-                }
-                self.shut_down = true;
-                let mut report = self
-                    .core
-                    .as_ref()
-                    .map(ShutdownReport::of_core)
-                    .unwrap_or_default();
-                report.failure = self.failed.clone();
-                // Dropping the core sends every handle it held home.
-                self.core = None;
-                let mail =
-                    Mail::to::<RadixCore>(RadixMsg::CheckPages([Vec::new(), Vec::new()]), &span);
-                let stage = Stage::Shutdown(Box::new(report), Closing::Check);
-                Ok(self.send(conv, stage, vec![mail]))
-            }
+            Call::Execute(plan, new_requests) => self.execute(conv, plan, new_requests),
+            Call::TakeCore(actor) => self.take_core(conv, actor),
+            Call::Ask(mail) => self.ask(conv, mail),
+            Call::Shutdown => self.shutdown(conv),
         }
     }
 
@@ -431,68 +346,9 @@ impl Front {
         stage: Stage,
         mut answers: impl Iterator<Item = Answer>,
     ) -> Result<Step, KvError> {
-        let unexpected = |a: &Answer| KvError::UnexpectedAnswer {
-            from: a.from,
-            answer: a.name,
-        };
         let outcome = match stage {
-            Stage::Family(result) => {
-                let mut progress = None;
-                for answer in answers {
-                    let error = unexpected(&answer);
-                    let RadixReply::CacheReply(reply) = answer.reply::<RadixCore>()? else {
-                        return Err(error);
-                    };
-                    progress = Some(
-                        self.core()?
-                            .resume(FamilyReply::Radix(reply))
-                            .map_err(|_| error)?,
-                    );
-                }
-                match progress {
-                    Some(Progress::Done) => result.map(|()| Outcome::Done),
-                    Some(Progress::Plan(plan)) => Ok(Outcome::Plan(plan)),
-                    Some(Progress::Send(mail)) => {
-                        let mail = family_mail(mail, &conv.span);
-                        return Ok(self.send(conv, Stage::Family(result), mail));
-                    }
-                    None => return Err(nothing_to_wait_for()),
-                }
-            }
-            Stage::Stats(scheduler) => {
-                let (mut tree, mut host, mut device, mut l3) = (None, None, None, None);
-                for answer in answers {
-                    let error = unexpected(&answer);
-                    match answer.from {
-                        ActorName::RADIX => match answer.reply::<RadixCore>()? {
-                            RadixReply::TreeStats(stats) => tree = Some(stats),
-                            _ => return Err(error),
-                        },
-                        ActorName::HOST => match answer.reply::<HostCore>()? {
-                            HostReply::HostStats(stats) => host = Some(stats),
-                            _ => return Err(error),
-                        },
-                        ActorName::DEVICE => match answer.reply::<DeviceCore>()? {
-                            DeviceReply::DeviceStats(stats) => device = Some(stats),
-                            _ => return Err(error),
-                        },
-                        ActorName::L3 => match answer.reply::<L3Core>()? {
-                            L3Reply::L3Stats(stats) => l3 = Some(*stats),
-                            _ => return Err(error),
-                        },
-                        _ => return Err(error),
-                    }
-                }
-                let (Some(tree), Some(host)) = (tree, host) else {
-                    return Err(nothing_to_wait_for());
-                };
-                Ok(Outcome::Stats(Box::new(SystemStats {
-                    scheduler: (*scheduler).with_tree(tree),
-                    host,
-                    device,
-                    l3,
-                })))
-            }
+            Stage::Family(result) => return self.family_answered(conv, result, answers),
+            Stage::Stats(scheduler) => stats_answered(*scheduler, answers),
             Stage::KvEvents => {
                 let answer = answers.next().ok_or_else(nothing_to_wait_for)?;
                 let error = unexpected(&answer);
@@ -501,31 +357,7 @@ impl Front {
                     _ => return Err(error),
                 }
             }
-            Stage::Execute => {
-                let (mut events, mut l3_events, mut refused) = (Vec::new(), Vec::new(), None);
-                for answer in answers {
-                    let error = unexpected(&answer);
-                    match answer.from {
-                        ActorName::DEVICE => match answer.reply::<DeviceCore>()? {
-                            DeviceReply::Executed(Ok(device)) => events = device,
-                            DeviceReply::Executed(Err(e)) => refused = Some(e.into()),
-                            _ => return Err(error),
-                        },
-                        ActorName::L3 => match answer.reply::<L3Core>()? {
-                            L3Reply::L3Transferred(l3) => l3_events = l3,
-                            _ => return Err(error),
-                        },
-                        _ => return Err(error),
-                    }
-                }
-                // The device's events first (write-back acks, then the runner's), then
-                // the L3 store's (`PrefetchDone`, then `BackupDone`).
-                events.extend(l3_events);
-                match refused {
-                    Some(error) => Err(error),
-                    None => Ok(Outcome::Events(events)),
-                }
-            }
+            Stage::Execute => executed(answers),
             Stage::Forward => {
                 let answer = answers.next().ok_or_else(nothing_to_wait_for)?;
                 Ok(Outcome::Reply(answer.body))
@@ -536,67 +368,12 @@ impl Front {
                 self.actors.remove(&actor);
                 Ok(Outcome::Reply(answer.body))
             }
-            Stage::Shutdown(mut report, closing) => {
-                for answer in answers {
-                    let error = unexpected(&answer);
-                    let understood = match (closing, answer.from) {
-                        (Closing::Check, ActorName::RADIX) => match answer.reply::<RadixCore>() {
-                            Ok(RadixReply::Checked(result)) => {
-                                report.conservation = result.map_err(KvError::Cache);
-                                true
-                            }
-                            _ => false,
-                        },
-                        (Closing::Stop, _) => true,
-                        (Closing::Host, ActorName::HOST) => match answer.reply::<HostCore>() {
-                            Ok(HostReply::HostStats(stats)) => {
-                                report.host = stats;
-                                true
-                            }
-                            _ => false,
-                        },
-                        _ => false,
-                    };
-                    // Shutdown goes on: what it could not learn is in the report.
-                    if !understood {
-                        report.failure.get_or_insert(error);
-                    }
-                }
-                return Ok(self.close(conv, report, closing));
+            Stage::Shutdown(report, closing) => {
+                return Ok(self.shutdown_answered(conv, report, closing, answers));
             }
             Stage::Over => return Err(nothing_to_wait_for()),
         };
         Ok(self.finish(conv, outcome))
-    }
-
-    /// Shutdown's next step after `done`.
-    fn close(
-        &mut self,
-        conv: &mut Conversation,
-        report: Box<ShutdownReport>,
-        done: Closing,
-    ) -> Step {
-        let span = conv.span.clone();
-        match done {
-            Closing::Check => {
-                let mail: Vec<Mail> = self
-                    .actors
-                    .iter()
-                    .filter(|&&a| a != ActorName::HOST)
-                    .map(|&a| Mail::stop(a, &span))
-                    .collect();
-                if mail.is_empty() {
-                    // Every other core was taken out already.
-                    return self.close(conv, report, Closing::Stop);
-                }
-                self.send(conv, Stage::Shutdown(report, Closing::Stop), mail)
-            }
-            Closing::Stop => {
-                let mail = Mail::to::<HostCore>(HostMsg::HostStatsQuery, &span);
-                self.send(conv, Stage::Shutdown(report, Closing::Host), vec![mail])
-            }
-            Closing::Host => self.finish(conv, Ok(Outcome::Report(report))),
-        }
     }
 }
 
@@ -607,6 +384,14 @@ fn family_mail(mail: Vec<FamilyMail>, span: &tracing::Span) -> Vec<Mail> {
             FamilyMail::Radix(batch) => Mail::to::<RadixCore>(RadixMsg::RunBatch(batch), span),
         })
         .collect()
+}
+
+/// The error for an answer a stage does not expect.
+fn unexpected(answer: &Answer) -> KvError {
+    KvError::UnexpectedAnswer {
+        from: answer.from,
+        answer: answer.name,
+    }
 }
 
 /// The error of a conversation that waits with no answer to come (a broken protocol).
