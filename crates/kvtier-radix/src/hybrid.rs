@@ -39,22 +39,6 @@ impl RadixCore {
         (m, capped)
     }
 
-    /// The KV match `kv` as the reference's match caps it at its states, those cached
-    /// off their depth too (`MambaFamily::reference_capped`): the prefix it makes room
-    /// for.
-    fn reference_view(&self, kv: Match) -> Match {
-        let (device, host) = self
-            .states()
-            .map(|states| states.reference_capped(self, kv.device, kv.host))
-            .expect("hybrid admission needs the state family");
-        Match {
-            device,
-            device_pages: self.depth_pages(device),
-            host,
-            host_pages: self.depth_pages(host),
-        }
-    }
-
     /// A hybrid request's first chunk: its prefix capped at the deepest cached state, a
     /// host state loaded back when it is deeper than any device state, and a working and
     /// a checkpoint slot.
@@ -72,7 +56,7 @@ impl RadixCore {
             ..
         } = ask;
         let ps = self.page_size();
-        if !self.is_reference() && !self.could_admit(ask) {
+        if !self.policy().commits_before_it_fits() && !self.could_admit(ask) {
             return Outcome::waits();
         }
         let kv = self.committed_match(tokens, reuse);
@@ -88,7 +72,10 @@ impl RadixCore {
         // host terminal (#612), reuses the whole host prefix, deeper than the state
         // (C.7); it locks that view's device terminal meanwhile. kvtier makes the same
         // room, then admits its own match, which may need more.
-        let view = self.is_reference().then(|| self.reference_view(kv));
+        let view = self
+            .policy()
+            .makes_room_for_its_own_view()
+            .then(|| self.reference_view(kv));
         let (room_at, room) = match view {
             Some(view) => {
                 let host_pages = if use_host { view.host_pages } else { 0 };
@@ -129,10 +116,11 @@ impl RadixCore {
         // (else the slot it copies from could come back as one of them). The reference
         // does not keep it: the slot may come back as the row's own, which the engine
         // copies from before it writes it.
-        let source = capped.source.filter(|_| !self.is_reference());
+        let spare_none = self.policy().spares_no_state_source();
+        let source = capped.source.filter(|_| !spare_none);
         if self.with_states(|states, tree| states.ensure_device(tree, need, source)) != Some(true) {
             self.unlock(guard);
-            if self.is_reference() {
+            if spare_none {
                 return Outcome::waits();
             }
             // A pool too small for a host state beside a fresh pair: start from the
@@ -248,7 +236,7 @@ impl RadixCore {
         // The reference gives the request up when its search finds no state at all, and
         // resumes from the state its search finds: exactly only when that is the one at
         // the terminal.
-        let source = if self.is_reference() {
+        let source = if self.policy().recovers_from_the_state_it_finds() {
             let found = self
                 .states()
                 .and_then(|s| s.reference_recovery_node(&*self, kv.device, kv.host));
@@ -331,31 +319,6 @@ impl RadixCore {
         self.admitted(pinned, &shape, Some(Box::new(grant)))
     }
 
-    /// Makes the room the reference's recovery makes before it resumes a request from
-    /// `source`: device pages for the host part of its prefix (as the reference's
-    /// match caps it: `MambaFamily::reference_capped`) and the decode input, then a
-    /// fresh pair of state slots, and one more for a host state it loads back. It
-    /// evicts as the reference does, which keeps what it evicted even where it then
-    /// finds too little, and keeps the view's device terminal locked throughout (the
-    /// states on its path are not evicted for the slots). Whether it had both.
-    fn reference_recovery_room(&mut self, kv: Match, source: NodeId, d: u32) -> bool {
-        let ps = self.page_size();
-        let view = self.reference_view(kv);
-        let load_back = view.host_pages.saturating_sub(view.device_pages);
-        let pages = (load_back * ps + d).div_ceil(ps);
-        let Some(guard) = self.make_room(view.device, pages) else {
-            return false;
-        };
-        let state_load = self
-            .states()
-            .is_some_and(|s| s.device_slot(source).is_none());
-        let need = 2 + u32::from(state_load);
-        let states =
-            self.with_states(|states, tree| states.ensure_device(tree, need, Some(source)));
-        self.unlock(guard);
-        states == Some(true)
-    }
-
     /// Commits a hybrid request's last chunk: its new full pages go into the tree and
     /// its checkpoint is cached at their end if it holds that state (else freed). Returns
     /// the lock on the published node and its path's device pages; `None` when nothing
@@ -398,7 +361,12 @@ impl RadixCore {
 
     /// Caches `slot` on `node` if it holds the state after exactly the node's prefix;
     /// frees it otherwise.
-    fn cache_state(&mut self, node: Option<NodeId>, slot: kvtier_mamba::Slot, at: Option<u32>) {
+    pub(crate) fn cache_state(
+        &mut self,
+        node: Option<NodeId>,
+        slot: kvtier_mamba::Slot,
+        at: Option<u32>,
+    ) {
         let depth = node.map(|n| self.depth_pages(n) * self.page_size());
         self.with_states(|states, tree| match node {
             Some(node) if at.is_some() && at == depth => {
@@ -454,7 +422,7 @@ impl RadixCore {
             states: mut pair,
             working_at,
         } = states;
-        if self.is_reference() {
+        if self.policy().settles_states_as_the_reference() {
             return self.settle_states_as_the_reference(terminal, pair, working_at, publish);
         }
         let depth = self.depth_pages(terminal) * self.page_size();
@@ -474,39 +442,6 @@ impl RadixCore {
             self.cache_state(Some(terminal), pair.working, Some(working_at));
         } else {
             self.with_states(|s, _| s.discard(pair.working));
-        }
-    }
-
-    /// [`Self::settle_states`] as the reference does it: its checkpoint if it has one,
-    /// else its working slot, is cached on `node` whatever depth it holds (C.3), unless
-    /// `node` holds a state already; the other slot is freed. One off `node`'s depth is
-    /// cached as such: no match reuses it, only the request's own recovery. At the root
-    /// it is held for good, as the reference holds it there (C.9).
-    fn settle_states_as_the_reference(
-        &mut self,
-        node: NodeId,
-        mut pair: kvtier_mamba::RequestStates,
-        working_at: u32,
-        publish: bool,
-    ) {
-        let occupied = self.states().is_some_and(|s| s.device_slot(node).is_some());
-        let (slot, at) = match pair.take_checkpoint() {
-            Some(checkpoint) => {
-                self.with_states(|s, _| s.discard(pair.working));
-                checkpoint
-            }
-            None => (pair.working, Some(working_at)),
-        };
-        if !publish || occupied {
-            self.with_states(|s, _| s.discard(slot));
-        } else if node == self.root() {
-            // A retraction without a full page: the reference attaches the slot to the
-            // root, where it stays for good (C.9).
-            self.with_states(|s, _| s.hold_at_root(slot));
-        } else if at == Some(self.depth_pages(node) * self.page_size()) {
-            self.cache_state(Some(node), slot, at);
-        } else {
-            self.with_states(|s, tree| s.publish_off_depth(tree, node, slot, at));
         }
     }
 }

@@ -29,7 +29,9 @@ mod hybrid;
 mod lock;
 mod node;
 mod paged;
+mod policy;
 pub mod protocol;
+mod reference;
 
 pub use batch::{
     Admission, AdmitProgram, Attached, BackupSource, CacheBatch, CacheOp, CacheReply,
@@ -45,4 +47,5 @@ pub use error::{PageOwner, RadixError, Violation};
 pub use lock::NodeLock;
 pub use node::NodeId;
 pub use paged::{Denial, GroupTables, TablesKey};
+pub use policy::CachePolicy;
 pub use protocol::{RadixMsg, RadixReply};

@@ -96,7 +96,7 @@ impl RadixCore {
         };
         let shape = ask.shape(pages, 0, ps);
         let (first, target) = (pages * ps, pages * ps + shape.tokens);
-        if self.is_reference() {
+        if self.policy().admits_groups_after_the_room() {
             return self.admit_after_room(
                 m,
                 &shape,
@@ -137,7 +137,7 @@ impl RadixCore {
         let use_host = ask.use_host;
         let shape = ask.shape(m.device_pages, host_pages, ps);
         let (first, target, fill) = self.refill_span(&ask, m.device_pages, host_pages);
-        if self.is_reference() {
+        if self.policy().admits_groups_after_the_room() {
             return self.admit_after_room(m, &shape, use_host, (first, target, None), Some(fill));
         }
         let Some(tables) = self.fresh_tables(first, target, None) else {
@@ -165,7 +165,7 @@ impl RadixCore {
     /// Fresh tables for a first chunk over `[first, target)`, admitted (pruning if a
     /// pool is short; never the path to the hit's node) and acquired, the hit imported;
     /// `None`, nothing acquired, when a pool cannot take it.
-    fn fresh_tables(
+    pub(crate) fn fresh_tables(
         &mut self,
         first: u32,
         target: u32,
@@ -201,27 +201,6 @@ impl RadixCore {
         self.admit_in_room(m, shape, use_host, tables, fill, guard)
     }
 
-    /// A first chunk in the reference's order: room for its KV (the eviction frees the
-    /// evicted nodes' snapshot pages, and stays even when the groups then refuse), then
-    /// fresh tables over `[first, target)`, whose pages are those pages.
-    fn admit_after_room(
-        &mut self,
-        m: Match,
-        shape: &ChunkShape,
-        use_host: bool,
-        (first, target, hit): (u32, u32, Option<(&PagedHit, NodeId)>),
-        fill: Option<Vec<u32>>,
-    ) -> Outcome {
-        let Some(guard) = self.make_room(m.device, shape.need) else {
-            return Outcome::waits();
-        };
-        let Some(tables) = self.fresh_tables(first, target, hit) else {
-            self.unlock(guard);
-            return Outcome::waits();
-        };
-        self.admit_in_room(m, shape, use_host, tables, fill, guard)
-    }
-
     /// A first chunk that cannot go on with the tables it took: they go back in the
     /// pools' own order, and the chunk waits.
     fn undo_tables(&mut self, mut tables: RequestTables) -> Outcome {
@@ -230,7 +209,7 @@ impl RadixCore {
     }
 
     /// [`Self::admit_with_tables`] once the room is made (`guard` locks it).
-    fn admit_in_room(
+    pub(crate) fn admit_in_room(
         &mut self,
         m: Match,
         shape: &ChunkShape,

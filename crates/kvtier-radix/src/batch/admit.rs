@@ -100,7 +100,7 @@ impl RadixCore {
                 } => {
                     let t = remaining.min(left);
                     // The reference makes room for whole fresh pages, ignoring the tail.
-                    let room = if self.is_reference() {
+                    let room = if self.policy().rooms_whole_pages() {
                         t.div_ceil(ps)
                     } else {
                         grow(tail_free, t, ps).0
@@ -130,7 +130,11 @@ impl RadixCore {
                         Some((key, first)) => {
                             // The KV reserve covers what the engine asked for; the
                             // reference's group tables only the row's own input (#583).
-                            let span = if self.is_reference() { d } else { reserve };
+                            let span = if self.policy().groups_span_the_input_only() {
+                                d
+                            } else {
+                                reserve
+                            };
                             self.grow_with_groups(
                                 reserve,
                                 tail_free,
@@ -305,7 +309,10 @@ impl RadixCore {
         // groups then refuse), the groups' admission, then the op's commit (the
         // request's last chunk, under `Policy::Reference`), then the release and the
         // acquisition.
-        if self.is_reference() && room > 0 && !self.ensure_free(Tier::Device, room) {
+        if self.policy().admits_groups_after_the_room()
+            && room > 0
+            && !self.ensure_free(Tier::Device, room)
+        {
             return Outcome::Waits {
                 held: Vec::new(),
                 commit,

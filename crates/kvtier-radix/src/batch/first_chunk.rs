@@ -61,7 +61,7 @@ impl RadixCore {
             ..
         } = ask;
         let ps = self.page_size();
-        if self.is_reference() {
+        if self.policy().commits_before_it_fits() {
             // The reference commits the match (split, touch) before it knows whether
             // the request fits.
             let m = self.committed_match(tokens, reuse);
@@ -165,7 +165,7 @@ impl RadixCore {
             // Only the reference's admission (and hybrid admission) tries without a
             // probe first.
             debug_assert!(
-                self.is_reference() || self.has_states() || self.has_snapshots(),
+                self.policy().commits_before_it_fits() || self.has_states() || self.has_snapshots(),
                 "admission probe promised {need} pages"
             );
             self.unlock(guard);

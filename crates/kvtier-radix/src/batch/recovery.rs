@@ -48,12 +48,15 @@ impl RadixCore {
         groups: Option<(TablesKey, u32)>,
     ) -> Outcome {
         let (reserve_pages, new_tail_free) = grow(tail_free, d, self.page_size());
-        let reference = self.is_reference();
+        let policy = self.policy();
         // Cheap first: when even the new pages cannot be freed, no probe can change the
         // answer (a load-back only adds to the need), so the history is not walked. A
         // history too big for the device is then found once there is room to try. (The
         // reference evicts before it knows: it has no such shortcut.)
-        if !reference && reserve_pages > 0 && !self.can_free(Tier::Device, reserve_pages, 0) {
+        if !policy.commits_before_it_fits()
+            && reserve_pages > 0
+            && !self.can_free(Tier::Device, reserve_pages, 0)
+        {
             return Outcome::Waits { held, commit: None };
         }
         // Its prefix lock ends where its published tokens do: the path is read from the
@@ -79,12 +82,14 @@ impl RadixCore {
         // The reference makes room for whole fresh pages of the load-back and the decode
         // reserve, ignoring the tail page's room, and evicts even when that cannot
         // suffice (its eviction is not transactional); the pages taken are the same.
-        let room = if reference {
+        let room = if policy.rooms_whole_pages() {
             load_back + d.div_ceil(self.page_size())
         } else {
             need
         };
-        if !reference && !self.can_free(Tier::Device, need, probe.device_unlocked_pages) {
+        if !policy.commits_before_it_fits()
+            && !self.can_free(Tier::Device, need, probe.device_unlocked_pages)
+        {
             return Outcome::Waits { held, commit: None };
         }
         let m = match locked {

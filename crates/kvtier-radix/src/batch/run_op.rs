@@ -85,7 +85,9 @@ impl RadixCore {
                     // With prefix reuse off, the reference looks the terminal up with a
                     // reuse match, which ends at the root: the state goes there (C.9).
                     let terminal = match &lock {
-                        _ if self.is_reference() && !reuse => self.root(),
+                        _ if self.policy().finishes_without_reuse_at_the_root() && !reuse => {
+                            self.root()
+                        }
                         Some(lock) => lock.node(),
                         None => {
                             let ps = self.page_size() as usize;
@@ -98,12 +100,14 @@ impl RadixCore {
                             }
                         }
                     };
-                    let publish = inserted || !self.is_reference();
+                    let publish =
+                        inserted || !self.policy().caches_a_finish_state_with_pages_only();
                     self.settle_states(terminal, states, publish);
                 }
                 // The reference matches the finished prefix (touching it) even when it
                 // writes nothing back.
-                let matched = write_back || (self.is_reference() && reuse);
+                let matched =
+                    write_back || (self.policy().matches_every_finished_prefix() && reuse);
                 let write_back = if matched && pages > 0 {
                     let m =
                         self.match_prefix(&tokens[..pages as usize * self.page_size() as usize]);
@@ -118,7 +122,7 @@ impl RadixCore {
                 // The reference never locks the publication's terminal, so releasing
                 // that lock moves nothing in the LRU order under its policies.
                 if let Some(lock) = lock {
-                    self.release_published(lock, self.is_reference());
+                    self.release_published(lock, self.policy().never_locks_a_publication());
                 }
                 for lock in device_lock.into_iter().chain(host_lock) {
                     self.unlock(lock);
@@ -144,14 +148,15 @@ impl RadixCore {
                 // The reference locks the published path only to copy it: a retraction
                 // with nothing to copy, or no host room, lets go of the lock on it as
                 // one the reference never takes (the request's own it does release).
-                let transient = self.is_reference() && device_lock.node() != held;
+                let transient =
+                    self.policy().never_locks_a_publication() && device_lock.node() != held;
                 let m = self.match_prefix(&tokens[..pages as usize * self.page_size() as usize]);
                 debug_assert_eq!(m.device_pages, pages, "the retracted prefix is locked");
                 // kvtier caches the request's state before the write-back, so the copy
                 // takes it along; the reference caches it after, and the state has no
                 // host copy.
                 let mut states = states;
-                if !self.is_reference()
+                if !self.policy().caches_a_retracted_state_after_the_copy()
                     && let Some(states) = states.take()
                 {
                     self.settle_states(m.device, states, true);
@@ -171,7 +176,9 @@ impl RadixCore {
                         // snapshots make it reusable: the request recomputes from there
                         // (its recovery is a recompute) instead of being given up (the
                         // reference aborts it; DeepSeek-V4 has no host tier at all).
-                        None if self.has_snapshots() && !self.is_reference() => {
+                        None if self.has_snapshots()
+                            && !self.policy().aborts_a_retraction_without_host_room() =>
+                        {
                             RetractOutcome::Kept {
                                 prefix_lock: device_lock,
                                 write_back: None,
@@ -187,7 +194,7 @@ impl RadixCore {
                     self.release_published(device_lock, transient);
                     // The whole prefix is on host already: kvtier frees its device copy
                     // now; the reference leaves it cached, for eviction to take.
-                    if !self.is_reference() {
+                    if !self.policy().completes_an_empty_retraction_at_once() {
                         self.demote(m.device);
                     }
                     RetractOutcome::Kept {
@@ -199,11 +206,11 @@ impl RadixCore {
                     // Under the reference policy a retraction that finds no host room
                     // aborts the request before anything is cached: both slots are
                     // freed (its pages are published all the same).
-                    let publish =
-                        !(self.is_reference() && matches!(outcome, RetractOutcome::HostExhausted));
+                    let publish = !(self.policy().aborts_a_retraction_without_host_room()
+                        && matches!(outcome, RetractOutcome::HostExhausted));
                     self.settle_states(m.device, states, publish);
                 }
-                if nothing_to_copy && self.is_reference() {
+                if nothing_to_copy && self.policy().completes_an_empty_retraction_at_once() {
                     // The reference completes such a retraction as if its copy were
                     // acknowledged at once: device copies of states that have host
                     // copies, and that nothing holds any more, go (its KV stays).

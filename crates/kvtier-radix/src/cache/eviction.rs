@@ -28,7 +28,9 @@ impl RadixCore {
         if free >= need {
             return true;
         }
-        if !self.reference && u64::from(free) + self.evictable(tier) < u64::from(need) {
+        if !self.policy.evicts_without_a_fit()
+            && u64::from(free) + self.evictable(tier) < u64::from(need)
+        {
             return false;
         }
         self.evict(tier, need - free);
@@ -76,17 +78,8 @@ impl RadixCore {
         for id in parked {
             self.update_leaf(id, tier);
         }
-        if self.reference {
-            // The reference prunes from each evicted node whose parent survived, so a
-            // chain evicted together stays as resource-less nodes below its top (kept
-            // for its node boundaries: they decide how later inserts split).
-            let evicted_set: std::collections::BTreeSet<_> = evicted.iter().copied().collect();
-            for &id in &evicted {
-                let parent = self.node(id).parent;
-                if self.is_live(id) && !parent.is_some_and(|p| evicted_set.contains(&p)) {
-                    self.prune_up(id);
-                }
-            }
+        if self.policy.keeps_evicted_chains() {
+            self.prune_evicted_chains(&evicted);
             return freed;
         }
         // Children were evicted before their parents: prune in that order, skipping

@@ -134,7 +134,7 @@ impl RadixCore {
                 }
             }
             // (The reference's pruning leaves such nodes behind: `Policy::Reference`.)
-            if !self.reference
+            if !self.policy.keeps_evicted_chains()
                 && n.children.is_empty()
                 && n.tiers
                     .iter()

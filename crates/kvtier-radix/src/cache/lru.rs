@@ -15,7 +15,7 @@ impl RadixCore {
     pub(super) fn touch(&mut self, id: NodeId) {
         let clock = self.clock;
         self.node_mut(id).last_access = clock;
-        if self.reference {
+        if self.policy.keys_leaves_lazily() {
             return;
         }
         for tier in Tier::ALL {
@@ -28,7 +28,7 @@ impl RadixCore {
     pub(super) fn lru_insert(&mut self, id: NodeId, tier: Tier) {
         let t = tier.index();
         let n = self.node(id);
-        let time = if self.reference {
+        let time = if self.policy.keys_leaves_lazily() {
             n.last_access
         } else {
             self.clock

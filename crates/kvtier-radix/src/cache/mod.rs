@@ -12,6 +12,7 @@ mod locks;
 mod lru;
 mod marks;
 mod paths;
+mod reference;
 mod residency;
 mod snapshots;
 mod states;
@@ -35,6 +36,7 @@ pub use write_back::{WriteBackTicket, WrittenBack};
 use crate::events::EventSink;
 use crate::node::{LruKey, Node, page_key};
 use crate::paged::TablesKey;
+use crate::policy::CachePolicy;
 use crate::{NodeId, RadixError};
 
 /// What the cache needs to know at construction.
@@ -105,8 +107,8 @@ pub struct RadixCore {
     clock: u64,
     next_seq: u64,
     keep_page_hashes: bool,
-    /// The reference scheduler's LRU keys and eviction (`Policy::Reference`).
-    reference: bool,
+    /// Where its decisions follow the reference scheduler's ([`CachePolicy`]).
+    policy: CachePolicy,
     events: Option<EventSink>,
     /// Pages dropped from their last tier (`CacheConfig::lost_hits`).
     ghost: Option<ghost::Ghost>,
@@ -177,7 +179,7 @@ impl RadixCore {
             clock: 0,
             next_seq: 1,
             keep_page_hashes: config.page_hashes,
-            reference: config.policy.is_reference(),
+            policy: CachePolicy::new(config.policy),
             events: config.kv_events.then(EventSink::default),
             prefetch_skipped: [0; 4],
             ghost: config
@@ -238,9 +240,9 @@ impl RadixCore {
         self.page_size as u32
     }
 
-    /// Whether the cache takes the reference scheduler's decisions (`Policy::Reference`).
-    pub fn is_reference(&self) -> bool {
-        self.reference
+    /// Where the cache's decisions follow the reference scheduler's.
+    pub fn policy(&self) -> CachePolicy {
+        self.policy
     }
 
     /// The root node (empty prefix).

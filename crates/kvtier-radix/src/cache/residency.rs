@@ -76,7 +76,7 @@ impl RadixCore {
         // the reference re-keys a leaf only when the leaf set changes around it, and an
         // insert that found its pages already there changes nothing (a touch alone does
         // not move a leaf).
-        if id != first || !self.reference {
+        if id != first || !self.policy.keys_leaves_lazily() {
             for tier in Tier::ALL {
                 self.update_leaf(id, tier);
             }

@@ -128,7 +128,7 @@ impl RadixCore {
     /// Starts an admission program's group budget (the reference policies only).
     pub(crate) fn begin_group_budget(&mut self) {
         self.group_budget = None;
-        if self.is_reference() && self.paged.is_some() {
+        if self.policy.counts_groups_against_the_program() && self.paged.is_some() {
             self.drain_releases();
             self.group_budget = self.paged.as_mut().map(PagedFamily::available);
         }
