@@ -121,7 +121,7 @@ pub fn cache_config(config: &SchedulerConfig) -> CacheConfig {
             device_slots: m.device_slots,
             host_slots: m.host_slots,
             chunk: m.chunk,
-            reference: config.policy.is_reference(),
+            policy: config.policy,
         }),
         paged: config.paged.as_ref().and_then(|p| {
             let required: Vec<&str> = p.required.iter().map(String::as_str).collect();
@@ -176,12 +176,6 @@ pub struct SchedulerCore {
 }
 
 impl SchedulerCore {
-    /// Whether decisions follow the reference scheduler where kvtier's own policy
-    /// differs (`Policy::Reference`, `Policy::ReferenceWheel`).
-    pub(crate) fn reference_policy(&self) -> bool {
-        self.config.policy.is_reference()
-    }
-
     /// A scheduler core. Fails on an invalid config.
     pub fn new(config: SchedulerConfig) -> Result<Self, SchedError> {
         config.validate()?;

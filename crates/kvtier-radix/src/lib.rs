@@ -29,7 +29,6 @@ mod hybrid;
 mod lock;
 mod node;
 mod paged;
-mod policy;
 pub mod protocol;
 mod reference;
 
@@ -47,5 +46,4 @@ pub use error::{PageOwner, RadixError, Violation};
 pub use lock::NodeLock;
 pub use node::NodeId;
 pub use paged::{Denial, GroupTables, TablesKey};
-pub use policy::CachePolicy;
 pub use protocol::{RadixMsg, RadixReply};

@@ -1,5 +1,5 @@
 //! The reference scheduler's admission paths for hybrid and paged models, where
-//! [`CachePolicy`](crate::CachePolicy) names a difference: the view of a hybrid match it
+//! [`Policy`](kvtier_types::Policy) names a difference: the view of a hybrid match it
 //! makes room for, the room of its recoveries, how its states settle, and a paged first
 //! chunk's room before its groups.
 

@@ -30,7 +30,7 @@ fn settings(host: bool, policy: Policy) -> CacheConfig {
             device_slots: 8,
             host_slots: if host { 8 } else { 0 },
             chunk: 4,
-            reference: policy == Policy::Reference,
+            policy,
         }),
         paged: None,
         lost_hits: false,

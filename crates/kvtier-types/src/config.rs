@@ -6,7 +6,7 @@
 //! (page size 64, budget 8192, 160 slots); pool sizes have no sensible default and must
 //! be set.
 
-use crate::TypesError;
+use crate::{Policy, TypesError};
 
 /// Prefill/decode disaggregation role. Only `Fused` is served today; the variants exist
 /// so that the state and event types already have room for the P and D flows.
@@ -19,38 +19,6 @@ pub enum Role {
     Prefill,
     /// Decode node of a disaggregated pair.
     Decode,
-}
-
-/// Whose decisions the scheduler makes where kvtier and the reference scheduler differ.
-///
-/// kvtier fixes the reference's known defects (docs/scheduler.md). Some of those fixes
-/// change *which* requests run or what gets evicted without any being wrong, so runs
-/// cannot be compared decision for decision with the reference. `Reference` keeps the
-/// reference's choices there, for conformance runs against it (the hybrid benchmark
-/// digests); it never reproduces a defect that loses or corrupts data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
-pub enum Policy {
-    /// kvtier's own decisions: exact LRU, read-only probes, transactional eviction,
-    /// decode-phase recurrent states cached.
-    #[default]
-    Default,
-    /// The reference's decisions (TokenSpeed scheduler at 350cf505): LRU keys taken when
-    /// a node becomes a leaf or is unlocked (a touch alone does not reorder), committing
-    /// matches and eviction even for requests that are then not admitted, recurrent
-    /// states cached at prefill chunk ends only.
-    Reference,
-    /// The reference as the PyPI wheel `tokenspeed-scheduler==0.1.0` builds it (what
-    /// the drop-in Python module is compared with): [`Policy::Reference`] with the
-    /// wheel's later upstream change that alters decisions, #460's detach of
-    /// superseded state windows, by the wheel's rule.
-    ReferenceWheel,
-}
-
-impl Policy {
-    /// Whether decisions follow a reference build (either).
-    pub fn is_reference(self) -> bool {
-        matches!(self, Policy::Reference | Policy::ReferenceWheel)
-    }
 }
 
 /// The recurrent-state (Mamba) side of a hybrid model (spec/hybrid-l3.md §1).

@@ -17,10 +17,11 @@ mod histogram;
 mod ids;
 mod paged;
 mod plan;
+mod policy;
 mod request;
 
 pub use actor::{ActorCore, ActorName, Placement};
-pub use config::{MambaSettings, PagedSettings, Policy, Role, SchedulerConfig};
+pub use config::{MambaSettings, PagedSettings, Role, SchedulerConfig};
 pub use error::TypesError;
 pub use event::{EngineEvent, KvEvent, Medium};
 pub use histogram::{DURATION_BOUNDS, Histogram, WallClock};
@@ -31,4 +32,5 @@ pub use plan::{
     LoadBackOp, MambaRow, PrefetchOp, RowKind, StateObject, TransferKind, TransferPair,
     WriteBackOp,
 };
+pub use policy::Policy;
 pub use request::{LookupAsk, RequestSpec, lookup_pages};

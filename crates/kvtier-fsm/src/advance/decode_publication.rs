@@ -42,8 +42,8 @@ impl SchedulerCore {
         // The reference publishes a decode's checkpoint only where its prefill-chunk rule
         // says so for the result's tokens (with pages of one token: every decode), and
         // frees it otherwise (C.2 in docs/notes/mamba-reference.md).
-        let reference = self.reference_policy();
-        let reference_frees = || {
+        let chunk_rule = self.config.policy.checkpoints_decodes_by_the_chunk_rule();
+        let chunk_rule_frees = || {
             let (n, chunk) = (
                 self.requests[key].tokens.len() as u32,
                 self.config.mamba.map_or(1, |m| m.chunk),
@@ -51,10 +51,10 @@ impl SchedulerCore {
             kvtier_mamba::checkpoint_depth(before as u32, n - before as u32, ps, chunk).is_none()
         };
         let checkpoint = checkpoint.map(|(slot, at)| {
-            let kept = !(reference && reference_frees());
+            let kept = !(chunk_rule && chunk_rule_frees());
             (slot, at.filter(|_| kept))
         });
-        let retire = if reference { None } else { retire };
+        let retire = if chunk_rule { None } else { retire };
         self.queue_publication(key, publication, checkpoint, retire, true);
     }
 

@@ -62,7 +62,7 @@ impl SchedulerCore {
     /// A stopped request's group tables: under the reference policies they stay until
     /// the request is forgotten at the next plan, as the reference frees them.
     pub(super) fn keep_stopped_tables(&mut self, key: usize, tables: Option<GroupTables>) {
-        if self.reference_policy() {
+        if self.config.policy.keeps_stopped_tables_to_the_next_plan() {
             self.requests[key].stopped_tables = tables;
         }
     }
@@ -79,8 +79,12 @@ impl SchedulerCore {
             host_lock,
             local_kv,
             tables,
-        } = self.requests[key].settle(run, self.config.page_size, !self.reference_policy());
-        let tables = if self.reference_policy() {
+        } = self.requests[key].settle(
+            run,
+            self.config.page_size,
+            !self.config.policy.commits_chunks_at_the_next_row(),
+        );
+        let tables = if self.config.policy.keeps_stopped_tables_to_the_next_plan() {
             self.keep_stopped_tables(key, tables);
             None
         } else {
@@ -90,7 +94,7 @@ impl SchedulerCore {
             && !self.config.disable_prefix_cache
             && !publication.tokens.is_empty();
         let id = self.requests[key].id.clone();
-        let device_lock = if self.reference_policy() {
+        let device_lock = if self.config.policy.hands_a_finish_lock_to_its_publication() {
             self.outbox.hand_over(key, &id, device_lock)
         } else {
             StopLock::Held(device_lock)

@@ -105,7 +105,7 @@ impl SchedulerCore {
         let threshold = c.prefetch_threshold;
         let hybrid = c.mamba.is_some();
         let paged = c.paged.is_some();
-        let reference = c.policy.is_reference();
+        let policy = c.policy;
         let ranked = self.candidates();
         let mut intents = Vec::with_capacity(ranked.len());
         let mut candidates = Vec::with_capacity(ranked.len());
@@ -119,11 +119,12 @@ impl SchedulerCore {
                     let tables = run.tables.as_ref().map(|t| (t.key(), run.window_end()));
                     // The reference commits the last chunk when this one is admitted;
                     // kvtier did at the start of the plan.
-                    let (commit, republish) = if (hybrid || paged) && reference {
-                        self.chunk_commit(key)
-                    } else {
-                        (None, None)
-                    };
+                    let (commit, republish) =
+                        if (hybrid || paged) && policy.commits_chunks_at_the_next_row() {
+                            self.chunk_commit(key)
+                        } else {
+                            (None, None)
+                        };
                     let checkpoint = if hybrid {
                         CheckpointNeed::Required
                     } else {
@@ -163,8 +164,16 @@ impl SchedulerCore {
                     let len = r.tokens.len() as u32;
                     let (tables, paged_first) = match (paged, &run.tables) {
                         (true, Some(t)) => (
-                            Some((t.key(), if reference { len } else { len - 1 })),
-                            reference && matches!(r.state, State::PrefillDone(_)),
+                            Some((
+                                t.key(),
+                                if policy.admits_decode_groups_a_position_on() {
+                                    len
+                                } else {
+                                    len - 1
+                                },
+                            )),
+                            policy.commits_chunks_at_the_next_row()
+                                && matches!(r.state, State::PrefillDone(_)),
                         ),
                         _ => (None, false),
                     };
@@ -178,14 +187,18 @@ impl SchedulerCore {
                         let crossing =
                             kvtier_mamba::decode_checkpoint_depth(r.tokens.len() as u32, ps)
                                 .is_some();
-                        checkpoint = match reference {
-                            true if first => CheckpointNeed::Required,
-                            false if crossing && states.checkpoint.is_none() => {
-                                CheckpointNeed::Wanted
+                        checkpoint = if policy.checkpoints_the_first_decode() {
+                            if first {
+                                CheckpointNeed::Required
+                            } else {
+                                CheckpointNeed::None
                             }
-                            _ => CheckpointNeed::None,
+                        } else if crossing && states.checkpoint.is_none() {
+                            CheckpointNeed::Wanted
+                        } else {
+                            CheckpointNeed::None
                         };
-                        if first && reference {
+                        if first && policy.commits_chunks_at_the_next_row() {
                             (commit, republish) = self.chunk_commit(key);
                         }
                     }

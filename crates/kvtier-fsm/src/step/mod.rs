@@ -27,7 +27,7 @@ mod write_backs;
 use std::time::Instant;
 
 use kvtier_radix::{CacheOp, OpResult};
-use kvtier_types::{ExecutionPlan, Policy};
+use kvtier_types::ExecutionPlan;
 
 use crate::draft::{Awaiting, Entry, PlanInProgress, Rows, Seen};
 use crate::outbox::{FamilyMail, Progress};
@@ -79,16 +79,17 @@ impl SchedulerCore {
             .issue_backups(&mut plan.backups, self.config.enable_kv_cache_events);
         let released = self.requests.erase_finished(self.stats.plans) > 0;
         self.give_up_regrown(&mut plan);
-        match (&self.config.mamba, self.config.policy) {
+        let at_next_row = self.config.policy.commits_chunks_at_the_next_row();
+        match &self.config.mamba {
             // The reference commits a paged request's chunk when its next op is
             // admitted, as a hybrid one's.
-            (None, p) if p.is_reference() && self.config.paged.is_some() => {}
-            (None, _) if self.config.publish_prefix_mid_flight || self.config.paged.is_some() => {
+            None if at_next_row && self.config.paged.is_some() => {}
+            None if self.config.publish_prefix_mid_flight || self.config.paged.is_some() => {
                 self.publish_computed_prompts()
             }
             // The reference publishes a hybrid request's chunk when its next row is
             // admitted, after this plan's new requests looked for it.
-            (Some(_), Policy::Default) => self.commit_computed_chunks(),
+            Some(_) if !at_next_row => self.commit_computed_chunks(),
             _ => {}
         }
         let (program, candidates, entries) = self.admit_program(released);

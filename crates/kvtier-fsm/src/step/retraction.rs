@@ -41,11 +41,19 @@ impl SchedulerCore {
             host_lock,
             local_kv,
             tables,
-        } = self.requests[key].settle(run, self.config.page_size, !self.reference_policy());
+        } = self.requests[key].settle(
+            run,
+            self.config.page_size,
+            !self.config.policy.commits_chunks_at_the_next_row(),
+        );
         let published_pages = (publication.tokens.len() / self.config.page_size as usize) as u32;
         // The reference keeps a retracted request's group tables and resumes it from
         // them; kvtier's own policy recomputes it from its deepest snapshot.
-        let (tables, kept) = if self.reference_policy() {
+        let (tables, kept) = if self
+            .config
+            .policy
+            .resumes_a_retracted_request_from_its_tables()
+        {
             (None, tables)
         } else {
             (tables, None)
@@ -113,7 +121,7 @@ impl SchedulerCore {
                 // history again instead, like the deadlock breaker's victim: its tail
                 // pages go, its prefix stays as evictable cache, nothing is lost.
                 drop((local_kv, tables));
-                if self.reference_policy() {
+                if self.config.policy.aborts_a_retraction_without_host_room() {
                     self.abort_notice(id, AbortReason::HostPoolExhausted, &mut draft.plan);
                 } else {
                     self.requeue(key, &mut draft.plan);
@@ -142,7 +150,7 @@ impl SchedulerCore {
         // The reference waits while anything may still change (a new request can run
         // and take the state a retracted one is stuck behind): under its policies the
         // deadlock is broken only at the second empty plan with nothing in between.
-        if self.reference_policy() && self.idle_plans == 0 {
+        if self.config.policy.breaks_deadlocks_at_a_fixed_point() && self.idle_plans == 0 {
             return;
         }
         let mut victim: Option<(usize, usize)> = None;

@@ -21,7 +21,7 @@ impl SchedulerCore {
         rows: &mut Rows,
     ) {
         let ps = self.config.page_size;
-        let reference = self.reference_policy();
+        let allocated_only = self.config.policy.reports_allocated_pages_only();
         let prefill_len = self.requests[key].prefill_len;
         let State::Prefilling(mut run) =
             std::mem::replace(&mut self.requests[key].state, State::Finished)
@@ -29,7 +29,7 @@ impl SchedulerCore {
             debug_assert!(false, "next chunk of a request not prefilling");
             return;
         };
-        let begin = run.take_row_begin(reference);
+        let begin = run.take_row_begin(allocated_only);
         run.local_kv.absorb(pages, tokens, ps);
         run.window_begin = run.window_end();
         run.window_size = tokens;
@@ -179,7 +179,7 @@ impl SchedulerCore {
         rows: &mut Rows,
     ) {
         let ps = self.config.page_size;
-        let reference = self.reference_policy();
+        let allocated_only = self.config.policy.reports_allocated_pages_only();
         let d = self.config.decode_input_tokens;
         // The row's new length: a state there is copied to the checkpoint.
         let new_len = self.requests[key].tokens.len() as u32;
@@ -190,7 +190,7 @@ impl SchedulerCore {
             debug_assert!(false, "decode of a request not running");
             return;
         };
-        let begin = run.take_row_begin(reference);
+        let begin = run.take_row_begin(allocated_only);
         run.local_kv.absorb(pages, reserve, ps);
         run.reserve = d;
         if let Some(states) = run.states.as_mut() {

@@ -51,7 +51,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
         tree: &T,
         protected: Option<N>,
     ) -> Vec<Aged<N>> {
-        let leaves: Vec<N> = if self.config.reference {
+        let leaves: Vec<N> = if self.config.policy.tracks_state_leaves_incrementally() {
             self.leaves.iter().copied().collect()
         } else {
             // Mark every node above a device state (a chain stops where an earlier one
@@ -86,7 +86,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
     /// starve admissions); kvtier keeps only those a row of this plan copies from and
     /// those a write-back is reading.
     pub(super) fn pinned_on_device<T: StateTree<Node = N>>(&self, tree: &T, node: N) -> bool {
-        if self.config.reference {
+        if self.config.policy.pins_every_state_on_a_locked_path() {
             return tree.on_device(node) && tree.device_locked(node);
         }
         self.protected.contains(&node) || self.pending.contains_key(&node)
@@ -133,11 +133,11 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
             let Some(parent) = tree.parent(leaf).filter(|&p| p != tree.root()) else {
                 continue;
             };
-            if evicted == n && !self.config.reference {
+            if evicted == n && !self.config.policy.tracks_state_leaves_incrementally() {
                 // Enough: whether the parent is a leaf now is for the next eviction to find.
                 break;
             }
-            let parent_is_leaf = if self.config.reference {
+            let parent_is_leaf = if self.config.policy.tracks_state_leaves_incrementally() {
                 self.is_direct_leaf(tree, parent)
             } else {
                 self.device_slot(parent).is_some()
@@ -173,7 +173,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
         // Transactional (default policy): evict only what can succeed. The leaves alone
         // often suffice; else count what a cascade of evictions could reach.
         let leaves = cands.len() as u32;
-        if !self.config.reference
+        if !self.config.policy.evicts_without_a_fit()
             && free + leaves < need
             && free + self.evictable(tree, protected) < need
         {

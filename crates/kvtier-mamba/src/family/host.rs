@@ -21,7 +21,9 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
             .filter(|(n, a)| a.host.is_some() && !tree.host_locked(**n))
             .map(|(&n, _)| n)
             .collect();
-        if self.host.available() + (victims.len() as u32) < need && !self.config.reference {
+        if self.host.available() + (victims.len() as u32) < need
+            && !self.config.policy.evicts_without_a_fit()
+        {
             return false;
         }
         victims.sort_by_key(|&n| (tree.age(n), n));

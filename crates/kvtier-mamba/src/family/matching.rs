@@ -124,7 +124,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
         // Without host copies a device state stays on a node whose KV went to host.
         // With no device match at all, the reference (#612) looks for one from the host
         // terminal, and reuses the host prefix down to it.
-        let from_host = self.config.reference
+        let from_host = self.config.policy.caps_hybrid_matches_by_its_search()
             && host_kv
             && !self.config.host_copies()
             && device == root
@@ -134,7 +134,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
         // reference policy without host states, where the reference counts the device
         // tier's only (its prefix is capped to the device state there anyway), or the
         // host tier's where it found the state from there.
-        let kv_depth = if host_states || !self.config.reference {
+        let kv_depth = if host_states || !self.config.policy.caps_hybrid_matches_by_its_search() {
             tree.depth(device).max(tree.depth(host))
         } else if from_host && dm.is_some() {
             tree.depth(host)

@@ -20,7 +20,7 @@ mod tree_events;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 
-use kvtier_types::Tier;
+use kvtier_types::{Policy, Tier};
 
 use crate::checkpoint::align_down;
 use crate::{MambaError, SlotId, SlotPool};
@@ -65,11 +65,10 @@ pub struct MambaConfig {
     /// The scan kernel's chunk length (`mamba_cache_chunk_size`): the branching length
     /// and intermediate checkpoints are aligned to it.
     pub chunk: u32,
-    /// The reference scheduler's choices where kvtier's differ (see
-    /// `kvtier_types::Policy`): its incremental leaf tracking (direct children only,
-    /// nothing re-derived on a split) and eviction that runs even when it cannot free
-    /// enough.
-    pub reference: bool,
+    /// Whose decisions the family makes where kvtier and the reference differ (its
+    /// incremental leaf tracking, eviction that runs even when it cannot free enough,
+    /// ...: the Mamba rules of [`Policy`]).
+    pub policy: Policy,
 }
 
 impl MambaConfig {
@@ -307,7 +306,9 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
             {
                 return bad(format!("a depth recorded for a missing state on {node:?}"));
             }
-            if (a.device_off.is_some() || a.host_off.is_some()) && !self.config.reference {
+            if (a.device_off.is_some() || a.host_off.is_some())
+                && !self.config.policy.is_reference()
+            {
                 return bad(format!(
                     "a state off its depth on {node:?} outside the reference policy"
                 ));
@@ -329,7 +330,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
             }
         }
         if let Some(s) = self.at_root
-            && (!self.config.reference || !seen[0].insert(s))
+            && (!self.config.policy.is_reference() || !seen[0].insert(s))
         {
             return bad(format!("device slot {s} held at the root"));
         }

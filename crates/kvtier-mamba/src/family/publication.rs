@@ -16,7 +16,10 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
     /// Returns whether it was attached.
     pub fn publish<T: StateTree<Node = N>>(&mut self, tree: &T, node: N, slot: Slot) -> bool {
         let held = self.device_slot(node).is_some();
-        if held && self.config.reference && !self.protected.contains(&node) {
+        if held
+            && self.config.policy.replaces_a_node_state_at_once()
+            && !self.protected.contains(&node)
+        {
             let id = self.device.adopt(slot);
             let a = self.attached.entry(node).or_default();
             a.device_off = None;
@@ -67,7 +70,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
         at: Option<u32>,
     ) -> bool {
         debug_assert!(
-            self.config.reference,
+            self.config.policy.is_reference(),
             "states off their depth are the reference's"
         );
         let occupied = self.device_slot(node).is_some();
@@ -133,7 +136,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
     /// stalls for good, and kvtier does not follow it. Returns whether it was held.
     pub fn hold_at_root(&mut self, slot: Slot) -> bool {
         debug_assert!(
-            self.config.reference,
+            self.config.policy.is_reference(),
             "a state at the root is the reference's"
         );
         if self.at_root.is_some() || self.config.device_slots <= REQUEST_SLOTS {

@@ -36,7 +36,7 @@ pub use write_back::{WriteBackTicket, WrittenBack};
 use crate::events::EventSink;
 use crate::node::{LruKey, Node, page_key};
 use crate::paged::TablesKey;
-use crate::policy::CachePolicy;
+
 use crate::{NodeId, RadixError};
 
 /// What the cache needs to know at construction.
@@ -107,8 +107,8 @@ pub struct RadixCore {
     clock: u64,
     next_seq: u64,
     keep_page_hashes: bool,
-    /// Where its decisions follow the reference scheduler's ([`CachePolicy`]).
-    policy: CachePolicy,
+    /// Where its decisions follow the reference scheduler's ([`Policy`]).
+    policy: Policy,
     events: Option<EventSink>,
     /// Pages dropped from their last tier (`CacheConfig::lost_hits`).
     ghost: Option<ghost::Ghost>,
@@ -179,7 +179,7 @@ impl RadixCore {
             clock: 0,
             next_seq: 1,
             keep_page_hashes: config.page_hashes,
-            policy: CachePolicy::new(config.policy),
+            policy: config.policy,
             events: config.kv_events.then(EventSink::default),
             prefetch_skipped: [0; 4],
             ghost: config
@@ -241,7 +241,7 @@ impl RadixCore {
     }
 
     /// Where the cache's decisions follow the reference scheduler's.
-    pub fn policy(&self) -> CachePolicy {
+    pub fn policy(&self) -> Policy {
         self.policy
     }
 

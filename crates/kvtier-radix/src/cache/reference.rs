@@ -1,4 +1,4 @@
-//! The reference scheduler's paths in the tree, where [`CachePolicy`](crate::CachePolicy)
+//! The reference scheduler's paths in the tree, where [`Policy`](kvtier_types::Policy)
 //! names a difference.
 
 use std::collections::BTreeSet;
