@@ -15,7 +15,10 @@
 //! * else none.
 //!
 //! The worker (which copies the state) and the scheduler (which publishes the slot)
-//! apply the same rule; [`checkpoint_depth`] is the one both use.
+//! apply the same rule; [`checkpoint_depth`] is the one both use. Which rows need a
+//! fresh checkpoint slot at all is [`CheckpointNeed`]'s to say.
+
+use kvtier_types::Policy;
 
 /// The depth (in tokens) whose state a chunk `[begin, begin + size)` leaves in the
 /// checkpoint slot, if any. `page_size` is `P`, `kernel_chunk` the scan kernel's chunk
@@ -44,4 +47,73 @@ pub fn decode_checkpoint_depth(new_len: u32, page_size: u32) -> Option<u32> {
 /// `floor(x / chunk) · chunk`: the branching length of a match (§1.4).
 pub fn align_down(x: u32, chunk: u32) -> u32 {
     x.checked_div(chunk).map_or(0, |q| q * chunk)
+}
+
+/// Whether a hybrid row needs a fresh checkpoint slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointNeed {
+    /// No.
+    None,
+    /// Yes: the row waits until one can be had (the reference's rule for every chunk
+    /// and for the first decode).
+    Required,
+    /// If one can be had (evicting a cached state if it must): the row crosses a page
+    /// boundary, and its state there is worth caching.
+    Wanted,
+}
+
+impl CheckpointNeed {
+    /// A prefill chunk's: every chunk may end where a state is worth caching.
+    pub fn of_chunk() -> Self {
+        CheckpointNeed::Required
+    }
+
+    /// A decode row's, for a request whose history grows to `new_len` tokens: kvtier
+    /// wants one when the new length ends a page and the request holds none (its state
+    /// there is cached with the page); the reference gives the first decode one, which
+    /// it never fills.
+    pub fn of_decode(
+        policy: Policy,
+        first: bool,
+        new_len: u32,
+        page_size: u32,
+        holds_checkpoint: bool,
+    ) -> Self {
+        if policy.checkpoints_the_first_decode() {
+            return if first {
+                CheckpointNeed::Required
+            } else {
+                CheckpointNeed::None
+            };
+        }
+        let crossing = decode_checkpoint_depth(new_len, page_size).is_some();
+        if crossing && !holds_checkpoint {
+            CheckpointNeed::Wanted
+        } else {
+            CheckpointNeed::None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_decode_wants_a_checkpoint_where_it_ends_a_page_and_holds_none() {
+        let need =
+            |new_len, holds| CheckpointNeed::of_decode(Policy::Default, false, new_len, 16, holds);
+        assert_eq!(need(32, false), CheckpointNeed::Wanted);
+        assert_eq!(need(32, true), CheckpointNeed::None);
+        assert_eq!(need(33, false), CheckpointNeed::None);
+    }
+
+    #[test]
+    fn the_reference_gives_the_first_decode_one_and_no_other() {
+        let need = |first, new_len| {
+            CheckpointNeed::of_decode(Policy::Reference, first, new_len, 16, false)
+        };
+        assert_eq!(need(true, 33), CheckpointNeed::Required);
+        assert_eq!(need(false, 32), CheckpointNeed::None);
+    }
 }

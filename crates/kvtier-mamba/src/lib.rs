@@ -23,7 +23,7 @@ mod family;
 mod request;
 mod slots;
 
-pub use checkpoint::{align_down, checkpoint_depth, decode_checkpoint_depth};
+pub use checkpoint::{CheckpointNeed, align_down, checkpoint_depth, decode_checkpoint_depth};
 pub use error::MambaError;
 pub use family::{CappedMatch, MambaConfig, MambaFamily, MambaStats, StateTree};
 pub use request::RequestStates;

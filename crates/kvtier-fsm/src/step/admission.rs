@@ -126,7 +126,7 @@ impl SchedulerCore {
                             (None, None)
                         };
                     let checkpoint = if hybrid {
-                        CheckpointNeed::Required
+                        CheckpointNeed::of_chunk()
                     } else {
                         CheckpointNeed::None
                     };
@@ -181,23 +181,13 @@ impl SchedulerCore {
                     let (mut commit, mut republish) = (None, None);
                     if let Some(states) = &run.states {
                         let first = matches!(r.state, State::PrefillDone(_));
-                        // kvtier gives a decode row a checkpoint slot when its new length
-                        // ends a page (its state there is cached with the page); the
-                        // reference gives the first decode one, which it never fills.
-                        let crossing =
-                            kvtier_mamba::decode_checkpoint_depth(r.tokens.len() as u32, ps)
-                                .is_some();
-                        checkpoint = if policy.checkpoints_the_first_decode() {
-                            if first {
-                                CheckpointNeed::Required
-                            } else {
-                                CheckpointNeed::None
-                            }
-                        } else if crossing && states.checkpoint.is_none() {
-                            CheckpointNeed::Wanted
-                        } else {
-                            CheckpointNeed::None
-                        };
+                        checkpoint = CheckpointNeed::of_decode(
+                            policy,
+                            first,
+                            r.tokens.len() as u32,
+                            ps,
+                            states.checkpoint.is_some(),
+                        );
                         if first && policy.commits_chunks_at_the_next_row() {
                             (commit, republish) = self.chunk_commit(key);
                         }

@@ -24,12 +24,13 @@ mod recovery;
 mod run_op;
 
 pub(crate) use first_chunk::{ChunkShape, FirstChunkAsk};
+pub use kvtier_mamba::CheckpointNeed;
 pub use op::{
     Attached, BackupSource, CacheOp, FinalStates, OpResult, Released, RetractOutcome, StopLock,
 };
 pub use program::{
-    Admission, AdmitProgram, CheckpointNeed, ChunkCommit, Committed, Intent, Outcome,
-    PrefetchCheck, PrefetchSkip, PrefetchStart, RetractedHandles, StateGrant,
+    Admission, AdmitProgram, ChunkCommit, Committed, Intent, Outcome, PrefetchCheck, PrefetchSkip,
+    PrefetchStart, RetractedHandles, StateGrant,
 };
 
 use std::ops::Deref;

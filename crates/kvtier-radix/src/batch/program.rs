@@ -1,7 +1,7 @@
 //! The admission program: candidates as intents, and what the cache did with each.
 
 use kvtier_host::OwnedPages;
-use kvtier_mamba::{RequestStates, Slot, SlotId};
+use kvtier_mamba::{CheckpointNeed, RequestStates, Slot, SlotId};
 use kvtier_types::{GroupTable, PageId, TransferPair};
 
 use super::{Publication, TokenRef};
@@ -101,19 +101,6 @@ pub struct RetractedHandles {
     pub locks: Vec<NodeLock>,
     /// Its own device pages past the published prefix.
     pub tail: OwnedPages,
-}
-
-/// Whether a hybrid row needs a fresh checkpoint slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CheckpointNeed {
-    /// No.
-    None,
-    /// Yes: the row waits until one can be had (the reference's rule for every chunk
-    /// and for the first decode).
-    Required,
-    /// If one can be had (evicting a cached state if it must): the row crosses a page
-    /// boundary, and its state there is worth caching.
-    Wanted,
 }
 
 /// A hybrid request's last chunk, committed when its next row is admitted: the full
