@@ -5,6 +5,7 @@
 mod support;
 
 use kvtier_paged::{Adjunct, GroupRole, GroupSpec, PagedError, PagedFamily, SnapshotTree, Starved};
+use kvtier_types::TreeView;
 use support::{LARGE, SMALL, TestTree, WIDE, complete_snapshot, downgrade_to_history_only};
 
 // ---- test_paged_cache_prefix_match.cpp ----

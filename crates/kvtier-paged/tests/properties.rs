@@ -8,6 +8,7 @@ mod support;
 use kvtier_paged::{
     Adjunct, GroupRole, GroupSpec, PagedFamily, RequestTables, SnapshotTree, Starved,
 };
+use kvtier_types::TreeView;
 use proptest::prelude::*;
 use support::TestTree;
 

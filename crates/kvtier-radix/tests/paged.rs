@@ -6,7 +6,7 @@ mod common;
 use common::{insert_fresh, make_aligned_tokens};
 use kvtier_paged::{Adjunct, GroupRole, GroupSpec, PagedFamily, SnapshotTree};
 use kvtier_radix::{CacheConfig, NodeId, RadixCore};
-use kvtier_types::{Policy, Tier, Token};
+use kvtier_types::{Policy, Tier, Token, TreeView};
 
 fn cache(page_size: u32, device_pages: u32, adjunct: Adjunct) -> RadixCore {
     RadixCore::new(&CacheConfig {

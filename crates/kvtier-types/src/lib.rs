@@ -19,6 +19,7 @@ mod paged;
 mod plan;
 mod policy;
 mod request;
+mod tree;
 
 pub use actor::{ActorCore, ActorName, Placement};
 pub use config::{MambaSettings, PagedSettings, Role, SchedulerConfig};
@@ -34,3 +35,4 @@ pub use plan::{
 };
 pub use policy::Policy;
 pub use request::{LookupAsk, RequestSpec, lookup_pages};
+pub use tree::TreeView;

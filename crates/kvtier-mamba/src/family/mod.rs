@@ -20,32 +20,20 @@ mod tree_events;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 
-use kvtier_types::{Policy, Tier};
+use kvtier_types::{Policy, Tier, TreeView};
 
 use crate::checkpoint::align_down;
 use crate::{MambaError, SlotId, SlotPool};
 
-/// What the family reads of the tree that hosts it.
-pub trait StateTree {
-    /// A node's identity (stable while the node lives; a split keeps it on the suffix).
-    type Node: Copy + Ord + Debug;
-
-    /// The root (depth 0; never holds a state).
-    fn root(&self) -> Self::Node;
-    /// A node's parent (`None` for the root).
-    fn parent(&self, node: Self::Node) -> Option<Self::Node>;
+/// What the family reads of the tree that hosts it, beyond what every family reads
+/// ([`TreeView`]).
+pub trait StateTree: TreeView {
     /// A node's children, in a fixed order.
     fn children(&self, node: Self::Node) -> impl Iterator<Item = Self::Node> + '_;
-    /// A node's depth in tokens (its label's end).
-    fn depth(&self, node: Self::Node) -> u32;
     /// Whether the node's KV is on device.
     fn on_device(&self, node: Self::Node) -> bool;
-    /// Whether someone holds a device lock on the node.
-    fn device_locked(&self, node: Self::Node) -> bool;
     /// Whether the node's KV is on host and someone holds a host lock on it.
     fn host_locked(&self, node: Self::Node) -> bool;
-    /// The node's LRU order: last access time, then creation order.
-    fn age(&self, node: Self::Node) -> (u64, u64);
     /// A dense index of the node, below [`Self::index_bound`] (for marking nodes in a
     /// bit set rather than an ordered set).
     fn index(&self, node: Self::Node) -> usize;

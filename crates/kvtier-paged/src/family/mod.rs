@@ -19,28 +19,16 @@ mod matching;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 
-use kvtier_types::PageId;
+use kvtier_types::{PageId, TreeView};
 
 use crate::{Adjunct, GroupPool, PageTable, PagedError, Snapshot};
 
 /// Prune order: oldest first, deeper first on a tie, then creation order.
 type PruneOrder = (u64, std::cmp::Reverse<u32>, u64);
 
-/// What the family reads of the tree that hosts it, and the one change it asks of it.
-pub trait SnapshotTree {
-    /// A node's identity (stable while the node lives; a split keeps it on the suffix).
-    type Node: Copy + Ord + Debug;
-
-    /// The root (depth 0; never holds a snapshot).
-    fn root(&self) -> Self::Node;
-    /// A node's parent (`None` for the root).
-    fn parent(&self, node: Self::Node) -> Option<Self::Node>;
-    /// A node's depth in tokens.
-    fn depth(&self, node: Self::Node) -> u32;
-    /// Device locks on the node (0 when its KV is not on device).
-    fn device_refs(&self, node: Self::Node) -> u32;
-    /// The node's LRU order: last access time, then creation order.
-    fn age(&self, node: Self::Node) -> (u64, u64);
+/// What the family reads of the tree that hosts it beyond what every family reads
+/// ([`TreeView`]), and the one change it asks of it.
+pub trait SnapshotTree: TreeView {
     /// The node ending at `depth` on the path from the root to `below`, splitting the
     /// node that spans it if needed (the split prefix takes the suffix's access time).
     /// The family never asks to split a snapshot node.

@@ -8,6 +8,7 @@ use kvtier_paged::{
     Adjunct, GroupPool, GroupRole, GroupSpec, PageTable, PagedFamily, RequestTables, Segment,
     Snapshot, SnapshotTree,
 };
+use kvtier_types::TreeView;
 
 #[derive(Debug, Clone)]
 struct TestNode {
@@ -71,12 +72,8 @@ impl TestTree {
     }
 }
 
-impl SnapshotTree for TestTree {
+impl TreeView for TestTree {
     type Node = usize;
-
-    fn for_each_tables(&self, f: &mut dyn FnMut(&RequestTables)) {
-        self.tables.iter().for_each(f);
-    }
 
     fn root(&self) -> usize {
         0
@@ -96,6 +93,12 @@ impl SnapshotTree for TestTree {
 
     fn age(&self, node: usize) -> (u64, u64) {
         (self.nodes[node].time, node as u64)
+    }
+}
+
+impl SnapshotTree for TestTree {
+    fn for_each_tables(&self, f: &mut dyn FnMut(&RequestTables)) {
+        self.tables.iter().for_each(f);
     }
 
     fn split_at(&mut self, below: usize, depth: u32) -> Option<usize> {

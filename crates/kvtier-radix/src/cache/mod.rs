@@ -16,6 +16,7 @@ mod reference;
 mod residency;
 mod snapshots;
 mod states;
+mod view;
 mod walk;
 mod write_back;
 

@@ -14,30 +14,6 @@ use crate::NodeId;
 use crate::paged::TablesKey;
 
 impl SnapshotTree for RadixCore {
-    type Node = NodeId;
-
-    fn root(&self) -> NodeId {
-        self.root
-    }
-
-    fn parent(&self, node: NodeId) -> Option<NodeId> {
-        self.node(node).parent
-    }
-
-    fn depth(&self, node: NodeId) -> u32 {
-        self.depth_pages(node) * self.page_size as u32
-    }
-
-    fn device_refs(&self, node: NodeId) -> u32 {
-        let d = &self.node(node).tiers[0];
-        if d.present() { d.refs } else { 0 }
-    }
-
-    fn age(&self, node: NodeId) -> (u64, u64) {
-        let n = self.node(node);
-        (n.last_access, n.seq)
-    }
-
     fn for_each_tables(&self, f: &mut dyn FnMut(&RequestTables)) {
         self.tables.iter().flatten().for_each(f);
     }

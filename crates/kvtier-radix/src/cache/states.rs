@@ -11,41 +11,17 @@ use super::RadixCore;
 use crate::NodeId;
 
 impl StateTree for RadixCore {
-    type Node = NodeId;
-
-    fn root(&self) -> NodeId {
-        self.root
-    }
-
-    fn parent(&self, node: NodeId) -> Option<NodeId> {
-        self.node(node).parent
-    }
-
     fn children(&self, node: NodeId) -> impl Iterator<Item = NodeId> + '_ {
         self.node(node).children.iter().map(|&(_, c)| c)
-    }
-
-    fn depth(&self, node: NodeId) -> u32 {
-        self.node(node).end_page(self.page_size) * self.page_size as u32
     }
 
     fn on_device(&self, node: NodeId) -> bool {
         self.node(node).tiers[0].present()
     }
 
-    fn device_locked(&self, node: NodeId) -> bool {
-        let d = &self.node(node).tiers[0];
-        d.present() && d.refs > 0
-    }
-
     fn host_locked(&self, node: NodeId) -> bool {
         let h = &self.node(node).tiers[1];
         h.present() && h.refs > 0
-    }
-
-    fn age(&self, node: NodeId) -> (u64, u64) {
-        let n = self.node(node);
-        (n.last_access, n.seq)
     }
 
     fn index(&self, node: NodeId) -> usize {
