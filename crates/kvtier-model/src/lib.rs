@@ -22,10 +22,12 @@
 mod derive;
 mod error;
 mod json;
+mod kind;
 
 use kvtier_paged::{CacheShape, GroupSpec, MidflightGate, PoolBudget};
 
 pub use error::ModelError;
+pub use kind::ModelKind;
 
 /// The KV of the full-attention layers, paged by tokens in the scheduler's main pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

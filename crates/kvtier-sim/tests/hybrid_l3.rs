@@ -7,12 +7,13 @@
 mod common;
 
 use common::{assert_later_questions_came_from_l3, checked, corrupt_new_objects, run_checked};
+use kvtier_model::ModelKind;
 use kvtier_sim::Path;
-use kvtier_sim::scenario::{L3Fault, Model, ScenarioOptions, ScenarioReport, run_scenario_with};
+use kvtier_sim::scenario::{L3Fault, ScenarioOptions, ScenarioReport, run_scenario_with};
 
 fn hybrid() -> ScenarioOptions {
     ScenarioOptions {
-        model: Model::MambaHybrid,
+        model: ModelKind::MambaHybrid,
         ..common::longdoc()
     }
 }

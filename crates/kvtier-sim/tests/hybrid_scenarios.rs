@@ -5,11 +5,12 @@
 mod common;
 
 use common::{clean, run_model};
+use kvtier_model::ModelKind;
 use kvtier_sim::Path;
-use kvtier_sim::scenario::{Model, Scenario, ScenarioOptions, run_scenario};
+use kvtier_sim::scenario::{Scenario, ScenarioOptions, run_scenario};
 
 fn hybrid(scenario: Scenario, cache: bool, path: Path) -> kvtier_sim::scenario::ScenarioReport {
-    run_model(Model::MambaHybrid, scenario, cache, path)
+    run_model(ModelKind::MambaHybrid, scenario, cache, path)
 }
 
 #[test]
@@ -61,7 +62,7 @@ fn failed_state_copies_become_misses_never_wrong_state() {
     let off = hybrid(Scenario::Chat, false, Path::Core);
     for (write_backs, load_backs) in [(2, 0), (0, 2), (3, 3)] {
         let options = ScenarioOptions {
-            model: Model::MambaHybrid,
+            model: ModelKind::MambaHybrid,
             fail_every_nth_write_back: write_backs,
             fail_every_nth_load_back: load_backs,
             path: Path::Core,

@@ -10,7 +10,8 @@ use common::{
     assert_later_questions_came_from_l3, cache_off, checked, fresh_model, longdoc, run_checked,
 };
 use kvtier_l3::{MooncakeConfig, testing};
-use kvtier_sim::scenario::{L3Store, Model, ScenarioOptions, ScenarioReport, run_scenario_with};
+use kvtier_model::ModelKind;
+use kvtier_sim::scenario::{L3Store, ScenarioOptions, ScenarioReport, run_scenario_with};
 
 fn mooncake_options(test: &str, cluster: MooncakeConfig) -> ScenarioOptions {
     ScenarioOptions {
@@ -38,7 +39,7 @@ fn documents_come_back_from_mooncake_with_the_answers_of_a_run_without_cache() {
 /// `longdoc` on `model` against a master of the test's own: the cache-off run, then the
 /// run with Mooncake as L3 (`test` names its objects).
 fn model_against_mooncake(
-    model: Model,
+    model: ModelKind,
     test: &str,
     cluster: &MooncakeConfig,
 ) -> (ScenarioReport, ScenarioReport) {
@@ -63,7 +64,7 @@ fn hybrid_documents_come_back_from_mooncake_with_their_states() {
     let Some(cluster) = common::mooncake() else {
         return;
     };
-    let (on, off) = model_against_mooncake(Model::MambaHybrid, "hybrid", &cluster);
+    let (on, off) = model_against_mooncake(ModelKind::MambaHybrid, "hybrid", &cluster);
     assert_later_questions_came_from_l3(&on, &off);
     assert_eq!(on.l3_prefetched_states, on.l3_prefetch_ops);
     assert!(on.l3_backed_up_states >= 4, "{on:#?}");
@@ -77,7 +78,7 @@ fn window_documents_come_back_from_mooncake_and_refill_their_windows() {
     let Some(cluster) = common::mooncake() else {
         return;
     };
-    let (on, off) = model_against_mooncake(Model::SlidingWindow, "window", &cluster);
+    let (on, off) = model_against_mooncake(ModelKind::SlidingWindow, "window", &cluster);
     assert_eq!(
         on.outputs, off.outputs,
         "answers differ from the cache-off run"

@@ -334,7 +334,7 @@ fn a_watched_replay_counts_its_lost_hits() {
 
     // A hybrid model also loses what the tree holds past its last cached state.
     let hybrid = run_scenario(&ScenarioOptions {
-        model: kvtier_sim::scenario::Model::MambaHybrid,
+        model: kvtier_model::ModelKind::MambaHybrid,
         metrics: Some(kvtier_sim::scenario::MetricsSink::default()),
         ..options
     })

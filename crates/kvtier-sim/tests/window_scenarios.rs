@@ -6,10 +6,11 @@
 mod common;
 
 use common::{clean, run_model as run};
+use kvtier_model::ModelKind;
 use kvtier_sim::Path;
-use kvtier_sim::scenario::{Model, Scenario};
+use kvtier_sim::scenario::Scenario;
 
-const MODELS: [Model; 2] = [Model::SlidingWindow, Model::CompressedState];
+const MODELS: [ModelKind; 2] = [ModelKind::SlidingWindow, ModelKind::CompressedState];
 
 #[test]
 fn window_chat_answers_as_without_the_cache_on_every_path() {
@@ -34,8 +35,8 @@ fn window_chat_answers_as_without_the_cache_on_every_path() {
 /// window.)
 #[test]
 fn a_window_model_reuses_host_and_l3_prefixes_by_refilling_its_windows() {
-    let off = run(Model::SlidingWindow, Scenario::Chat, false, Path::Core);
-    let on = run(Model::SlidingWindow, Scenario::Chat, true, Path::Core);
+    let off = run(ModelKind::SlidingWindow, Scenario::Chat, false, Path::Core);
+    let on = run(ModelKind::SlidingWindow, Scenario::Chat, true, Path::Core);
     clean(&on, "chat");
     assert_eq!(on.outputs, off.outputs);
     assert_eq!(
@@ -43,8 +44,18 @@ fn a_window_model_reuses_host_and_l3_prefixes_by_refilling_its_windows() {
         "every follow-up reuses its history"
     );
     assert!(on.hit_tokens_host > 0, "{on:?}");
-    let off = run(Model::SlidingWindow, Scenario::Longdoc, false, Path::Core);
-    let on = run(Model::SlidingWindow, Scenario::Longdoc, true, Path::Core);
+    let off = run(
+        ModelKind::SlidingWindow,
+        Scenario::Longdoc,
+        false,
+        Path::Core,
+    );
+    let on = run(
+        ModelKind::SlidingWindow,
+        Scenario::Longdoc,
+        true,
+        Path::Core,
+    );
     clean(&on, "longdoc");
     assert_eq!(on.outputs, off.outputs);
     assert!(on.hit_tokens_l3 > 0 && on.l3_prefetch_ops > 0, "{on:?}");
@@ -71,7 +82,7 @@ fn window_rollout_and_longdoc_answer_as_without_the_cache() {
 /// next token, so an engine that ignored them could not tell a wrong window.
 #[test]
 fn group_entries_reach_the_answer() {
-    let dense = run(Model::Dense, Scenario::Chat, false, Path::Core);
+    let dense = run(ModelKind::Dense, Scenario::Chat, false, Path::Core);
     for model in MODELS {
         let window = run(model, Scenario::Chat, false, Path::Core);
         assert_ne!(

@@ -7,9 +7,10 @@ use std::sync::LazyLock;
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use clap::builder::PossibleValue;
+use kvtier_model::ModelKind;
 use kvtier_model::ModelSpec;
 use kvtier_sim::scenario::{
-    CostModel, L3Store, Model, SCENARIO_PAGE_SIZE, Scenario, ScenarioOptions, TraceWorkload,
+    CostModel, L3Store, SCENARIO_PAGE_SIZE, Scenario, ScenarioOptions, TraceWorkload,
     run_scenario_with_progress,
 };
 use kvtier_sim::trace::{CONVERSATION_TRACE, TraceSlice, parse_trace, read_trace};
@@ -161,7 +162,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         ScenarioOptions::new(scenario)
     };
     let options = ScenarioOptions {
-        model: Model::default(),
+        model: ModelKind::default(),
         cache: !args.no_cache && file.cache.unwrap_or(true),
         publish: file.publish.unwrap_or(true),
         verify: args.verify.or(file.verify).unwrap_or(base.verify),
@@ -388,9 +389,9 @@ fn served_model(
         (Some(_), Some(_)) => bail!("--model and --model-config name the model twice: give one"),
         (None, None) => return Ok(options),
         (None, Some(path)) => ModelSpec::from_config_file(path)?,
-        (Some(name), None) => match Model::from_str(name, false) {
-            Ok(model) => return Ok(ScenarioOptions { model, ..options }),
-            Err(_) => ModelSpec::preset(name)?,
+        (Some(name), None) => match ModelKind::from_name(name) {
+            Some(model) => return Ok(ScenarioOptions { model, ..options }),
+            None => ModelSpec::preset(name)?,
         },
     };
     // A paged model's groups (pool sizes are the run's to set).
@@ -401,14 +402,8 @@ fn served_model(
     if kv_bytes > 0 {
         cost.kv_bytes_per_token = kv_bytes as f64;
     }
-    let model = match &groups {
-        Some(_) if spec.group_templates.is_empty() => Model::SlidingWindow,
-        Some(_) => Model::CompressedState,
-        None if spec.is_mamba_hybrid() => Model::MambaHybrid,
-        None => Model::Dense,
-    };
     Ok(ScenarioOptions {
-        model,
+        model: spec.kind(),
         groups,
         state_chunk: spec.state.map(|s| s.checkpoint_chunk),
         publish: options.publish && gate.enabled,
@@ -478,24 +473,27 @@ mod tests {
     fn models_from_presets_and_configs() {
         let base = || ScenarioOptions::new(Scenario::Chat);
         let kind = served_model(Some("mamba-hybrid"), None, base()).expect("a kind");
-        assert_eq!((kind.model, kind.model_label), (Model::MambaHybrid, None));
+        assert_eq!(
+            (kind.model, kind.model_label),
+            (ModelKind::MambaHybrid, None)
+        );
         let next = served_model(Some("qwen3-next-80b-a3b"), None, base()).expect("a preset");
-        assert_eq!(next.model, Model::MambaHybrid);
+        assert_eq!(next.model, ModelKind::MambaHybrid);
         assert_eq!(next.model_label.as_deref(), Some("qwen3-next-80b-a3b"));
         assert_eq!(next.state_chunk, Some(64));
         assert_eq!(next.cost.kv_bytes_per_token, 24_576.0);
         let llama = served_model(Some("llama-3.1-8b"), None, base()).expect("a preset");
         assert_eq!(
             (llama.model, llama.publish, llama.publish_cap),
-            (Model::Dense, true, None)
+            (ModelKind::Dense, true, None)
         );
         let oss = served_model(Some("gpt-oss-20b"), None, base()).expect("a preset");
         let groups = oss.groups.expect("paged groups");
-        assert_eq!(oss.model, Model::SlidingWindow);
+        assert_eq!(oss.model, ModelKind::SlidingWindow);
         assert_eq!(groups.required, ["swa.kv"]);
         assert_eq!(groups.groups[0].window(), Some(128));
         let v4 = served_model(Some("deepseek-v4-flash"), None, base()).expect("a preset");
-        assert_eq!(v4.model, Model::CompressedState);
+        assert_eq!(v4.model, ModelKind::CompressedState);
         assert_eq!(v4.groups.expect("paged groups").groups.len(), 6);
         let err = served_model(Some("gpt-7"), None, base()).unwrap_err();
         assert!(

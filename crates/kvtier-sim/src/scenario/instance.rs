@@ -15,14 +15,15 @@ use kvtier_l3::L3Backend;
 use kvtier_types::{EngineEvent, MambaSettings, RequestId, RequestSpec, SchedulerConfig, Token};
 
 use super::{
-    CostModel, KvEventsSink, METRICS_EVERY, MetricsSink, Model, SCENARIO_PAGE_SIZE,
-    SCENARIO_STATE_CHUNK, Scenario, ScenarioError, ScenarioOptions, ScenarioReport, StepWork,
-    TraceWorkload, hybrid_oracle_device, l3_core, output_digest, percentile, prefix_residency,
-    publish_kv_events, refresh_metrics, scenario_groups,
+    CostModel, KvEventsSink, METRICS_EVERY, MetricsSink, SCENARIO_PAGE_SIZE, SCENARIO_STATE_CHUNK,
+    Scenario, ScenarioError, ScenarioOptions, ScenarioReport, StepWork, TraceWorkload,
+    hybrid_oracle_device, l3_core, output_digest, percentile, prefix_residency, publish_kv_events,
+    refresh_metrics, scenario_groups,
 };
 use crate::api::system_on;
 use crate::oracle::OracleEngine;
 use crate::trace::{TraceRequest, unbounded_hit_tokens};
+use kvtier_model::ModelKind;
 
 /// What one [`Instance::step`] did.
 #[derive(Debug)]
@@ -91,7 +92,7 @@ impl Instance {
         let host_pages = o.host_pages.unwrap_or(host_pages);
         // A hybrid model: two state slots per running request, as many again for cached
         // states; host copies with the host tier.
-        let states = (o.model == Model::MambaHybrid).then(|| MambaSettings {
+        let states = (o.model == ModelKind::MambaHybrid).then(|| MambaSettings {
             device_slots: 4 * batch,
             host_slots: if o.cache { 16 * batch } else { 0 },
             chunk: o.state_chunk.unwrap_or(SCENARIO_STATE_CHUNK),
@@ -99,7 +100,7 @@ impl Instance {
         let groups = o
             .groups
             .clone()
-            .or_else(|| o.model.group_templates())
+            .or_else(|| o.model.group_templates(SCENARIO_PAGE_SIZE))
             .map(|t| scenario_groups(&t, device_pages, batch, budget));
         let config = SchedulerConfig {
             mamba: states,
@@ -150,7 +151,7 @@ impl Instance {
             workload: trace.map_or(o.scenario.name().into(), |t| t.name.clone()),
             cache: o.cache,
             l3: if o.l3_on() { o.l3.name() } else { "off" }.into(),
-            hybrid: o.model == Model::MambaHybrid,
+            hybrid: o.model == ModelKind::MambaHybrid,
             model: o
                 .model_label
                 .clone()

@@ -28,7 +28,7 @@ use l3::l3_core;
 pub use l3::{L3Fault, L3Store};
 pub(crate) use l3::{l3_core_over, mooncake_cluster, scratch_dir};
 
-pub use model::{Model, SCENARIO_PAGE_SIZE, SCENARIO_STATE, SCENARIO_STATE_CHUNK, scenario_groups};
+pub use model::{SCENARIO_PAGE_SIZE, SCENARIO_STATE, SCENARIO_STATE_CHUNK, scenario_groups};
 pub(crate) use observe::refresh_metrics;
 pub use observe::{KvEventsSink, METRICS_EVERY, MetricsSink, StatsObserver, TimelinePoint};
 use observe::{prefix_residency, publish_kv_events};

@@ -1,52 +1,7 @@
-//! The scenario models: which family each built-in model has, and the scenario geometry's
-//! constants.
+//! The scenario geometry's constants, and a paged model's group pools sized for a run.
 
 use kvtier_device::StateGeometry;
 use kvtier_types::{GroupSpec, PagedSettings};
-
-/// The model a scenario serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-pub enum Model {
-    /// Full attention: KV only.
-    #[default]
-    Dense,
-    /// Attention layers beside Mamba layers (Qwen3-Next, Nemotron-H style): KV and a
-    /// recurrent state per request, checkpointed at page boundaries.
-    MambaHybrid,
-    /// Full-attention KV beside sliding-window layers (gpt-oss style): the window
-    /// layers' KV in a sliding group of 128 tokens.
-    SlidingWindow,
-    /// DeepSeek-V4 style: a sliding window of 128 tokens, KV compressed by 4 and by 128
-    /// and their compressor states, all in paged-cache groups.
-    CompressedState,
-}
-
-impl Model {
-    /// Lower-case name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Model::Dense => "dense",
-            Model::MambaHybrid => "mamba-hybrid",
-            Model::SlidingWindow => "sliding-window",
-            Model::CompressedState => "compressed-state",
-        }
-    }
-
-    /// A window or compressed-state model's groups, from the built-in presets it stands
-    /// for (`gpt-oss-20b`, `deepseek-v4-flash`), pools unsized ([`scenario_groups`]
-    /// sizes them per run).
-    pub fn group_templates(self) -> Option<PagedSettings> {
-        let preset = match self {
-            Model::Dense | Model::MambaHybrid => return None,
-            Model::SlidingWindow => "gpt-oss-20b",
-            Model::CompressedState => "deepseek-v4-flash",
-        };
-        let spec = kvtier_model::ModelSpec::preset(preset);
-        debug_assert!(spec.is_ok(), "a built-in preset: {spec:?}");
-        spec.ok()?.paged_templates(SCENARIO_PAGE_SIZE)
-    }
-}
 
 /// Sizes a paged model's group pools for a run: room for as many tokens as the device
 /// KV pool holds (snapshots go with their node's device KV, so they never hold more),

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use kvtier_l3::MooncakeConfig;
+use kvtier_model::ModelKind;
 use kvtier_types::PagedSettings;
 
 use super::*;
@@ -28,7 +29,7 @@ pub struct ScenarioOptions {
     /// Keep the counters every [`METRICS_EVERY`] steps ([`ScenarioReport::timeline`]).
     pub timeline: bool,
     /// The model served.
-    pub model: Model,
+    pub model: ModelKind,
     /// Prefix cache and host tier on (off: every request computes its whole prompt).
     pub cache: bool,
     /// Mid-flight prefix publication.
@@ -74,7 +75,7 @@ pub struct ScenarioOptions {
     /// The hybrid model's scan-kernel chunk (default: the scenarios' 64).
     pub state_chunk: Option<u32>,
     /// A window or compressed-state model's groups (pool sizes ignored: a run sizes
-    /// them); default: the model kind's ([`Model::group_templates`]).
+    /// them); default: the model kind's ([`ModelKind::group_templates`]).
     pub groups: Option<PagedSettings>,
 }
 
@@ -95,7 +96,7 @@ impl ScenarioOptions {
     pub fn new(scenario: Scenario) -> Self {
         Self {
             scenario,
-            model: Model::Dense,
+            model: ModelKind::Dense,
             cache: true,
             publish: true,
             verify: Verify::Full,

@@ -8,15 +8,16 @@
 use std::sync::Arc;
 
 use kvtier_l3::{MooncakeConfig, testing};
+use kvtier_model::ModelKind;
 use kvtier_sim::Path;
 use kvtier_sim::oracle::Verify;
 use kvtier_sim::scenario::{
-    Model, Scenario, ScenarioOptions, ScenarioReport, TraceWorkload, run_scenario,
+    Scenario, ScenarioOptions, ScenarioReport, TraceWorkload, run_scenario,
 };
 use kvtier_sim::trace::{TraceSlice, parse_trace};
 
 /// `scenario` on `model`, the cache on or off, through `path`.
-pub fn run_model(model: Model, scenario: Scenario, cache: bool, path: Path) -> ScenarioReport {
+pub fn run_model(model: ModelKind, scenario: Scenario, cache: bool, path: Path) -> ScenarioReport {
     let options = ScenarioOptions {
         model,
         cache,
