@@ -134,7 +134,7 @@ impl Rows {
 /// A row's state slots: the request's working slot, its checkpoint (only with a working
 /// slot, as the reference sends them), and the row's copy source and branching length.
 fn mamba_row(run: &Running, cow_src: Option<u32>, branching: Option<u32>) -> MambaRow {
-    let Some(states) = &run.states else {
+    let Some(states) = run.family.states() else {
         return MambaRow::default();
     };
     MambaRow {

@@ -98,13 +98,69 @@ pub(crate) struct Running {
     /// `prefix_pages` in the page table. A finish in the same advance as a decode's
     /// publication must not publish them again from the old prefix.
     pub published_ahead: u32,
-    /// Hybrid models: its working and checkpoint state slots.
-    pub states: Option<RequestStates>,
+    /// What it holds of its model's cache family.
+    pub family: FamilyHold,
     /// Hybrid models: the node of the last decode state it cached (a deeper one
     /// retires it).
     pub decode_state: Option<kvtier_radix::NodeId>,
+}
+
+/// What a running request holds of its model's cache family: a model has one family,
+/// so a request holds one of these.
+#[derive(Debug)]
+pub enum FamilyHold {
+    /// Full attention: nothing beyond its KV pages.
+    Dense,
+    /// Hybrid models: its working and checkpoint state slots.
+    States(RequestStates),
     /// Paged models: its group tables (returned to the cache when dropped).
-    pub tables: Option<GroupTables>,
+    Tables(GroupTables),
+}
+
+impl FamilyHold {
+    /// The hold of an admission that granted `states` or `tables` (at most one: a
+    /// model has one family).
+    pub fn granted(states: Option<RequestStates>, tables: Option<GroupTables>) -> Self {
+        debug_assert!(
+            states.is_none() || tables.is_none(),
+            "a request holds one family's resources"
+        );
+        match (states, tables) {
+            (Some(states), _) => FamilyHold::States(states),
+            (None, Some(tables)) => FamilyHold::Tables(tables),
+            (None, None) => FamilyHold::Dense,
+        }
+    }
+
+    pub fn states(&self) -> Option<&RequestStates> {
+        match self {
+            FamilyHold::States(states) => Some(states),
+            _ => None,
+        }
+    }
+
+    pub fn states_mut(&mut self) -> Option<&mut RequestStates> {
+        match self {
+            FamilyHold::States(states) => Some(states),
+            _ => None,
+        }
+    }
+
+    pub fn tables(&self) -> Option<&GroupTables> {
+        match self {
+            FamilyHold::Tables(tables) => Some(tables),
+            _ => None,
+        }
+    }
+
+    /// Its state slots and its tables, apart.
+    pub fn split(self) -> (Option<RequestStates>, Option<GroupTables>) {
+        match self {
+            FamilyHold::Dense => (None, None),
+            FamilyHold::States(states) => (Some(states), None),
+            FamilyHold::Tables(tables) => (None, Some(tables)),
+        }
+    }
 }
 
 impl Running {
@@ -168,7 +224,7 @@ impl Running {
             (None, Some(r)) => self.landed(r.own_pages.len()),
             _ => {}
         }
-        if let Some(states) = self.states.as_mut() {
+        if let Some(states) = self.family.states_mut() {
             states.checkpoint = checkpoint;
             states.checkpoint_at = None;
         }
@@ -254,7 +310,7 @@ impl State {
     pub fn tables(&self) -> Option<&GroupTables> {
         match self {
             State::Prefilling(run) | State::PrefillDone(run) | State::Decoding(run) => {
-                run.tables.as_ref()
+                run.family.tables()
             }
             State::Retracting { tables, .. } | State::Retracted(Retracted { tables, .. }) => {
                 tables.as_ref()
@@ -384,7 +440,7 @@ impl Request {
                     prefix,
                     pages: Default::default(),
                     at: None,
-                    tables: run.tables.as_ref().map(GroupTables::key),
+                    tables: run.family.tables().map(GroupTables::key),
                 }
             });
         if !commit_tables {
@@ -394,10 +450,10 @@ impl Request {
             device_lock,
             host_lock,
             local_kv,
-            states,
-            tables,
+            family,
             ..
         } = run;
+        let (states, tables) = family.split();
         Settled {
             states: states.map(|states| self.final_states(states)),
             publication,
@@ -462,7 +518,7 @@ impl Request {
                 prefix,
                 pages: taken,
                 at,
-                tables: run.tables.as_ref().map(GroupTables::key),
+                tables: run.family.tables().map(GroupTables::key),
             },
             republish,
         ))

@@ -284,7 +284,7 @@ impl SchedulerCore {
         for r in self.requests.iter() {
             match &r.state {
                 State::Prefilling(run) | State::PrefillDone(run) | State::Decoding(run) => {
-                    if let Some(states) = &run.states {
+                    if let Some(states) = run.family.states() {
                         device.push(states.working.id());
                         device.extend(states.checkpoint.as_ref().map(|s| s.id()));
                     }

@@ -33,7 +33,7 @@ impl SchedulerCore {
         let publication = self.requests[key].publication(run, now, ps);
         let checkpoint = publication
             .is_some()
-            .then(|| run.states.as_mut().and_then(|s| s.take_checkpoint()))
+            .then(|| run.family.states_mut().and_then(|s| s.take_checkpoint()))
             .flatten();
         self.requests[key].state = state;
         let Some(publication) = publication else {

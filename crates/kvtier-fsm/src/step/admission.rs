@@ -116,7 +116,7 @@ impl SchedulerCore {
                 State::Prefilling(run) => {
                     let (remaining, tail_free) =
                         (r.prefill_len - run.window_end(), run.local_kv.tail_free);
-                    let tables = run.tables.as_ref().map(|t| (t.key(), run.window_end()));
+                    let tables = run.family.tables().map(|t| (t.key(), run.window_end()));
                     // The reference commits the last chunk when this one is admitted;
                     // kvtier did at the start of the plan.
                     let (commit, republish) =
@@ -162,7 +162,7 @@ impl SchedulerCore {
                     // position further on, as if the row computed `len`. Under the
                     // reference's order its first decode also commits its last chunk.
                     let len = r.tokens.len() as u32;
-                    let (tables, paged_first) = match (paged, &run.tables) {
+                    let (tables, paged_first) = match (paged, run.family.tables()) {
                         (true, Some(t)) => (
                             Some((
                                 t.key(),
@@ -179,7 +179,7 @@ impl SchedulerCore {
                     };
                     let mut checkpoint = CheckpointNeed::None;
                     let (mut commit, mut republish) = (None, None);
-                    if let Some(states) = &run.states {
+                    if let Some(states) = run.family.states() {
                         let first = matches!(r.state, State::PrefillDone(_));
                         checkpoint = CheckpointNeed::of_decode(
                             policy,
@@ -271,11 +271,11 @@ impl SchedulerCore {
         };
         let computed = run.window_end() / ps;
         let publication = self.requests[key].publication(run, computed, ps);
-        let checkpoint = run.states.as_mut().and_then(|s| s.take_checkpoint());
+        let checkpoint = run.family.states_mut().and_then(|s| s.take_checkpoint());
         // Nothing new to publish: the tables commit again where the request's published
         // prefix ends (not while a publication is still in flight, which committed them
         // further on).
-        let recommit = match (&publication, &run.tables) {
+        let recommit = match (&publication, run.family.tables()) {
             (None, Some(t)) if run.published_ahead == 0 => Some((t.key(), run.device_lock.node())),
             _ => None,
         };

@@ -75,7 +75,7 @@ impl SchedulerCore {
             debug_assert!(rest.is_ok(), "pages of another pool");
             run.local_kv.pages = pages;
         }
-        if let (Some(states), Some((slot, at))) = (run.states.as_mut(), checkpoint) {
+        if let (Some(states), Some((slot, at))) = (run.family.states_mut(), checkpoint) {
             states.checkpoint = Some(slot);
             states.checkpoint_at = at;
         }
@@ -89,7 +89,7 @@ impl SchedulerCore {
             self.config.page_size,
             self.config.mamba.map_or(1, |m| m.chunk),
         );
-        if let Some(states) = run.states.as_mut()
+        if let Some(states) = run.family.states_mut()
             && states.checkpoint.is_some()
         {
             states.checkpoint_at = kvtier_mamba::checkpoint_depth(begin, size, ps, chunk);

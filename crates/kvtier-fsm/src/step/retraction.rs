@@ -5,7 +5,7 @@ use kvtier_types::{AbortReason, ExecutionPlan, RowKind, TransferKind, TransferPa
 
 use crate::SchedulerCore;
 use crate::draft::{PlanInProgress, Resume, Retraction};
-use crate::request::{LocalKv, Retracted, Running, Settled, State, StateKind};
+use crate::request::{FamilyHold, LocalKv, Retracted, Running, Settled, State, StateKind};
 
 impl SchedulerCore {
     /// Preempts the running request with the most tokens (ties: scheduling order): the
@@ -353,9 +353,8 @@ impl SchedulerCore {
             reserve: d,
             table_changed_from: None,
             published_ahead: 0,
-            states,
+            family: FamilyHold::granted(states, tables),
             decode_state: None,
-            tables,
         };
         if let Some(slot) = cow_src {
             self.ops.record_copy(r.id.clone(), slot);
@@ -363,7 +362,7 @@ impl SchedulerCore {
         draft
             .rows
             .push_decode_row(r, &run, RowKind::Recovery, 0, d, cow_src);
-        if run.tables.is_some() {
+        if run.family.tables().is_some() {
             draft.rows.set_groups(false, admission.groups);
         }
         self.requests[key].state = State::Decoding(run);

@@ -8,7 +8,7 @@ use kvtier_types::{
 
 use crate::SchedulerCore;
 use crate::draft::{PlanInProgress, Rows, Seen};
-use crate::request::{LocalKv, Prefetch, Running, State};
+use crate::request::{FamilyHold, LocalKv, Prefetch, Running, State};
 
 impl SchedulerCore {
     // ----- Prefilling → next chunk -----------------------------------------------------
@@ -115,9 +115,8 @@ impl SchedulerCore {
             reserve: self.config.decode_input_tokens,
             table_changed_from: None,
             published_ahead: 0,
-            states,
+            family: FamilyHold::granted(states, admission.tables),
             decode_state: None,
-            tables: admission.tables,
         };
         self.track_checkpoint(&mut run);
         if let Some(slot) = cow_src {
@@ -193,7 +192,7 @@ impl SchedulerCore {
         let begin = run.take_row_begin(allocated_only);
         run.local_kv.absorb(pages, reserve, ps);
         run.reserve = d;
-        if let Some(states) = run.states.as_mut() {
+        if let Some(states) = run.family.states_mut() {
             states.row_ends_at(new_len, ps);
         }
         let r = &self.requests[key];
