@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use kvtier_host::OwnedPages;
 use kvtier_mamba::RequestStates;
-use kvtier_radix::{Attached, GroupTables, NodeLock, Publication, TokenRef, grow};
+use kvtier_radix::{Attached, FamilyRelease, GroupTables, NodeLock, Publication, TokenRef, grow};
 use kvtier_types::{OpId, PageId, RequestId, Token};
 
 use crate::slots::Slot;
@@ -150,15 +150,6 @@ impl FamilyHold {
         match self {
             FamilyHold::Tables(tables) => Some(tables),
             _ => None,
-        }
-    }
-
-    /// Its state slots and its tables, apart.
-    pub fn split(self) -> (Option<RequestStates>, Option<GroupTables>) {
-        match self {
-            FamilyHold::Dense => (None, None),
-            FamilyHold::States(states) => (Some(states), None),
-            FamilyHold::Tables(tables) => (None, Some(tables)),
         }
     }
 }
@@ -355,8 +346,9 @@ impl State {
 /// What a request that stops running hands on (see [`Request::settle`]).
 #[derive(Debug)]
 pub(crate) struct Settled {
-    /// Hybrid models: its state slots, and the depth its working slot holds.
-    pub states: Option<kvtier_radix::FinalStates>,
+    /// What it gives back of its model's cache family (a hybrid model's state slots
+    /// with the depth its working slot holds, a paged model's tables).
+    pub family: FamilyRelease,
     /// Its full pages not yet in the tree.
     pub publication: Publication,
     /// Its device lock on its prefix.
@@ -365,8 +357,6 @@ pub(crate) struct Settled {
     pub host_lock: Option<NodeLock>,
     /// Its own pages past the publication.
     pub local_kv: LocalKv,
-    /// Paged models: its group tables, committed by the publication, then released.
-    pub tables: Option<GroupTables>,
 }
 
 #[derive(Debug)]
@@ -453,14 +443,17 @@ impl Request {
             family,
             ..
         } = run;
-        let (states, tables) = family.split();
+        let family = match family {
+            FamilyHold::Dense => FamilyRelease::Dense,
+            FamilyHold::States(states) => FamilyRelease::States(self.final_states(states)),
+            FamilyHold::Tables(tables) => FamilyRelease::Tables(tables),
+        };
         Settled {
-            states: states.map(|states| self.final_states(states)),
+            family,
             publication,
             device_lock,
             host_lock,
             local_kv,
-            tables,
         }
     }
 

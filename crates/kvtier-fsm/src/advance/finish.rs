@@ -73,23 +73,19 @@ impl SchedulerCore {
     /// was attached.
     pub(super) fn finish_running(&mut self, key: usize, run: Running) -> State {
         let Settled {
-            states,
+            mut family,
             publication,
             device_lock,
             host_lock,
             local_kv,
-            tables,
         } = self.requests[key].settle(
             run,
             self.config.page_size,
             !self.config.policy.commits_chunks_at_the_next_row(),
         );
-        let tables = if self.config.policy.keeps_stopped_tables_to_the_next_plan() {
-            self.keep_stopped_tables(key, tables);
-            None
-        } else {
-            tables
-        };
+        if self.config.policy.keeps_stopped_tables_to_the_next_plan() {
+            self.keep_stopped_tables(key, family.take_tables());
+        }
         let write_back = self.config.l2_enabled()
             && !self.config.disable_prefix_cache
             && !publication.tokens.is_empty();
@@ -107,8 +103,7 @@ impl SchedulerCore {
                 write_back,
                 reuse: !self.config.disable_prefix_cache,
                 leftover: local_kv.pages,
-                states,
-                tables,
+                family,
             },
             Target::Finish { key, id },
         );

@@ -35,12 +35,11 @@ impl SchedulerCore {
         self.stats.retractions += 1;
         self.requests[key].enter_phase("retracted");
         let Settled {
-            states,
+            mut family,
             publication,
             device_lock,
             host_lock,
             local_kv,
-            tables,
         } = self.requests[key].settle(
             run,
             self.config.page_size,
@@ -49,14 +48,14 @@ impl SchedulerCore {
         let published_pages = (publication.tokens.len() / self.config.page_size as usize) as u32;
         // The reference keeps a retracted request's group tables and resumes it from
         // them; kvtier's own policy recomputes it from its deepest snapshot.
-        let (tables, kept) = if self
+        let kept = if self
             .config
             .policy
             .resumes_a_retracted_request_from_its_tables()
         {
-            (None, tables)
+            family.take_tables()
         } else {
-            (tables, None)
+            None
         };
         draft.retract = Some(Retraction {
             key,
@@ -69,8 +68,7 @@ impl SchedulerCore {
                 publication,
                 device_lock,
                 host_lock,
-                states,
-                tables,
+                family,
             }],
         })
     }

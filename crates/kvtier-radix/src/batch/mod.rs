@@ -26,7 +26,8 @@ mod run_op;
 pub(crate) use first_chunk::{ChunkShape, FirstChunkAsk};
 pub use kvtier_mamba::CheckpointNeed;
 pub use op::{
-    Attached, BackupSource, CacheOp, FinalStates, OpResult, Released, RetractOutcome, StopLock,
+    Attached, BackupSource, CacheOp, FamilyRelease, FinalStates, OpResult, Released,
+    RetractOutcome, StopLock,
 };
 pub use program::{
     Admission, AdmitProgram, ChunkCommit, Committed, Intent, Outcome, PrefetchCheck, PrefetchSkip,

@@ -133,12 +133,8 @@ pub enum CacheOp {
         /// The request's own pages left after the publication (its last, partial page):
         /// freed once the publication is in, in the order the reference frees them.
         leftover: OwnedPages,
-        /// Hybrid models: the request's state slots; one holding the state at the
-        /// published depth is cached there, the rest freed.
-        states: Option<FinalStates>,
-        /// Paged models: the request's group tables, released once the publication
-        /// committed them.
-        tables: Option<GroupTables>,
+        /// What the request gives back of its model's cache family.
+        family: FamilyRelease,
     },
     /// A request is preempted: publish its pages, keep its prefix on host, and attach a
     /// write-back for the device-only part or demote it.
@@ -149,12 +145,11 @@ pub enum CacheOp {
         device_lock: NodeLock,
         /// The request's host lock on a load-back source.
         host_lock: Option<NodeLock>,
-        /// Hybrid models: the request's state slots, as for `Finish`.
-        states: Option<FinalStates>,
-        /// Paged models under kvtier's own policy: the request's group tables, as for
-        /// `Finish` (a retracted request recomputes from its deepest snapshot). The
-        /// reference policies keep them with the request, which resumes from them.
-        tables: Option<GroupTables>,
+        /// What the request gives back of its model's cache family, as for `Finish`:
+        /// under kvtier's own policy a paged request's tables too (a retracted request
+        /// recomputes from its deepest snapshot); the reference policies keep them with
+        /// the request, which resumes from them.
+        family: FamilyRelease,
     },
     /// Prefetched host pages land: insert them after the locked host prefix.
     InsertPrefetched {
@@ -232,6 +227,41 @@ pub enum OpResult {
     BackedUp,
     /// Handles released.
     Released,
+}
+
+/// What a stopping (finishing or retracted) request gives back of its model's cache
+/// family: a model has one family, so a request gives back one of these.
+#[derive(Debug)]
+pub enum FamilyRelease {
+    /// Full attention: nothing beyond its KV pages.
+    Dense,
+    /// Hybrid models: its state slots; one holding the state at the published depth is
+    /// cached there, the rest freed.
+    States(FinalStates),
+    /// Paged models: its group tables, released once the publication committed them.
+    Tables(GroupTables),
+}
+
+impl FamilyRelease {
+    /// Takes the group tables out (a request that keeps them), leaving nothing.
+    pub fn take_tables(&mut self) -> Option<GroupTables> {
+        match std::mem::replace(self, FamilyRelease::Dense) {
+            FamilyRelease::Tables(tables) => Some(tables),
+            other => {
+                *self = other;
+                None
+            }
+        }
+    }
+
+    /// Its state slots and its tables, apart.
+    pub fn split(self) -> (Option<FinalStates>, Option<GroupTables>) {
+        match self {
+            FamilyRelease::Dense => (None, None),
+            FamilyRelease::States(states) => (Some(states), None),
+            FamilyRelease::Tables(tables) => (None, Some(tables)),
+        }
+    }
 }
 
 /// A finishing or retracted request's state slots (hybrid models).

@@ -63,9 +63,9 @@ impl RadixCore {
                 write_back,
                 reuse,
                 leftover,
-                states,
-                tables,
+                family,
             } => {
+                let (states, tables) = family.split();
                 let device_lock = match device_lock {
                     StopLock::Held(lock) => Some(lock),
                     StopLock::HandedOver(ticket) => {
@@ -138,9 +138,9 @@ impl RadixCore {
                 publication,
                 device_lock,
                 host_lock: old_host_lock,
-                states,
-                tables,
+                family,
             } => {
+                let (states, tables) = family.split();
                 let tokens = publication.tokens.clone();
                 let held = device_lock.node();
                 let (lock, pages) = self.publish(publication, Some(device_lock));
