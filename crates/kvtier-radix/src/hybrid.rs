@@ -12,7 +12,8 @@ use kvtier_mamba::{CappedMatch, RequestStates};
 use kvtier_types::{PageId, Tier, Token};
 
 use crate::batch::{
-    ChunkCommit, ChunkShape, FinalStates, FirstChunkAsk, Outcome, Publication, StateGrant, grow,
+    ChunkCommit, ChunkShape, FamilyGrant, FinalStates, FirstChunkAsk, Outcome, Publication,
+    StateGrant, grow,
 };
 use crate::{Match, NodeId, NodeLock, RadixCore};
 
@@ -167,7 +168,7 @@ impl RadixCore {
             cow_src,
             branching,
         };
-        self.admitted(pinned, &shape, Some(Box::new(grant)))
+        self.admitted(pinned, &shape, FamilyGrant::States(Box::new(grant)))
     }
 
     /// A fresh working and checkpoint pair (admission made room for it).
@@ -316,7 +317,7 @@ impl RadixCore {
             branching: None,
         };
         let shape = ChunkShape::recovery(depth, reserve_pages, new_tail_free);
-        self.admitted(pinned, &shape, Some(Box::new(grant)))
+        self.admitted(pinned, &shape, FamilyGrant::States(Box::new(grant)))
     }
 
     /// Commits a hybrid request's last chunk: its new full pages go into the tree and

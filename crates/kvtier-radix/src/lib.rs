@@ -34,9 +34,9 @@ mod reference;
 
 pub use batch::{
     Admission, AdmitProgram, Attached, BackupSource, CacheBatch, CacheOp, CacheReply,
-    CheckpointNeed, ChunkCommit, Committed, FamilyRelease, FinalStates, Intent, OpResult, Outcome,
-    PrefetchCheck, PrefetchSkip, PrefetchStart, Publication, Released, RetractOutcome,
-    RetractedHandles, StateGrant, StopLock, TokenRef, grow,
+    CheckpointNeed, ChunkCommit, Committed, FamilyGrant, FamilyRelease, FinalStates, Intent,
+    OpResult, Outcome, PrefetchCheck, PrefetchSkip, PrefetchStart, Publication, Released,
+    RetractOutcome, RetractedHandles, StateGrant, StopLock, TokenRef, grow,
 };
 pub use cache::{
     CacheConfig, CachedState, InsertResult, Match, Probe, RadixCore, TreeStats, WriteBackTicket,

@@ -12,7 +12,7 @@ use kvtier_host::Releaser;
 use kvtier_paged::{PagedFamily, PagedHit, PendingCommit, RequestTables};
 use kvtier_types::GroupTable;
 
-use crate::batch::{ChunkShape, FirstChunkAsk, Outcome, Publication};
+use crate::batch::{ChunkShape, FamilyGrant, FirstChunkAsk, Outcome, Publication};
 use crate::{Match, NodeId, NodeLock, RadixCore};
 
 /// Names a request's group tables inside the cache (plain data: it travels in intents
@@ -226,9 +226,8 @@ impl RadixCore {
         for (table, from) in groups.iter_mut().zip(fill.into_iter().flatten()) {
             table.fill_from = Some(from);
         }
-        let mut outcome = self.admitted(pinned, shape, None);
+        let mut outcome = self.admitted(pinned, shape, FamilyGrant::Tables(lease));
         if let Outcome::Admitted(a) = &mut outcome {
-            a.tables = Some(lease);
             a.groups = groups;
         }
         outcome

@@ -1,6 +1,6 @@
 //! Retraction when nothing could run, and the recovery of retracted requests.
 
-use kvtier_radix::{Admission, CacheBatch, CacheOp, RetractOutcome};
+use kvtier_radix::{Admission, CacheBatch, CacheOp, FamilyGrant, RetractOutcome};
 use kvtier_types::{AbortReason, ExecutionPlan, RowKind, TransferKind, TransferPair};
 
 use crate::SchedulerCore;
@@ -332,9 +332,9 @@ impl SchedulerCore {
             tail_free: admission.tail_free,
         };
         let r = &self.requests[key];
-        let (mut states, cow_src) = match admission.states {
-            Some(grant) => (Some(grant.states), grant.cow_src),
-            None => (None, None),
+        let (mut states, cow_src) = match admission.family {
+            FamilyGrant::States(grant) => (Some(grant.states), grant.cow_src),
+            _ => (None, None),
         };
         // The row computes the history's last token, like a decode row.
         if let Some(states) = states.as_mut() {

@@ -1,7 +1,7 @@
 //! The transitions that give a request a row: its next chunk, its first chunk (or an L3
 //! prefetch instead), its decode.
 
-use kvtier_radix::Admission;
+use kvtier_radix::{Admission, FamilyGrant};
 use kvtier_types::{
     ExecutionPlan, LoadBackOp, PrefetchOp, RowKind, StateObject, TransferKind, TransferPair,
 };
@@ -97,9 +97,14 @@ impl SchedulerCore {
             return;
         };
         let prefill_len = self.requests[key].prefill_len;
-        let (states, cow_src, branching) = match admission.states {
-            Some(grant) => (Some(grant.states), grant.cow_src, grant.branching),
-            None => (None, None, None),
+        let (family, cow_src, branching) = match admission.family {
+            FamilyGrant::States(grant) => (
+                FamilyHold::States(grant.states),
+                grant.cow_src,
+                grant.branching,
+            ),
+            FamilyGrant::Tables(tables) => (FamilyHold::Tables(tables), None, None),
+            FamilyGrant::Dense => (FamilyHold::Dense, None, None),
         };
         let mut run = Running {
             device_lock: admission.device_lock,
@@ -115,7 +120,7 @@ impl SchedulerCore {
             reserve: self.config.decode_input_tokens,
             table_changed_from: None,
             published_ahead: 0,
-            family: FamilyHold::granted(states, admission.tables),
+            family,
             decode_state: None,
         };
         self.track_checkpoint(&mut run);

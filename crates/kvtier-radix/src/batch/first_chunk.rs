@@ -113,7 +113,7 @@ impl RadixCore {
         let Some(pinned) = self.pin_prefix(m, shape.need, use_host) else {
             return Outcome::waits();
         };
-        self.admitted(pinned, &shape, None)
+        self.admitted(pinned, &shape, FamilyGrant::Dense)
     }
 
     /// The end of every admission, its path pinned and room made: the request's own
@@ -122,7 +122,7 @@ impl RadixCore {
         &mut self,
         (device_lock, host_lock, load_back): Pinned,
         shape: &ChunkShape,
-        states: Option<Box<StateGrant>>,
+        family: FamilyGrant,
     ) -> Outcome {
         let Some(pages) = self.allocate(Tier::Device, shape.own_pages as usize) else {
             debug_assert!(false, "admission reserved the pages");
@@ -141,8 +141,7 @@ impl RadixCore {
             pages,
             tail_free: shape.tail_free,
             prefix_pages,
-            states,
-            tables: None,
+            family,
             groups: Vec::new(),
             capped_pages: 0,
             dropped_pages: 0,

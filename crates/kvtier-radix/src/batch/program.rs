@@ -130,6 +130,18 @@ pub struct Committed {
     pub checkpoint: Option<Slot>,
 }
 
+/// What an admitted request is granted of its model's cache family: a model has one
+/// family, so a request is granted one of these.
+#[derive(Debug)]
+pub enum FamilyGrant {
+    /// Full attention, or a recovery that resumes from the tables it kept: nothing.
+    Dense,
+    /// Hybrid models: its state slots.
+    States(Box<StateGrant>),
+    /// Paged models: its group tables.
+    Tables(GroupTables),
+}
+
 /// The states an admitted hybrid request starts with.
 #[derive(Debug)]
 pub struct StateGrant {
@@ -250,11 +262,9 @@ pub struct Admission {
     pub tail_free: u32,
     /// Device pages of the locked prefix path.
     pub prefix_pages: Vec<PageId>,
-    /// Hybrid models: its state slots.
-    pub states: Option<Box<StateGrant>>,
-    /// Paged models: its group tables (`None` otherwise).
-    pub tables: Option<GroupTables>,
-    /// The view of `tables` the row reads.
+    /// What it is granted of its model's cache family.
+    pub family: FamilyGrant,
+    /// The view of its group tables the row reads (paged models).
     pub groups: Vec<GroupTable>,
     /// First chunks with `CacheConfig::lost_hits`: the prompt's pages after
     /// `begin_pages` the tree holds but the request does not reuse (a hybrid model's

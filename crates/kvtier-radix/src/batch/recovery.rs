@@ -116,7 +116,7 @@ impl RadixCore {
         }
         let begin_pages = m.device_pages.max(m.host_pages);
         let shape = ChunkShape::recovery(begin_pages, reserve_pages, new_tail_free);
-        let mut outcome = self.admitted(pinned, &shape, None);
+        let mut outcome = self.admitted(pinned, &shape, FamilyGrant::Dense);
         if let (Some((key, first)), Outcome::Admitted(admission)) = (groups, &mut outcome) {
             self.acquire_groups(key, first, first + d);
             admission.groups = self.group_view(key);
