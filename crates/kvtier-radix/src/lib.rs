@@ -34,8 +34,8 @@ mod reference;
 
 pub use batch::{
     Admission, AdmitProgram, Attached, BackupSource, CacheBatch, CacheOp, CacheReply,
-    CheckpointNeed, ChunkCommit, Committed, FamilyGrant, FamilyRelease, FinalStates, Intent,
-    OpResult, Outcome, PrefetchCheck, PrefetchSkip, PrefetchStart, Publication, Released,
+    CheckpointNeed, ChunkCommit, Committed, FamilyAsk, FamilyGrant, FamilyRelease, FinalStates,
+    Intent, OpResult, Outcome, PrefetchCheck, PrefetchSkip, PrefetchStart, Publication, Released,
     RetractOutcome, RetractedHandles, StateGrant, StopLock, TokenRef, grow,
 };
 pub use cache::{

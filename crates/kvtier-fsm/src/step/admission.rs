@@ -2,7 +2,7 @@
 //! and the outcomes applied to the requests.
 
 use kvtier_radix::{
-    AdmitProgram, CacheOp, CheckpointNeed, ChunkCommit, GroupTables, Intent, Outcome,
+    AdmitProgram, CacheOp, CheckpointNeed, ChunkCommit, FamilyAsk, GroupTables, Intent, Outcome,
     PrefetchCheck, RetractedHandles, TokenRef,
 };
 use kvtier_types::AbortReason;
@@ -11,7 +11,7 @@ use super::*;
 use crate::SchedulerCore;
 use crate::draft::{Entry, PlanInProgress, Resume};
 use crate::outbox::Target;
-use crate::request::{LocalKv, Prefetch, Republish, Retracted, State};
+use crate::request::{FamilyHold, LocalKv, Prefetch, Republish, Retracted, State};
 
 impl SchedulerCore {
     /// Mid-flight publication: every request still in prefill publishes the full pages of
@@ -116,7 +116,11 @@ impl SchedulerCore {
                 State::Prefilling(run) => {
                     let (remaining, tail_free) =
                         (r.prefill_len - run.window_end(), run.local_kv.tail_free);
-                    let tables = run.family.tables().map(|t| (t.key(), run.window_end()));
+                    let family = match &run.family {
+                        FamilyHold::Tables(t) => FamilyAsk::Groups(t.key(), run.window_end()),
+                        _ if hybrid => FamilyAsk::Checkpoint(CheckpointNeed::of_chunk()),
+                        _ => FamilyAsk::Dense,
+                    };
                     // The reference commits the last chunk when this one is admitted;
                     // kvtier did at the start of the plan.
                     let (commit, republish) =
@@ -125,17 +129,11 @@ impl SchedulerCore {
                         } else {
                             (None, None)
                         };
-                    let checkpoint = if hybrid {
-                        CheckpointNeed::of_chunk()
-                    } else {
-                        CheckpointNeed::None
-                    };
                     intents.push(Intent::NextChunk {
                         remaining,
                         tail_free,
                         commit,
-                        checkpoint,
-                        tables,
+                        family,
                     });
                     Entry::NextChunk(republish)
                 }
@@ -160,48 +158,41 @@ impl SchedulerCore {
                     // A paged decode row computes the newest token's entries (position
                     // `len - 1`); the reference admits and acquires its groups one
                     // position further on, as if the row computed `len`. Under the
-                    // reference's order its first decode also commits its last chunk.
+                    // reference's order a first decode also commits its last chunk.
                     let len = r.tokens.len() as u32;
-                    let (tables, paged_first) = match (paged, run.family.tables()) {
-                        (true, Some(t)) => (
-                            Some((
-                                t.key(),
-                                if policy.admits_decode_groups_a_position_on() {
-                                    len
-                                } else {
-                                    len - 1
-                                },
+                    let first = matches!(r.state, State::PrefillDone(_));
+                    let commits = first && policy.commits_chunks_at_the_next_row();
+                    let (family, commits) = match &run.family {
+                        FamilyHold::Dense => (FamilyAsk::Dense, false),
+                        FamilyHold::States(states) => (
+                            FamilyAsk::Checkpoint(CheckpointNeed::of_decode(
+                                policy,
+                                first,
+                                len,
+                                ps,
+                                states.checkpoint.is_some(),
                             )),
-                            policy.commits_chunks_at_the_next_row()
-                                && matches!(r.state, State::PrefillDone(_)),
+                            commits,
                         ),
-                        _ => (None, false),
-                    };
-                    let mut checkpoint = CheckpointNeed::None;
-                    let (mut commit, mut republish) = (None, None);
-                    if let Some(states) = run.family.states() {
-                        let first = matches!(r.state, State::PrefillDone(_));
-                        checkpoint = CheckpointNeed::of_decode(
-                            policy,
-                            first,
-                            r.tokens.len() as u32,
-                            ps,
-                            states.checkpoint.is_some(),
-                        );
-                        if first && policy.commits_chunks_at_the_next_row() {
-                            (commit, republish) = self.chunk_commit(key);
+                        FamilyHold::Tables(t) => {
+                            let at = if policy.admits_decode_groups_a_position_on() {
+                                len
+                            } else {
+                                len - 1
+                            };
+                            (FamilyAsk::Groups(t.key(), at), commits)
                         }
-                    }
-                    // A paged request's last chunk, under the reference's order.
-                    if paged_first {
-                        (commit, republish) = self.chunk_commit(key);
-                    }
+                    };
+                    let (commit, republish) = if commits {
+                        self.chunk_commit(key)
+                    } else {
+                        (None, None)
+                    };
                     intents.push(Intent::Decode {
                         reserve,
                         tail_free,
                         commit,
-                        checkpoint,
-                        tables,
+                        family,
                     });
                     Entry::Decode(republish)
                 }

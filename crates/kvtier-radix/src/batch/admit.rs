@@ -95,8 +95,7 @@ impl RadixCore {
                     remaining: left,
                     tail_free,
                     commit,
-                    checkpoint,
-                    tables,
+                    family,
                 } => {
                     let t = remaining.min(left);
                     // The reference makes room for whole fresh pages, ignoring the tail.
@@ -105,29 +104,22 @@ impl RadixCore {
                     } else {
                         grow(tail_free, t, ps).0
                     };
-                    match tables {
-                        None => self.grow_running(t, tail_free, room, commit, checkpoint),
-                        Some((key, first)) => self.grow_with_groups(
-                            t,
-                            tail_free,
-                            room,
-                            commit,
-                            checkpoint,
-                            (key, first, t),
-                        ),
+                    match family {
+                        FamilyAsk::Groups(key, first) => {
+                            self.grow_with_groups(t, tail_free, room, commit, (key, first, t))
+                        }
+                        ask => self.grow_running(t, tail_free, room, commit, ask.checkpoint()),
                     }
                 }
                 Intent::Decode {
                     reserve,
                     tail_free,
                     commit,
-                    checkpoint,
-                    tables,
+                    family,
                 } => {
                     let room = grow(tail_free, reserve, ps).0;
-                    match tables {
-                        None => self.grow_running(reserve, tail_free, room, commit, checkpoint),
-                        Some((key, first)) => {
+                    match family {
+                        FamilyAsk::Groups(key, first) => {
                             // The KV reserve covers what the engine asked for; the
                             // reference's group tables only the row's own input (#583).
                             let span = if self.policy().groups_span_the_input_only() {
@@ -140,9 +132,11 @@ impl RadixCore {
                                 tail_free,
                                 room,
                                 commit,
-                                checkpoint,
                                 (key, first, span),
                             )
+                        }
+                        ask => {
+                            self.grow_running(reserve, tail_free, room, commit, ask.checkpoint())
                         }
                     }
                 }
@@ -302,7 +296,6 @@ impl RadixCore {
         tail_free: u32,
         room: u32,
         commit: Option<Box<ChunkCommit>>,
-        checkpoint: CheckpointNeed,
         (key, first, span): (TablesKey, u32, u32),
     ) -> Outcome {
         // The reference's order: room for the KV (its eviction stays even when the
@@ -325,7 +318,7 @@ impl RadixCore {
                 commit,
             };
         }
-        let mut grown = self.grow_running(n, tail_free, room, commit, checkpoint);
+        let mut grown = self.grow_running(n, tail_free, room, commit, CheckpointNeed::None);
         if let Outcome::Grown { groups, .. } = &mut grown {
             self.acquire_groups(key, first, first + span);
             *groups = Some(Box::new(self.group_view(key)));

@@ -30,8 +30,8 @@ pub use op::{
     RetractOutcome, StopLock,
 };
 pub use program::{
-    Admission, AdmitProgram, ChunkCommit, Committed, FamilyGrant, Intent, Outcome, PrefetchCheck,
-    PrefetchSkip, PrefetchStart, RetractedHandles, StateGrant,
+    Admission, AdmitProgram, ChunkCommit, Committed, FamilyAsk, FamilyGrant, Intent, Outcome,
+    PrefetchCheck, PrefetchSkip, PrefetchStart, RetractedHandles, StateGrant,
 };
 
 use std::ops::Deref;

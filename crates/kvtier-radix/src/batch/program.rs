@@ -51,12 +51,11 @@ pub enum Intent {
         remaining: u32,
         /// Free slots in its last page.
         tail_free: u32,
-        /// Hybrid models: the last chunk, committed if this one is admitted.
+        /// Hybrid and paged models under the reference's order: the last chunk,
+        /// committed if this one is admitted.
         commit: Option<Box<ChunkCommit>>,
-        /// Hybrid models: the checkpoint slot the chunk needs.
-        checkpoint: CheckpointNeed,
-        /// Paged models: its group tables and the chunk's first position.
-        tables: Option<(TablesKey, u32)>,
+        /// What the chunk asks of the model's cache family.
+        family: FamilyAsk,
     },
     /// A decode row reserving `reserve` token slots.
     Decode {
@@ -64,12 +63,11 @@ pub enum Intent {
         reserve: u32,
         /// Free slots in its last page.
         tail_free: u32,
-        /// Hybrid models, first decode: the last prefill chunk, committed if admitted.
+        /// First decode, under the reference's order: the last prefill chunk,
+        /// committed if admitted.
         commit: Option<Box<ChunkCommit>>,
-        /// Hybrid models: the checkpoint slot the row needs.
-        checkpoint: CheckpointNeed,
-        /// Paged models: its group tables and the row's first position.
-        tables: Option<(TablesKey, u32)>,
+        /// What the row asks of the model's cache family.
+        family: FamilyAsk,
     },
     /// Resume a retracted request.
     Recovery {
@@ -90,6 +88,28 @@ pub enum Intent {
         /// (without, it is recomputed from its deepest snapshot).
         tables: Option<TablesKey>,
     },
+}
+
+/// What a running request's next row asks of its model's cache family: a model has one
+/// family, so a row asks one of these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FamilyAsk {
+    /// Full attention: nothing.
+    Dense,
+    /// Hybrid models: the checkpoint slot the row needs.
+    Checkpoint(CheckpointNeed),
+    /// Paged models: its group tables and the row's first position.
+    Groups(TablesKey, u32),
+}
+
+impl FamilyAsk {
+    /// The checkpoint slot asked for (none but a hybrid row's).
+    pub fn checkpoint(self) -> CheckpointNeed {
+        match self {
+            FamilyAsk::Checkpoint(need) => need,
+            FamilyAsk::Dense | FamilyAsk::Groups(..) => CheckpointNeed::None,
+        }
+    }
 }
 
 /// What a retracted request holds while its recovery is tried. They travel with the
