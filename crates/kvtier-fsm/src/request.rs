@@ -5,7 +5,7 @@ use std::sync::Arc;
 use kvtier_host::OwnedPages;
 use kvtier_mamba::RequestStates;
 use kvtier_radix::{Attached, FamilyRelease, GroupTables, NodeLock, Publication, TokenRef, grow};
-use kvtier_types::{OpId, PageId, RequestId, Token};
+use kvtier_types::{OpId, PageId, Policy, RequestId, Token};
 
 use crate::slots::Slot;
 
@@ -412,12 +412,12 @@ impl Request {
     /// newest token's are to go into the tree. Returns that publication (possibly empty),
     /// the locks it held and its remaining own pages; its slot is released.
     ///
-    /// `commit_tables`: whether a paged model's group tables are committed into
-    /// snapshots up to the published node. The reference commits a chunk only when the
-    /// request's next row is scheduled, so what a request computed since its last
-    /// commit is never cached when it stops; kvtier caches it, but not under the
-    /// reference policy.
-    pub fn settle(&self, mut run: Running, page_size: u32, commit_tables: bool) -> Settled {
+    /// A paged model's group tables are committed into snapshots up to the published
+    /// node, except where the policy commits chunks only at the next row (the
+    /// reference's: what a request computed since its last commit is never cached when
+    /// it stops).
+    pub fn settle(&self, mut run: Running, page_size: u32, policy: Policy) -> Settled {
+        let commit_tables = !policy.commits_chunks_at_the_next_row();
         let full = self.full_pages_except_last(page_size);
         let mut publication = self
             .publication(&mut run, full, page_size)

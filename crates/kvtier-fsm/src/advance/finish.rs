@@ -78,11 +78,7 @@ impl SchedulerCore {
             device_lock,
             host_lock,
             local_kv,
-        } = self.requests[key].settle(
-            run,
-            self.config.page_size,
-            !self.config.policy.commits_chunks_at_the_next_row(),
-        );
+        } = self.requests[key].settle(run, self.config.page_size, self.config.policy);
         if self.config.policy.keeps_stopped_tables_to_the_next_plan() {
             self.keep_stopped_tables(key, family.take_tables());
         }

@@ -40,11 +40,7 @@ impl SchedulerCore {
             device_lock,
             host_lock,
             local_kv,
-        } = self.requests[key].settle(
-            run,
-            self.config.page_size,
-            !self.config.policy.commits_chunks_at_the_next_row(),
-        );
+        } = self.requests[key].settle(run, self.config.page_size, self.config.policy);
         let published_pages = (publication.tokens.len() / self.config.page_size as usize) as u32;
         // The reference keeps a retracted request's group tables and resumes it from
         // them; kvtier's own policy recomputes it from its deepest snapshot.
