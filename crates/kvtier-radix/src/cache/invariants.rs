@@ -178,10 +178,10 @@ impl RadixCore {
     /// multiple of the alignment, and every group page is free, owned by one running
     /// request's table, or held by one snapshot.
     fn check_snapshots(&mut self) -> Result<(), Violation> {
-        if let Some(mut family) = self.paged.take() {
-            let pages = family.check_invariants(self.tables.iter().flatten());
-            self.paged = Some(family);
-            pages.map_err(|e| Violation::Snapshot(e.to_string()))?;
+        if let super::Hosted::Paged(family) = &mut self.family {
+            family
+                .check_invariants(self.tables.iter().flatten())
+                .map_err(|e| Violation::Snapshot(e.to_string()))?;
         }
         let Some(family) = self.snapshots() else {
             return Ok(());

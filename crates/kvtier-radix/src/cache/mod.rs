@@ -91,6 +91,46 @@ pub struct TreeStats {
     pub groups: Option<Box<PagedReport>>,
 }
 
+/// The cache family a tree hosts: a model has one (`SchedulerConfig::validate` refuses
+/// a Mamba family beside paged groups).
+#[derive(Debug)]
+enum Hosted {
+    /// Full attention: KV only.
+    Dense,
+    /// The recurrent states attached to nodes (hybrid models).
+    Mamba(MambaFamily<NodeId>),
+    /// The page-group snapshots attached to nodes (window and compressed-state models).
+    Paged(PagedFamily<NodeId>),
+}
+
+impl Hosted {
+    /// The family a cache config asks for; an invalid one hosts none.
+    fn of(config: &CacheConfig) -> Self {
+        if let Some(m) = config.mamba {
+            debug_assert!(config.paged.is_none(), "a model has one family");
+            let family = MambaFamily::new(m);
+            debug_assert!(family.is_ok(), "an invalid Mamba config: {family:?}");
+            return family.map_or(Hosted::Dense, Hosted::Mamba);
+        }
+        let Some(adjunct) = config.paged.clone() else {
+            return Hosted::Dense;
+        };
+        let aligned = adjunct.alignment().is_multiple_of(config.page_size.max(1));
+        debug_assert!(aligned, "snapshots off page boundaries: {adjunct:?}");
+        if !aligned {
+            return Hosted::Dense;
+        }
+        // Superseded state windows (#460): kvtier detaches them by its own rule, the
+        // 0.1.0 wheel by its, the reference at 350cf505 not at all.
+        Hosted::Paged(match config.policy {
+            // kvtier pins a snapshot only by the locks that may read it.
+            Policy::Default => PagedFamily::new(adjunct, true).pinned_by_own_locks(),
+            Policy::ReferenceWheel => PagedFamily::new(adjunct, false).detaching_as_the_wheel(),
+            Policy::Reference => PagedFamily::new(adjunct, false),
+        })
+    }
+}
+
 /// The radix prefix cache with device and host tiers.
 #[derive(Debug)]
 pub struct RadixCore {
@@ -123,11 +163,9 @@ pub struct RadixCore {
     next_ticket: u64,
     /// The host allocator's lease behind the host tier, returned when the cache goes.
     host_lease: Option<OwnedPages>,
-    /// The recurrent states attached to nodes (hybrid models).
-    mamba: Option<MambaFamily<NodeId>>,
-    /// The page-group snapshots attached to nodes (window and compressed-state models).
-    paged: Option<PagedFamily<NodeId>>,
-    /// Running requests' group tables, by [`TablesKey`] (a free key is reused last
+    /// The cache family the tree hosts.
+    family: Hosted,
+    /// Paged models: running requests' group tables, by [`TablesKey`] (a free key is reused last
     /// freed first), and the return path of their leases.
     tables: Vec<Option<RequestTables>>,
     free_tables: Vec<TablesKey>,
@@ -190,26 +228,7 @@ impl RadixCore {
             tickets: BTreeMap::new(),
             next_ticket: 1,
             host_lease: None,
-            mamba: config.mamba.and_then(|m| {
-                let family = MambaFamily::new(m);
-                debug_assert!(family.is_ok(), "an invalid Mamba config: {family:?}");
-                family.ok()
-            }),
-            paged: config.paged.clone().and_then(|adjunct| {
-                let aligned = adjunct.alignment().is_multiple_of(config.page_size.max(1));
-                debug_assert!(aligned, "snapshots off page boundaries: {adjunct:?}");
-                // Superseded state windows (#460): kvtier detaches them by its own
-                // rule, the 0.1.0 wheel by its, the reference at 350cf505 not at all.
-                let family = match config.policy {
-                    // kvtier pins a snapshot only by the locks that may read it.
-                    Policy::Default => PagedFamily::new(adjunct, true).pinned_by_own_locks(),
-                    Policy::ReferenceWheel => {
-                        PagedFamily::new(adjunct, false).detaching_as_the_wheel()
-                    }
-                    Policy::Reference => PagedFamily::new(adjunct, false),
-                };
-                aligned.then_some(family)
-            }),
+            family: Hosted::of(config),
             tables: Vec::new(),
             free_tables: Vec::new(),
             table_releases: ReleaseQueue::new(),
@@ -357,7 +376,7 @@ impl RadixCore {
         for (node, tier) in released {
             self.release_lock(node, tier);
         }
-        if self.paged.is_some() {
+        if self.has_snapshots() {
             let mut keys = Vec::new();
             self.table_releases.drain(|key| keys.push(key));
             for key in keys {
@@ -397,14 +416,14 @@ impl RadixCore {
             evicted_pages: self.evicted_pages,
             prefetch_skipped: self.prefetch_skipped,
             states: self.with_states(|family, _| family.stats()),
-            groups: self
-                .paged
-                .as_mut()
-                .map(|f| Box::new(f.report()))
-                .map(|mut r| {
-                    r.live_tables = self.tables.iter().flatten().count();
-                    r
-                }),
+            groups: match &mut self.family {
+                Hosted::Paged(family) => Some(Box::new(family.report())),
+                _ => None,
+            }
+            .map(|mut r| {
+                r.live_tables = self.tables.iter().flatten().count();
+                r
+            }),
         }
     }
 }

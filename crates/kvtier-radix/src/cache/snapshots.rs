@@ -9,7 +9,7 @@
 use kvtier_host::Releaser;
 use kvtier_paged::{PagedFamily, RequestTables, SnapshotTree};
 
-use super::RadixCore;
+use super::{Hosted, RadixCore};
 use crate::NodeId;
 use crate::paged::TablesKey;
 
@@ -46,12 +46,22 @@ impl SnapshotTree for RadixCore {
 impl RadixCore {
     /// Whether the tree hosts a paged-cache family.
     pub fn has_snapshots(&self) -> bool {
-        self.paged.is_some()
+        matches!(self.family, Hosted::Paged(_))
     }
 
     /// The paged-cache family, read-only.
     pub fn snapshots(&self) -> Option<&PagedFamily<NodeId>> {
-        self.paged.as_ref()
+        match &self.family {
+            Hosted::Paged(family) => Some(family),
+            _ => None,
+        }
+    }
+
+    fn snapshots_mut(&mut self) -> Option<&mut PagedFamily<NodeId>> {
+        match &mut self.family {
+            Hosted::Paged(family) => Some(family),
+            _ => None,
+        }
     }
 
     /// Runs `f` on the paged-cache family with the tree to read and split; `None`
@@ -60,15 +70,20 @@ impl RadixCore {
         &mut self,
         f: impl FnOnce(&mut PagedFamily<NodeId>, &mut RadixCore) -> R,
     ) -> Option<R> {
-        let mut family = self.paged.take()?;
+        if !self.has_snapshots() {
+            return None;
+        }
+        let Hosted::Paged(mut family) = std::mem::replace(&mut self.family, Hosted::Dense) else {
+            unreachable!("checked above");
+        };
         let result = f(&mut family, self);
-        self.paged = Some(family);
+        self.family = Hosted::Paged(family);
         Some(result)
     }
 
     /// The node's device KV left it: its snapshot goes too.
     pub(super) fn snapshot_kv_gone(&mut self, id: NodeId) {
-        if let Some(family) = self.paged.as_mut() {
+        if let Some(family) = self.snapshots_mut() {
             family.on_kv_evicted(id);
         }
     }
@@ -76,7 +91,7 @@ impl RadixCore {
     /// The node is about to be removed: its snapshot goes first, so the family never
     /// names a removed node.
     pub(super) fn snapshot_node_removed(&mut self, id: NodeId) {
-        if let Some(family) = self.paged.as_mut() {
+        if let Some(family) = self.snapshots_mut() {
             family.on_node_removed(id);
         }
     }
@@ -104,9 +119,9 @@ impl RadixCore {
     /// Starts an admission program's group budget (the reference policies only).
     pub(crate) fn begin_group_budget(&mut self) {
         self.group_budget = None;
-        if self.policy.counts_groups_against_the_program() && self.paged.is_some() {
+        if self.policy.counts_groups_against_the_program() && self.has_snapshots() {
             self.drain_releases();
-            self.group_budget = self.paged.as_mut().map(PagedFamily::available);
+            self.group_budget = self.snapshots_mut().map(PagedFamily::available);
         }
     }
 

@@ -7,7 +7,7 @@
 use kvtier_mamba::{MambaFamily, SlotId, StateTree};
 use kvtier_types::Token;
 
-use super::RadixCore;
+use super::{Hosted, RadixCore};
 use crate::NodeId;
 
 impl StateTree for RadixCore {
@@ -36,7 +36,7 @@ impl StateTree for RadixCore {
 impl RadixCore {
     /// Whether the tree hosts a recurrent-state family.
     pub fn has_states(&self) -> bool {
-        self.mamba.is_some()
+        matches!(self.family, Hosted::Mamba(_))
     }
 
     /// Runs `f` on the state family with the tree to read; `None` without a family.
@@ -44,15 +44,23 @@ impl RadixCore {
         &mut self,
         f: impl FnOnce(&mut MambaFamily<NodeId>, &RadixCore) -> R,
     ) -> Option<R> {
-        let mut family = self.mamba.take()?;
+        if !self.has_states() {
+            return None;
+        }
+        let Hosted::Mamba(mut family) = std::mem::replace(&mut self.family, Hosted::Dense) else {
+            unreachable!("checked above");
+        };
         let result = f(&mut family, self);
-        self.mamba = Some(family);
+        self.family = Hosted::Mamba(family);
         Some(result)
     }
 
     /// The state family, read-only.
     pub fn states(&self) -> Option<&MambaFamily<NodeId>> {
-        self.mamba.as_ref()
+        match &self.family {
+            Hosted::Mamba(family) => Some(family),
+            _ => None,
+        }
     }
 
     /// The states cached along the longest cached prefix of `tokens` (nodes matched
