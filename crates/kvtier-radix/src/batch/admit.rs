@@ -3,6 +3,7 @@
 use kvtier_types::Tier;
 
 use super::*;
+use crate::cache::Hosted;
 use crate::{RadixCore, TablesKey};
 
 impl RadixCore {
@@ -74,12 +75,10 @@ impl RadixCore {
                                 use_host,
                                 reuse,
                             };
-                            let mut outcome = if self.has_snapshots() {
-                                self.first_chunk_paged(ask)
-                            } else if self.has_states() {
-                                self.first_chunk_hybrid(ask)
-                            } else {
-                                self.first_chunk(ask)
+                            let mut outcome = match self.hosted() {
+                                Hosted::Paged(_) => self.first_chunk_paged(ask),
+                                Hosted::Mamba(_) => self.first_chunk_hybrid(ask),
+                                Hosted::Dense => self.first_chunk(ask),
                             };
                             if let Outcome::Admitted(a) = &mut outcome {
                                 self.lost_hits(&tokens, a);
@@ -149,10 +148,9 @@ impl RadixCore {
                 } => {
                     let held = std::mem::take(&mut kept.locks);
                     let tail_pages = kept.tail.len() as u32;
-                    let outcome = if slots == 0 {
-                        Outcome::Waits { held, commit: None }
-                    } else if self.has_snapshots() {
-                        match tables {
+                    let outcome = match self.hosted() {
+                        _ if slots == 0 => Outcome::Waits { held, commit: None },
+                        Hosted::Paged(_) => match tables {
                             // The reference resumes it as a decode from its kept tables.
                             Some(key) => {
                                 let groups = Some((key, computed));
@@ -164,11 +162,13 @@ impl RadixCore {
                                 drop(held);
                                 Outcome::Recompute
                             }
+                        },
+                        Hosted::Mamba(_) => {
+                            self.recovery_hybrid(&tokens, tail_pages, tail_free, held, d, computed)
                         }
-                    } else if self.has_states() {
-                        self.recovery_hybrid(&tokens, tail_pages, tail_free, held, d, computed)
-                    } else {
-                        self.recovery(&tokens, tail_pages, tail_free, held, d, None)
+                        Hosted::Dense => {
+                            self.recovery(&tokens, tail_pages, tail_free, held, d, None)
+                        }
                     };
                     self.settle_recovery(outcome, kept)
                 }

@@ -94,7 +94,7 @@ pub struct TreeStats {
 /// The cache family a tree hosts: a model has one (`SchedulerConfig::validate` refuses
 /// a Mamba family beside paged groups).
 #[derive(Debug)]
-enum Hosted {
+pub(crate) enum Hosted {
     /// Full attention: KV only.
     Dense,
     /// The recurrent states attached to nodes (hybrid models).
@@ -258,6 +258,11 @@ impl RadixCore {
     /// Tokens per page.
     pub fn page_size(&self) -> u32 {
         self.page_size as u32
+    }
+
+    /// The cache family the tree hosts.
+    pub(crate) fn hosted(&self) -> &Hosted {
+        &self.family
     }
 
     /// Where the cache's decisions follow the reference scheduler's.
