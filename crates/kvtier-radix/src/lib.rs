@@ -38,6 +38,7 @@ pub use batch::{
     Intent, OpResult, Outcome, PrefetchCheck, PrefetchSkip, PrefetchStart, Publication, Released,
     RetractOutcome, RetractedHandles, StateGrant, StopLock, TokenRef, grow,
 };
+pub(crate) use cache::Hosted;
 pub use cache::{
     CacheConfig, CachedState, InsertResult, Match, Probe, RadixCore, TreeStats, WriteBackTicket,
     WrittenBack,

@@ -3,8 +3,7 @@
 use kvtier_types::Tier;
 
 use super::*;
-use crate::cache::Hosted;
-use crate::{RadixCore, TablesKey};
+use crate::{Hosted, RadixCore, TablesKey};
 
 impl RadixCore {
     /// Runs an admission program: the sequential admission loop of one step.
