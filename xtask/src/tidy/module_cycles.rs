@@ -5,7 +5,9 @@
 //! count). It links the two modules it connects at the level where their paths part:
 //! `crate::runtime::actix` naming `crate::conversation::Step` links `runtime` to
 //! `conversation`. A module naming its own ancestor or descendant links nothing, since a
-//! parent and its children are one unit.
+//! parent and its children are one unit. A name imported through a re-export of the
+//! crate root (`crate::RadixCore`) is the root's, so it links nothing either: the rule
+//! sees the paths as written.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
