@@ -35,9 +35,7 @@ pub(super) struct ReplayFile {
 /// A config value named as on the command line. It is read the way serde reads a unit
 /// enum variant, so the file takes exactly the flags' words and a bad one is refused as
 /// any unknown variant is.
-pub(super) fn by_name<'de, D: Deserializer<'de>, T: ValueEnum>(
-    d: D,
-) -> Result<Option<T>, D::Error> {
+fn by_name<'de, D: Deserializer<'de>, T: ValueEnum>(d: D) -> Result<Option<T>, D::Error> {
     struct Name<T>(PhantomData<T>);
     impl<'de, T: ValueEnum> Visitor<'de> for Name<T> {
         type Value = T;

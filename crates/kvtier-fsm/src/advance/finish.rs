@@ -61,7 +61,7 @@ impl SchedulerCore {
 
     /// A stopped request's group tables: under the reference policies they stay until
     /// the request is forgotten at the next plan, as the reference frees them.
-    pub(super) fn keep_stopped_tables(&mut self, key: usize, tables: Option<GroupTables>) {
+    fn keep_stopped_tables(&mut self, key: usize, tables: Option<GroupTables>) {
         if self.config.policy.keeps_stopped_tables_to_the_next_plan() {
             self.requests[key].stopped_tables = tables;
         }
@@ -71,7 +71,7 @@ impl SchedulerCore {
     /// attach host pages for the write-back of whatever is not on host yet. With a
     /// write-back possible the request is `Draining` until the reply says whether one
     /// was attached.
-    pub(super) fn finish_running(&mut self, key: usize, run: Running) -> State {
+    fn finish_running(&mut self, key: usize, run: Running) -> State {
         let Settled {
             mut family,
             publication,

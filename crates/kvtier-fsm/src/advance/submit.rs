@@ -95,7 +95,7 @@ impl SchedulerCore {
         }
     }
 
-    pub(super) fn check_spec(&self, spec: &RequestSpec) -> Result<(), SchedError> {
+    fn check_spec(&self, spec: &RequestSpec) -> Result<(), SchedError> {
         let id = &spec.id;
         if self.requests.contains(id) {
             return Err(SchedError::DuplicateRequest(id.clone()));

@@ -23,7 +23,7 @@ impl SchedulerCore {
     }
 
     /// A write-back whose outcome is known: its own copy and those it relied on.
-    pub(super) fn write_back_resolved(&mut self, op: WriteBackInFlight, success: bool) {
+    fn write_back_resolved(&mut self, op: WriteBackInFlight, success: bool) {
         let WriteBackInFlight {
             request,
             ticket,

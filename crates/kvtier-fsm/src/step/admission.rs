@@ -250,10 +250,7 @@ impl SchedulerCore {
 
     /// A hybrid request's last chunk to commit with its next row: its computed full pages
     /// (those of the chunk window, not the generated token's) and its checkpoint.
-    pub(super) fn chunk_commit(
-        &mut self,
-        key: usize,
-    ) -> (Option<Box<ChunkCommit>>, Option<Box<Republish>>) {
+    fn chunk_commit(&mut self, key: usize) -> (Option<Box<ChunkCommit>>, Option<Box<Republish>>) {
         let ps = self.config.page_size;
         let mut state = std::mem::replace(&mut self.requests[key].state, State::Finished);
         let Some(run) = state.running_mut() else {

@@ -134,7 +134,7 @@ impl SchedulerCore {
     /// history that no longer fits the device pool (with its decode reserve) could never
     /// be computed again: that request is aborted instead (`ExceedsDevicePool`), which
     /// frees its pages just the same.
-    pub(super) fn requeue_for_recompute(&mut self, draft: &mut PlanInProgress) {
+    fn requeue_for_recompute(&mut self, draft: &mut PlanInProgress) {
         // A write-back in flight is no deadlock: its acknowledgement releases the
         // device copies it read (the reference waits for it, and so does kvtier rather
         // than compute a history again).

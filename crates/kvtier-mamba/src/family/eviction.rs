@@ -9,7 +9,7 @@ use crate::SlotId;
 impl<N: Copy + Ord + Debug> MambaFamily<N> {
     /// Whether `node` holds a device state and no direct child does (the reference's
     /// leaf rule; the default policy asks about every descendant instead).
-    pub(super) fn is_direct_leaf<T: StateTree<Node = N>>(&self, tree: &T, node: N) -> bool {
+    fn is_direct_leaf<T: StateTree<Node = N>>(&self, tree: &T, node: N) -> bool {
         node != tree.root()
             && self.device_slot(node).is_some()
             && tree.children(node).all(|c| self.device_slot(c).is_none())
@@ -110,7 +110,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
     }
 
     /// [`Self::evict`] from these candidates (`Self::candidates`, oldest first).
-    pub(super) fn evict_from<T: StateTree<Node = N>>(
+    fn evict_from<T: StateTree<Node = N>>(
         &mut self,
         tree: &T,
         n: u32,
@@ -190,7 +190,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
     }
 
     /// Device states a cascade of leaf evictions could reach (default policy).
-    pub(super) fn evictable<T: StateTree<Node = N>>(&self, tree: &T, protected: Option<N>) -> u32 {
+    fn evictable<T: StateTree<Node = N>>(&self, tree: &T, protected: Option<N>) -> u32 {
         // A pinned state keeps every state above it from becoming a leaf.
         let mut blocked = BTreeSet::new();
         for (&node, a) in &self.attached {

@@ -11,7 +11,7 @@ impl<N: Copy + Ord + Debug> MambaFamily<N> {
     /// Evicts host states, oldest first by `(time, seq)`, until `need` host slots are
     /// free; none is evicted when that cannot succeed. States whose host KV is locked,
     /// and `protected`, stay.
-    pub(super) fn ensure_host<T: StateTree<Node = N>>(&mut self, tree: &T, need: u32) -> bool {
+    fn ensure_host<T: StateTree<Node = N>>(&mut self, tree: &T, need: u32) -> bool {
         if self.host.available() >= need {
             return true;
         }

@@ -107,7 +107,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         )
     }
 
-    pub(super) fn admit_op<T: SnapshotTree<Node = N>>(
+    fn admit_op<T: SnapshotTree<Node = N>>(
         &mut self,
         tree: &T,
         tables: &RequestTables,
@@ -236,7 +236,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
     }
 
     /// Owned pages group `i`'s sliding release would free before an op at `first_pos`.
-    pub(super) fn sliding_credit(&self, tables: &RequestTables, i: usize, first_pos: u32) -> u32 {
+    fn sliding_credit(&self, tables: &RequestTables, i: usize, first_pos: u32) -> u32 {
         let g = &self.adjunct.groups()[i];
         let t = &tables.tables[i];
         match g.window() {

@@ -72,7 +72,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
 
     /// Whether the node that spans `target` on the path to `terminal` holds a snapshot
     /// and ends elsewhere (splitting it would cut the snapshot).
-    pub(super) fn spanned_by_snapshot<T: SnapshotTree<Node = N>>(
+    fn spanned_by_snapshot<T: SnapshotTree<Node = N>>(
         &self,
         tree: &T,
         terminal: N,
@@ -144,7 +144,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         Ok(())
     }
 
-    pub(super) fn build(
+    fn build(
         &mut self,
         tables: &mut RequestTables,
         node: N,
@@ -178,7 +178,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
 
     /// Checkpoints the continuation groups a History-complete snapshot at exactly the
     /// terminal's depth lacks; true when the snapshot is then continuation-complete.
-    pub(super) fn terminal_continuation(
+    fn terminal_continuation(
         &mut self,
         tables: &mut RequestTables,
         terminal: N,
@@ -259,7 +259,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
     /// snapshots it made since, below that node, which nobody else has reached; the
     /// ones at or above it may be where others branch off (a shared document's end) and
     /// keep their windows until a prune needs them.
-    pub(super) fn detach_superseded_state<T: SnapshotTree<Node = N>>(
+    fn detach_superseded_state<T: SnapshotTree<Node = N>>(
         &mut self,
         tree: &T,
         committing: &RequestTables,
@@ -305,11 +305,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
     }
 
     /// Whether a request table borrows a page of a state segment of `node`'s snapshot.
-    pub(super) fn state_borrowed(
-        &self,
-        node: N,
-        borrowed_state: &BTreeSet<(usize, PageId)>,
-    ) -> bool {
+    fn state_borrowed(&self, node: N, borrowed_state: &BTreeSet<(usize, PageId)>) -> bool {
         self.snapshots.get(&node).is_some_and(|s| {
             self.adjunct.continuation().iter().any(|&i| {
                 s.segments[i]
@@ -328,7 +324,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
 
     /// Strips `groups` from the snapshot on `node` (a snapshot left with nothing
     /// goes); whether it held any of them.
-    pub(super) fn detach_groups(&mut self, node: N, groups: &[usize]) -> bool {
+    fn detach_groups(&mut self, node: N, groups: &[usize]) -> bool {
         let Some(snapshot) = self.snapshots.get_mut(&node) else {
             return false;
         };

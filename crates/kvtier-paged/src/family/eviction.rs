@@ -113,7 +113,7 @@ impl<N: Copy + Ord + Debug> PagedFamily<N> {
         }
     }
 
-    pub(super) fn descends_from<T: SnapshotTree<Node = N>>(tree: &T, node: N, ancestor: N) -> bool {
+    fn descends_from<T: SnapshotTree<Node = N>>(tree: &T, node: N, ancestor: N) -> bool {
         let mut cur = tree.parent(node);
         while let Some(n) = cur {
             if n == ancestor {

@@ -211,7 +211,7 @@ impl RadixCore {
     /// the checkpoint slot it asks for. Inlined: it runs for every decode row, and most
     /// take the fast path.
     #[inline(always)]
-    pub(super) fn grow_running(
+    fn grow_running(
         &mut self,
         n: u32,
         tail_free: u32,
@@ -232,7 +232,7 @@ impl RadixCore {
     }
 
     /// [`Self::grow_running`] past its fast path.
-    pub(super) fn grow_into_new_pages(
+    fn grow_into_new_pages(
         &mut self,
         n: u32,
         tail_free: u32,
@@ -289,7 +289,7 @@ impl RadixCore {
     #[inline(never)]
     /// Grows a running request by `n` KV slots and its group tables by `span`
     /// positions from `first`.
-    pub(super) fn grow_with_groups(
+    fn grow_with_groups(
         &mut self,
         n: u32,
         tail_free: u32,

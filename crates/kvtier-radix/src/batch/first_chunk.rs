@@ -104,12 +104,7 @@ impl RadixCore {
     }
 
     /// Pins the matched prefix, makes room and allocates the chunk's pages.
-    pub(super) fn admit_first_chunk(
-        &mut self,
-        m: Match,
-        shape: ChunkShape,
-        use_host: bool,
-    ) -> Outcome {
+    fn admit_first_chunk(&mut self, m: Match, shape: ChunkShape, use_host: bool) -> Outcome {
         let Some(pinned) = self.pin_prefix(m, shape.need, use_host) else {
             return Outcome::waits();
         };
@@ -151,7 +146,7 @@ impl RadixCore {
     /// Locks the device match, makes `need` pages free, and locks the path the request
     /// will read: with a deeper host match, device pages are attached to the host-only
     /// nodes (the load-back) and both tiers are locked. `None` with nothing changed.
-    pub(super) fn pin_prefix(&mut self, m: Match, need: u32, use_host: bool) -> Option<Pinned> {
+    fn pin_prefix(&mut self, m: Match, need: u32, use_host: bool) -> Option<Pinned> {
         let guard = self.make_room(m.device, need)?;
         self.pin_path(m, guard, use_host)
     }

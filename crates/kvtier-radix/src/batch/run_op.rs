@@ -312,7 +312,7 @@ impl RadixCore {
     }
 
     /// Locks freshly written host pages for their L3 backup.
-    pub(super) fn pin_backup(&mut self, written: crate::WrittenBack) -> Option<BackupSource> {
+    fn pin_backup(&mut self, written: crate::WrittenBack) -> Option<BackupSource> {
         let node = written.deepest?;
         if written.host_pages.is_empty() {
             return None;
@@ -333,7 +333,7 @@ impl RadixCore {
     /// copy, evicting host cache if needed, and pins the path on both tiers; a hybrid
     /// model's device states on them are copied too. `None` (nothing changed) when the
     /// host pool cannot make room.
-    pub(super) fn attach_write_back(&mut self, device: NodeId, host: NodeId) -> Option<Attached> {
+    fn attach_write_back(&mut self, device: NodeId, host: NodeId) -> Option<Attached> {
         let nodes = self.nodes_without(Tier::Host, device);
         let need = self.pages_needed(Tier::Host, &nodes);
         let guard = self.lock(host, Tier::Host);

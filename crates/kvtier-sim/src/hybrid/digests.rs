@@ -14,7 +14,7 @@ pub(super) struct Digests {
     pub(super) pages: Fnv,
     pub(super) all: Fnv,
     /// The paged groups' ids, in byte order (the rows' group order).
-    pub(super) groups: Vec<String>,
+    groups: Vec<String>,
 }
 
 /// A transfer op split by kind: (KV src, KV dst, state src, state dst).
@@ -48,7 +48,7 @@ pub(super) fn canonical(write_backs: &[WriteBackOp]) -> Vec<(&WriteBackOp, Split
 }
 
 /// The row fields the digest pins, in its order.
-pub(super) fn row_fields(row: &ForwardRow, pages: usize) -> [i64; 11] {
+fn row_fields(row: &ForwardRow, pages: usize) -> [i64; 11] {
     let prefill = row.kind == RowKind::Prefill;
     [
         i64::from(!prefill),
@@ -70,7 +70,7 @@ pub(super) fn row_fields(row: &ForwardRow, pages: usize) -> [i64; 11] {
 }
 
 /// A slot or length as the digest writes it: -1 for none.
-pub(super) fn slot_or_none(v: Option<u32>) -> i64 {
+fn slot_or_none(v: Option<u32>) -> i64 {
     v.map_or(-1, i64::from)
 }
 
@@ -92,7 +92,7 @@ impl Digests {
     }
 
     /// Feeds the digests that pin device and host page ids.
-    pub(super) fn page_ids(&mut self, list: &[i64]) {
+    fn page_ids(&mut self, list: &[i64]) {
         self.pages.v(list);
         self.all.v(list);
     }

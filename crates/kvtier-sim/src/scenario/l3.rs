@@ -56,7 +56,7 @@ pub enum L3Fault {
 }
 
 /// The error an injected outage gives.
-pub(super) fn store_down() -> L3Error {
+fn store_down() -> L3Error {
     L3Error::Io {
         path: "injected".into(),
         source: std::io::Error::other("the L3 store is down"),
@@ -65,7 +65,7 @@ pub(super) fn store_down() -> L3Error {
 
 /// The L3 fault hooks of a scenario run.
 #[derive(Debug)]
-pub(super) struct ScenarioFaults {
+struct ScenarioFaults {
     fault: L3Fault,
     gets: u64,
     puts: u64,
