@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use kvtier_host::OwnedPages;
 use kvtier_mamba::RequestStates;
-use kvtier_radix::{Attached, FamilyRelease, GroupTables, NodeLock, Publication, TokenRef, grow};
+use kvtier_radix::{
+    Attached, FamilyHold, FamilyRelease, GroupTables, NodeLock, Publication, TokenRef, grow,
+};
 use kvtier_types::{OpId, PageId, Policy, RequestId, Token};
 
 use crate::slots::Slot;
@@ -99,59 +101,10 @@ pub(crate) struct Running {
     /// publication must not publish them again from the old prefix.
     pub published_ahead: u32,
     /// What it holds of its model's cache family.
-    pub family: FamilyHold,
+    pub family: FamilyHold<RequestStates>,
     /// Hybrid models: the node of the last decode state it cached (a deeper one
     /// retires it).
     pub decode_state: Option<kvtier_radix::NodeId>,
-}
-
-/// What a running request holds of its model's cache family: a model has one family,
-/// so a request holds one of these.
-#[derive(Debug)]
-pub enum FamilyHold {
-    /// Full attention: nothing beyond its KV pages.
-    Dense,
-    /// Hybrid models: its working and checkpoint state slots.
-    States(RequestStates),
-    /// Paged models: its group tables (returned to the cache when dropped).
-    Tables(GroupTables),
-}
-
-impl FamilyHold {
-    /// The hold of an admission that granted `states` or `tables` (at most one: a
-    /// model has one family).
-    pub fn granted(states: Option<RequestStates>, tables: Option<GroupTables>) -> Self {
-        debug_assert!(
-            states.is_none() || tables.is_none(),
-            "a request holds one family's resources"
-        );
-        match (states, tables) {
-            (Some(states), _) => FamilyHold::States(states),
-            (None, Some(tables)) => FamilyHold::Tables(tables),
-            (None, None) => FamilyHold::Dense,
-        }
-    }
-
-    pub fn states(&self) -> Option<&RequestStates> {
-        match self {
-            FamilyHold::States(states) => Some(states),
-            _ => None,
-        }
-    }
-
-    pub fn states_mut(&mut self) -> Option<&mut RequestStates> {
-        match self {
-            FamilyHold::States(states) => Some(states),
-            _ => None,
-        }
-    }
-
-    pub fn tables(&self) -> Option<&GroupTables> {
-        match self {
-            FamilyHold::Tables(tables) => Some(tables),
-            _ => None,
-        }
-    }
 }
 
 impl Running {
@@ -443,13 +396,8 @@ impl Request {
             family,
             ..
         } = run;
-        let family = match family {
-            FamilyHold::Dense => FamilyRelease::Dense,
-            FamilyHold::States(states) => FamilyRelease::States(self.final_states(states)),
-            FamilyHold::Tables(tables) => FamilyRelease::Tables(tables),
-        };
         Settled {
-            family,
+            family: family.map_states(|states| self.final_states(states)),
             publication,
             device_lock,
             host_lock,

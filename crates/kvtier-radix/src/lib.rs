@@ -34,9 +34,9 @@ mod reference;
 
 pub use batch::{
     Admission, AdmitProgram, Attached, BackupSource, CacheBatch, CacheOp, CacheReply,
-    CheckpointNeed, ChunkCommit, Committed, FamilyAsk, FamilyGrant, FamilyRelease, FinalStates,
-    Intent, OpResult, Outcome, PrefetchCheck, PrefetchSkip, PrefetchStart, Publication, Released,
-    RetractOutcome, RetractedHandles, StateGrant, StopLock, TokenRef, grow,
+    CheckpointNeed, ChunkCommit, Committed, FamilyAsk, FamilyGrant, FamilyHold, FamilyRelease,
+    FinalStates, Intent, OpResult, Outcome, PrefetchCheck, PrefetchSkip, PrefetchStart,
+    Publication, Released, RetractOutcome, RetractedHandles, StateGrant, StopLock, TokenRef, grow,
 };
 pub(crate) use cache::Hosted;
 pub use cache::{

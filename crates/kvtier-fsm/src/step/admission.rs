@@ -2,8 +2,8 @@
 //! and the outcomes applied to the requests.
 
 use kvtier_radix::{
-    AdmitProgram, CacheOp, CheckpointNeed, ChunkCommit, FamilyAsk, GroupTables, Intent, Outcome,
-    PrefetchCheck, RetractedHandles, TokenRef,
+    AdmitProgram, CacheOp, CheckpointNeed, ChunkCommit, FamilyAsk, FamilyHold, GroupTables, Intent,
+    Outcome, PrefetchCheck, RetractedHandles, TokenRef,
 };
 use kvtier_types::AbortReason;
 
@@ -11,7 +11,7 @@ use super::*;
 use crate::SchedulerCore;
 use crate::draft::{Entry, PlanInProgress, Resume};
 use crate::outbox::Target;
-use crate::request::{FamilyHold, LocalKv, Prefetch, Republish, Retracted, State};
+use crate::request::{LocalKv, Prefetch, Republish, Retracted, State};
 
 impl SchedulerCore {
     /// Mid-flight publication: every request still in prefill publishes the full pages of

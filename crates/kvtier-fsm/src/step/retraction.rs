@@ -1,11 +1,11 @@
 //! Retraction when nothing could run, and the recovery of retracted requests.
 
-use kvtier_radix::{Admission, CacheBatch, CacheOp, FamilyGrant, RetractOutcome};
+use kvtier_radix::{Admission, CacheBatch, CacheOp, FamilyGrant, FamilyHold, RetractOutcome};
 use kvtier_types::{AbortReason, ExecutionPlan, RowKind, TransferKind, TransferPair};
 
 use crate::SchedulerCore;
 use crate::draft::{PlanInProgress, Resume, Retraction};
-use crate::request::{FamilyHold, LocalKv, Retracted, Running, Settled, State, StateKind};
+use crate::request::{LocalKv, Retracted, Running, Settled, State, StateKind};
 
 impl SchedulerCore {
     /// Preempts the running request with the most tokens (ties: scheduling order): the
@@ -347,7 +347,7 @@ impl SchedulerCore {
             reserve: d,
             table_changed_from: None,
             published_ahead: 0,
-            family: FamilyHold::granted(states, tables),
+            family: FamilyHold::from_parts(states, tables),
             decode_state: None,
         };
         if let Some(slot) = cow_src {

@@ -1,14 +1,14 @@
 //! The transitions that give a request a row: its next chunk, its first chunk (or an L3
 //! prefetch instead), its decode.
 
-use kvtier_radix::{Admission, FamilyGrant};
+use kvtier_radix::{Admission, FamilyGrant, FamilyHold};
 use kvtier_types::{
     ExecutionPlan, LoadBackOp, PrefetchOp, RowKind, StateObject, TransferKind, TransferPair,
 };
 
 use crate::SchedulerCore;
 use crate::draft::{PlanInProgress, Rows, Seen};
-use crate::request::{FamilyHold, LocalKv, Prefetch, Running, State};
+use crate::request::{LocalKv, Prefetch, Running, State};
 
 impl SchedulerCore {
     // ----- Prefilling → next chunk -----------------------------------------------------

@@ -17,21 +17,22 @@
 //! admission loop), `first_chunk` and `recovery`.
 
 mod admit;
+mod family;
 mod first_chunk;
 mod op;
 mod program;
 mod recovery;
 mod run_op;
 
+pub use family::{FamilyGrant, FamilyHold, FamilyRelease};
 pub(crate) use first_chunk::{ChunkShape, FirstChunkAsk};
 pub use kvtier_mamba::CheckpointNeed;
 pub use op::{
-    Attached, BackupSource, CacheOp, FamilyRelease, FinalStates, OpResult, Released,
-    RetractOutcome, StopLock,
+    Attached, BackupSource, CacheOp, FinalStates, OpResult, Released, RetractOutcome, StopLock,
 };
 pub use program::{
-    Admission, AdmitProgram, ChunkCommit, Committed, FamilyAsk, FamilyGrant, Intent, Outcome,
-    PrefetchCheck, PrefetchSkip, PrefetchStart, RetractedHandles, StateGrant,
+    Admission, AdmitProgram, ChunkCommit, Committed, FamilyAsk, Intent, Outcome, PrefetchCheck,
+    PrefetchSkip, PrefetchStart, RetractedHandles, StateGrant,
 };
 
 use std::ops::Deref;

@@ -4,9 +4,10 @@ use kvtier_host::OwnedPages;
 use kvtier_mamba::{RequestStates, Slot, SlotId};
 use kvtier_types::{PageId, StateObject, TransferPair, hash::PageHash};
 
+use super::family::FamilyRelease;
 use super::program::{AdmitProgram, Outcome};
 use super::{Publication, TokenRef};
-use crate::{GroupTables, NodeId, NodeLock, WriteBackTicket};
+use crate::{NodeId, NodeLock, WriteBackTicket};
 
 /// A finished request's write-back, attached but not yet issued: the ticket pins the
 /// path on both tiers until acknowledged.
@@ -227,41 +228,6 @@ pub enum OpResult {
     BackedUp,
     /// Handles released.
     Released,
-}
-
-/// What a stopping (finishing or retracted) request gives back of its model's cache
-/// family: a model has one family, so a request gives back one of these.
-#[derive(Debug)]
-pub enum FamilyRelease {
-    /// Full attention: nothing beyond its KV pages.
-    Dense,
-    /// Hybrid models: its state slots; one holding the state at the published depth is
-    /// cached there, the rest freed.
-    States(FinalStates),
-    /// Paged models: its group tables, released once the publication committed them.
-    Tables(GroupTables),
-}
-
-impl FamilyRelease {
-    /// Takes the group tables out (a request that keeps them), leaving nothing.
-    pub fn take_tables(&mut self) -> Option<GroupTables> {
-        match std::mem::replace(self, FamilyRelease::Dense) {
-            FamilyRelease::Tables(tables) => Some(tables),
-            other => {
-                *self = other;
-                None
-            }
-        }
-    }
-
-    /// Its state slots and its tables, apart.
-    pub fn split(self) -> (Option<FinalStates>, Option<GroupTables>) {
-        match self {
-            FamilyRelease::Dense => (None, None),
-            FamilyRelease::States(states) => (Some(states), None),
-            FamilyRelease::Tables(tables) => (None, Some(tables)),
-        }
-    }
 }
 
 /// A finishing or retracted request's state slots (hybrid models).

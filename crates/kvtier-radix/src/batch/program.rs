@@ -4,8 +4,9 @@ use kvtier_host::OwnedPages;
 use kvtier_mamba::{CheckpointNeed, RequestStates, Slot, SlotId};
 use kvtier_types::{GroupTable, PageId, TransferPair};
 
+use super::family::FamilyGrant;
 use super::{Publication, TokenRef};
-use crate::{Denial, GroupTables, NodeId, NodeLock, TablesKey};
+use crate::{Denial, NodeId, NodeLock, TablesKey};
 
 /// An admission program: candidates in scheduling order and the limits of the step.
 #[derive(Debug)]
@@ -148,18 +149,6 @@ pub struct Committed {
     pub published: Option<(NodeLock, Vec<PageId>)>,
     /// The fresh checkpoint slot.
     pub checkpoint: Option<Slot>,
-}
-
-/// What an admitted request is granted of its model's cache family: a model has one
-/// family, so a request is granted one of these.
-#[derive(Debug)]
-pub enum FamilyGrant {
-    /// Full attention, or a recovery that resumes from the tables it kept: nothing.
-    Dense,
-    /// Hybrid models: its state slots.
-    States(Box<StateGrant>),
-    /// Paged models: its group tables.
-    Tables(GroupTables),
 }
 
 /// The states an admitted hybrid request starts with.
