@@ -92,15 +92,16 @@ pub struct TreeStats {
 }
 
 /// The cache family a tree hosts: a model has one (`SchedulerConfig::validate` refuses
-/// a Mamba family beside paged groups).
+/// a Mamba family beside paged groups). Boxed, so that lending a family the tree it
+/// reads (`with_states`, `with_snapshots`) moves a pointer, not the family.
 #[derive(Debug)]
 pub(crate) enum Hosted {
     /// Full attention: KV only.
     Dense,
     /// The recurrent states attached to nodes (hybrid models).
-    Mamba(MambaFamily<NodeId>),
+    Mamba(Box<MambaFamily<NodeId>>),
     /// The page-group snapshots attached to nodes (window and compressed-state models).
-    Paged(PagedFamily<NodeId>),
+    Paged(Box<PagedFamily<NodeId>>),
 }
 
 impl Hosted {
@@ -110,7 +111,7 @@ impl Hosted {
             debug_assert!(config.paged.is_none(), "a model has one family");
             let family = MambaFamily::new(m);
             debug_assert!(family.is_ok(), "an invalid Mamba config: {family:?}");
-            return family.map_or(Hosted::Dense, Hosted::Mamba);
+            return family.map_or(Hosted::Dense, |family| Hosted::Mamba(Box::new(family)));
         }
         let Some(adjunct) = config.paged.clone() else {
             return Hosted::Dense;
@@ -122,12 +123,12 @@ impl Hosted {
         }
         // Superseded state windows (#460): kvtier detaches them by its own rule, the
         // 0.1.0 wheel by its, the reference at 350cf505 not at all.
-        Hosted::Paged(match config.policy {
+        Hosted::Paged(Box::new(match config.policy {
             // kvtier pins a snapshot only by the locks that may read it.
             Policy::Default => PagedFamily::new(adjunct, true).pinned_by_own_locks(),
             Policy::ReferenceWheel => PagedFamily::new(adjunct, false).detaching_as_the_wheel(),
             Policy::Reference => PagedFamily::new(adjunct, false),
-        })
+        }))
     }
 }
 

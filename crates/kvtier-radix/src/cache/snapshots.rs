@@ -52,14 +52,14 @@ impl RadixCore {
     /// The paged-cache family, read-only.
     pub fn snapshots(&self) -> Option<&PagedFamily<NodeId>> {
         match &self.family {
-            Hosted::Paged(family) => Some(family),
+            Hosted::Paged(family) => Some(family.as_ref()),
             _ => None,
         }
     }
 
     fn snapshots_mut(&mut self) -> Option<&mut PagedFamily<NodeId>> {
         match &mut self.family {
-            Hosted::Paged(family) => Some(family),
+            Hosted::Paged(family) => Some(family.as_mut()),
             _ => None,
         }
     }
@@ -70,11 +70,12 @@ impl RadixCore {
         &mut self,
         f: impl FnOnce(&mut PagedFamily<NodeId>, &mut RadixCore) -> R,
     ) -> Option<R> {
-        if !self.has_snapshots() {
-            return None;
-        }
-        let Hosted::Paged(mut family) = std::mem::replace(&mut self.family, Hosted::Dense) else {
-            unreachable!("checked above");
+        let mut family = match std::mem::replace(&mut self.family, Hosted::Dense) {
+            Hosted::Paged(family) => family,
+            other => {
+                self.family = other;
+                return None;
+            }
         };
         let result = f(&mut family, self);
         self.family = Hosted::Paged(family);

@@ -44,11 +44,12 @@ impl RadixCore {
         &mut self,
         f: impl FnOnce(&mut MambaFamily<NodeId>, &RadixCore) -> R,
     ) -> Option<R> {
-        if !self.has_states() {
-            return None;
-        }
-        let Hosted::Mamba(mut family) = std::mem::replace(&mut self.family, Hosted::Dense) else {
-            unreachable!("checked above");
+        let mut family = match std::mem::replace(&mut self.family, Hosted::Dense) {
+            Hosted::Mamba(family) => family,
+            other => {
+                self.family = other;
+                return None;
+            }
         };
         let result = f(&mut family, self);
         self.family = Hosted::Mamba(family);
@@ -58,7 +59,7 @@ impl RadixCore {
     /// The state family, read-only.
     pub fn states(&self) -> Option<&MambaFamily<NodeId>> {
         match &self.family {
-            Hosted::Mamba(family) => Some(family),
+            Hosted::Mamba(family) => Some(family.as_ref()),
             _ => None,
         }
     }
