@@ -161,28 +161,29 @@ impl SchedulerCore {
                     // reference's order a first decode also commits its last chunk.
                     let len = r.tokens.len() as u32;
                     let first = matches!(r.state, State::PrefillDone(_));
-                    let commits = first && policy.commits_chunks_at_the_next_row();
-                    let (family, commits) = match &run.family {
-                        FamilyHold::Dense => (FamilyAsk::Dense, false),
-                        FamilyHold::States(states) => (
+                    let family = match &run.family {
+                        FamilyHold::Dense => FamilyAsk::Dense,
+                        FamilyHold::States(states) => {
                             FamilyAsk::Checkpoint(CheckpointNeed::of_decode(
                                 policy,
                                 first,
                                 len,
                                 ps,
                                 states.checkpoint.is_some(),
-                            )),
-                            commits,
-                        ),
+                            ))
+                        }
                         FamilyHold::Tables(t) => {
                             let at = if policy.admits_decode_groups_a_position_on() {
                                 len
                             } else {
                                 len - 1
                             };
-                            (FamilyAsk::Groups(t.key(), at), commits)
+                            FamilyAsk::Groups(t.key(), at)
                         }
                     };
+                    let commits = first
+                        && family != FamilyAsk::Dense
+                        && policy.commits_chunks_at_the_next_row();
                     let (commit, republish) = if commits {
                         self.chunk_commit(key)
                     } else {
