@@ -111,9 +111,14 @@ fn raw_string_hashes(rest: &[u8]) -> Option<usize> {
 fn is_char_literal(rest: &[u8]) -> bool {
     match rest.get(1) {
         Some(b'\\') => true,
-        Some(_) => {
-            let text = String::from_utf8_lossy(&rest[1..rest.len().min(6)]);
-            let width = text.chars().next().map_or(1, char::len_utf8);
+        Some(&lead) => {
+            // The width of the UTF-8 character that starts with `lead`.
+            let width = match lead {
+                0xF0.. => 4,
+                0xE0.. => 3,
+                0xC0.. => 2,
+                _ => 1,
+            };
             rest.get(1 + width) == Some(&b'\'')
         }
         None => false,
@@ -127,12 +132,12 @@ mod tests {
     #[test]
     fn comments_and_literals_are_blanked_with_offsets_kept() {
         let text = "use crate::a; // crate::b\n/* crate::c /* nested */ */ let s = \"crate::d {\";\n\
-                    let r = r#\"crate::e \"q\" \"#; let c = '{'; let l: &'a str = x; '\\''; crate::f";
+                    let r = r#\"crate::e \"q\" \"#; let c = '{'; let l: &'a str = x; '\\''; let e = 'é'; crate::f";
         let code = code_only(text);
         assert_eq!(code.len(), text.len());
         assert_eq!(code.lines().count(), text.lines().count());
         assert!(code.contains("use crate::a;"));
-        for hidden in ["crate::b", "crate::c", "crate::d", "crate::e", "'{'"] {
+        for hidden in ["crate::b", "crate::c", "crate::d", "crate::e", "'{'", "é"] {
             assert!(!code.contains(hidden), "{hidden} in {code}");
         }
         assert!(code.contains("&'a str"), "{code}");
