@@ -4,6 +4,7 @@
 //! use anything.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::rc::Rc;
 
 use anyhow::Result;
 
@@ -21,7 +22,7 @@ pub struct Member {
     pub name: String,
     /// Its manifest, relative to the repository, and the manifest's text.
     pub manifest_path: String,
-    pub manifest: String,
+    pub manifest: Rc<str>,
     /// The workspace members it depends on through normal dependencies.
     pub uses: BTreeSet<String>,
 }
@@ -167,7 +168,8 @@ mod tests {
                 uses.iter()
                     .map(|dep| format!("{dep}.workspace = true\n"))
                     .collect::<String>()
-            ),
+            )
+            .into(),
             uses: uses.iter().map(|dep| dep.to_string()).collect(),
         }
     }

@@ -21,10 +21,11 @@ mod no_runtime_in_core;
 mod source;
 
 use std::cell::RefCell;
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use anyhow::{Context, Result, bail};
 
@@ -98,10 +99,11 @@ fn violation(path: &str, line: usize, rule: &'static str, message: String) -> Vi
 }
 
 /// The repository as the rules see it: the workspace's `cargo metadata`, and its files,
-/// each read through [`Repo::read`] so that the files checked can be counted.
+/// each read once through [`Repo::read`] (several rules read the same sources), which
+/// also counts the files checked.
 pub struct Repo {
     metadata: Metadata,
-    read: RefCell<BTreeSet<PathBuf>>,
+    read: RefCell<BTreeMap<PathBuf, Rc<str>>>,
 }
 
 impl Repo {
@@ -127,10 +129,16 @@ impl Repo {
     }
 
     /// The contents of `path`, counted as checked.
-    pub fn read(&self, path: &Path) -> Result<String> {
-        let contents =
-            fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        self.read.borrow_mut().insert(path.to_path_buf());
+    pub fn read(&self, path: &Path) -> Result<Rc<str>> {
+        if let Some(contents) = self.read.borrow().get(path) {
+            return Ok(Rc::clone(contents));
+        }
+        let contents: Rc<str> = fs::read_to_string(path)
+            .with_context(|| format!("reading {}", path.display()))?
+            .into();
+        self.read
+            .borrow_mut()
+            .insert(path.to_path_buf(), Rc::clone(&contents));
         Ok(contents)
     }
 
@@ -212,6 +220,8 @@ fn rules(violations: &[Violation]) -> Vec<(usize, &'static str)> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
 
     #[test]

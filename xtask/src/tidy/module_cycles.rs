@@ -11,6 +11,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::rc::Rc;
 
 use anyhow::Result;
 
@@ -26,7 +27,7 @@ type Module = Vec<String>;
 pub struct SourceFile {
     pub path: String,
     pub module: Module,
-    pub contents: String,
+    pub contents: Rc<str>,
 }
 
 /// Every member's `src/` (binaries under `src/bin/` aside) as one module tree.
@@ -336,7 +337,7 @@ mod tests {
         SourceFile {
             path: path.to_string(),
             module: module.iter().map(|m| m.to_string()).collect(),
-            contents: contents.to_string(),
+            contents: contents.into(),
         }
     }
 
