@@ -1,7 +1,7 @@
 //! The direct path: the scheduler core over a radix cache it owns, batches executed in
 //! place. Same decisions as the actor runtimes, which carry the same batches as messages.
 
-use kvtier_radix::RadixCore;
+use kvtier_radix::{CacheFamily, RadixCore};
 use kvtier_types::{
     EngineEvent, ExecutionPlan, KvEvent, LookupAsk, PageId, RequestId, RequestSpec,
     SchedulerConfig, Token,
@@ -31,6 +31,7 @@ impl SchedulerStats {
         self.prefetch_skipped = tree.prefetch_skipped;
         self.states = tree.states;
         self.groups = tree.groups;
+        self.registered = tree.registered;
         self
     }
 }
@@ -40,6 +41,18 @@ impl Scheduler {
     pub fn new(config: SchedulerConfig) -> Result<Self, SchedError> {
         let core = SchedulerCore::new(config)?;
         let cache = RadixCore::new(&cache_config(core.config()));
+        Ok(Self { core, cache })
+    }
+
+    /// A scheduler whose cache hosts `family`, a cache family its user registered,
+    /// beside the KV of a full-attention model. Fails on an invalid config, or one that
+    /// names a built-in family too.
+    pub fn hosting(
+        config: SchedulerConfig,
+        family: Box<dyn CacheFamily>,
+    ) -> Result<Self, SchedError> {
+        let core = SchedulerCore::new(config)?;
+        let cache = RadixCore::hosting(&cache_config(core.config()), family)?;
         Ok(Self { core, cache })
     }
 

@@ -12,6 +12,9 @@ pub enum SchedError {
     /// The configuration is invalid.
     #[error(transparent)]
     Config(#[from] TypesError),
+    /// The cache cannot host what it was given (a registered family beside a built-in).
+    #[error(transparent)]
+    Cache(#[from] kvtier_radix::RadixError),
     /// A live request already has this id.
     #[error("request {0} already exists")]
     DuplicateRequest(RequestId),

@@ -85,6 +85,8 @@ pub struct SchedulerStats {
     pub states: Option<kvtier_mamba::MambaStats>,
     /// Paged models: the group pools and the family's counters.
     pub groups: Option<Box<kvtier_paged::PagedReport>>,
+    /// A registered cache family's counters, by name (`Scheduler::hosting`).
+    pub registered: Vec<(&'static str, u64)>,
     /// Nothing running, queued or in flight.
     pub idle: bool,
     /// Wall-clock duration of each scheduling step (`next_plan`). The latency

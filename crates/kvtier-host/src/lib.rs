@@ -24,4 +24,4 @@ pub use arena::{HostArena, PagesRead, PagesWrite};
 pub use error::HostError;
 pub use pool::{OwnedPages, PagePool, PoolId};
 pub use protocol::{HostMsg, HostReply};
-pub use release::{ReleaseQueue, Releaser};
+pub use release::{Lease, ReleaseQueue, Releaser};

@@ -79,6 +79,44 @@ impl<T> Releaser<T> {
     }
 }
 
+/// One item held outside its owner. Move-only; dropping it sends the item home, where
+/// the owner takes it back before its next operation.
+#[derive(Debug)]
+#[must_use = "dropping the lease returns what it holds"]
+pub struct Lease<T: Copy> {
+    item: T,
+    home: Option<Releaser<T>>,
+}
+
+impl<T: Copy> Lease<T> {
+    /// `item`, returned through `home` when dropped.
+    pub fn new(item: T, home: Releaser<T>) -> Self {
+        Self {
+            item,
+            home: Some(home),
+        }
+    }
+
+    /// What it holds.
+    pub fn get(&self) -> T {
+        self.item
+    }
+
+    /// What it holds, no longer returned on drop: its owner takes it back another way.
+    pub fn into_inner(mut self) -> T {
+        self.home = None;
+        self.item
+    }
+}
+
+impl<T: Copy> Drop for Lease<T> {
+    fn drop(&mut self) {
+        if let Some(home) = self.home.take() {
+            home.release(self.item);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,5 +141,17 @@ mod tests {
         let r = queue.releaser();
         drop(queue);
         r.release(5u32);
+    }
+
+    #[test]
+    fn a_dropped_lease_goes_home_and_a_taken_one_does_not() {
+        let queue = ReleaseQueue::new();
+        let kept = Lease::new(7u32, queue.releaser());
+        assert_eq!(kept.get(), 7);
+        drop(Lease::new(3u32, queue.releaser()));
+        assert_eq!(kept.into_inner(), 7);
+        let mut got = Vec::new();
+        queue.drain(|x| got.push(x));
+        assert_eq!(got, [3]);
     }
 }

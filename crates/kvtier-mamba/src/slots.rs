@@ -11,7 +11,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use kvtier_host::{ReleaseQueue, Releaser};
+use kvtier_host::{Lease, ReleaseQueue};
 use kvtier_types::Tier;
 
 /// The index of a state slot in its pool.
@@ -35,28 +35,19 @@ pub struct SlotPool {
 #[derive(Debug)]
 #[must_use = "dropping a slot frees it"]
 pub struct Slot {
-    id: SlotId,
+    lease: Lease<SlotId>,
     tier: Tier,
-    home: Option<Releaser<SlotId>>,
 }
 
 impl Slot {
     /// Its index.
     pub fn id(&self) -> SlotId {
-        self.id
+        self.lease.get()
     }
 
     /// Its tier.
     pub fn tier(&self) -> Tier {
         self.tier
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        if let Some(home) = self.home.take() {
-            home.release(self.id);
-        }
     }
 }
 
@@ -125,9 +116,8 @@ impl SlotPool {
         }
         self.held += 1;
         Some(Slot {
-            id,
+            lease: Lease::new(id, self.returns.releaser()),
             tier: self.tier,
-            home: Some(self.returns.releaser()),
         })
     }
 
@@ -139,11 +129,10 @@ impl SlotPool {
 
     /// Turns a handle into an index the pool's owner keeps (a slot attached to a cached
     /// state): it no longer returns itself when dropped; [`Self::release`] frees it.
-    pub fn adopt(&mut self, mut slot: Slot) -> SlotId {
+    pub fn adopt(&mut self, slot: Slot) -> SlotId {
         debug_assert_eq!(slot.tier, self.tier, "a slot of another tier");
-        slot.home = None;
         self.held -= 1;
-        slot.id
+        slot.lease.into_inner()
     }
 
     /// Frees an index the owner kept (see [`Self::adopt`]).

@@ -49,6 +49,14 @@ pub enum RadixError {
         /// Pages leased.
         got: u32,
     },
+    /// A family registered beside a built-in one its config names (a model has one).
+    #[error(
+        "cache family {registered:?} registered beside the Mamba or paged family of the config: a model has one family"
+    )]
+    TwoFamilies {
+        /// The registered family's name.
+        registered: &'static str,
+    },
     /// Pages from another pool were passed.
     #[error(transparent)]
     Pool(#[from] kvtier_host::HostError),
@@ -180,6 +188,13 @@ pub enum Violation {
     /// A page-group snapshot sits on a removed node, a node without device KV, or off
     /// a multiple of the alignment (window and compressed-state models).
     Snapshot(String),
+    /// A registered cache family's own invariant.
+    Family {
+        /// The family's name.
+        family: &'static str,
+        /// What it found.
+        detail: String,
+    },
 }
 
 /// Where the invariant check found a page.
@@ -196,6 +211,7 @@ pub enum PageOwner {
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Violation::Family { family, detail } => write!(f, "cache family {family}: {detail}"),
             Violation::PageOutOfRange { tier, page, owner } => {
                 write!(f, "{tier:?} page {page} out of range ({owner:?})")
             }

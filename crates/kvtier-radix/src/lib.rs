@@ -40,8 +40,8 @@ pub use batch::{
 };
 pub(crate) use cache::Hosted;
 pub use cache::{
-    CacheConfig, CachedState, InsertResult, Match, Probe, RadixCore, TreeStats, WriteBackTicket,
-    WrittenBack,
+    CacheConfig, CacheFamily, CachedState, Dense, FamilyLease, InsertResult, Match, Probe,
+    RadixCore, TreeEvent, TreeStats, WriteBackTicket, WrittenBack,
 };
 pub use error::{PageOwner, RadixError, Violation};
 pub use lock::NodeLock;

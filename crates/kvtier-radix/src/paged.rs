@@ -8,7 +8,7 @@
 //! its first token no longer attends and tops its tables up to its target. A first chunk
 //! reuses KV only as deep as a snapshot makes its groups complete (§2.5).
 
-use kvtier_host::Releaser;
+use kvtier_host::Lease;
 use kvtier_paged::{PagedFamily, PagedHit, PendingCommit, RequestTables};
 use kvtier_types::GroupTable;
 
@@ -33,23 +33,12 @@ pub struct Denial {
 /// cache, which returns their own pages to the group pools before its next operation.
 #[derive(Debug)]
 #[must_use = "dropping the lease releases the request's group pages"]
-pub struct GroupTables {
-    key: TablesKey,
-    home: Option<Releaser<TablesKey>>,
-}
+pub struct GroupTables(Lease<TablesKey>);
 
 impl GroupTables {
     /// The key that names the tables in intents and publications.
     pub fn key(&self) -> TablesKey {
-        self.key
-    }
-}
-
-impl Drop for GroupTables {
-    fn drop(&mut self) {
-        if let Some(home) = self.home.take() {
-            home.release(self.key);
-        }
+        self.0.get()
     }
 }
 
@@ -360,9 +349,6 @@ impl RadixCore {
 
     fn lease_tables(&mut self, tables: RequestTables) -> GroupTables {
         let key = self.store_tables(tables);
-        GroupTables {
-            key,
-            home: Some(self.table_releaser()),
-        }
+        GroupTables(Lease::new(key, self.table_releaser()))
     }
 }

@@ -118,6 +118,7 @@ impl SchedulerCore {
                         (r.prefill_len - run.window_end(), run.local_kv.tail_free);
                     let family = match &run.family {
                         FamilyHold::Tables(t) => FamilyAsk::Groups(t.key(), run.window_end()),
+                        FamilyHold::Lease(lease) => FamilyAsk::Lease(lease.request()),
                         _ if hybrid => FamilyAsk::Checkpoint(CheckpointNeed::of_chunk()),
                         _ => FamilyAsk::Dense,
                     };
@@ -180,6 +181,7 @@ impl SchedulerCore {
                             };
                             FamilyAsk::Groups(t.key(), at)
                         }
+                        FamilyHold::Lease(lease) => FamilyAsk::Lease(lease.request()),
                     };
                     let commits = first
                         && family != FamilyAsk::Dense

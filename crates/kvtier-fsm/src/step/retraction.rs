@@ -328,9 +328,10 @@ impl SchedulerCore {
             tail_free: admission.tail_free,
         };
         let r = &self.requests[key];
-        let (mut states, cow_src) = match admission.family {
-            FamilyGrant::States(grant) => (Some(grant.states), grant.cow_src),
-            _ => (None, None),
+        let (mut states, cow_src, lease) = match admission.family {
+            FamilyGrant::States(grant) => (Some(grant.states), grant.cow_src, None),
+            FamilyGrant::Lease(lease) => (None, None, Some(lease)),
+            FamilyGrant::Dense | FamilyGrant::Tables(_) => (None, None, None),
         };
         // The row computes the history's last token, like a decode row.
         if let Some(states) = states.as_mut() {
@@ -347,7 +348,10 @@ impl SchedulerCore {
             reserve: d,
             table_changed_from: None,
             published_ahead: 0,
-            family: FamilyHold::from_parts(states, tables),
+            family: match lease {
+                Some(lease) => FamilyHold::Lease(lease),
+                None => FamilyHold::from_parts(states, tables),
+            },
             decode_state: None,
         };
         if let Some(slot) = cow_src {

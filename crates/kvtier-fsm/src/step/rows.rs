@@ -104,6 +104,7 @@ impl SchedulerCore {
                 grant.branching,
             ),
             FamilyGrant::Tables(tables) => (FamilyHold::Tables(tables), None, None),
+            FamilyGrant::Lease(lease) => (FamilyHold::Lease(lease), None, None),
             FamilyGrant::Dense => (FamilyHold::Dense, None, None),
         };
         let mut run = Running {

@@ -19,12 +19,7 @@ impl RadixCore {
             released,
             intents,
         } = program;
-        self.with_states(|states, tree| {
-            states.begin_plan();
-            if released {
-                states.demote_idle(tree);
-            }
-        });
+        self.with_family(|family, tree| family.begin_plan(tree, released));
         self.begin_group_budget();
         let ps = self.page_size();
         let mut rows = 0usize;
@@ -77,7 +72,7 @@ impl RadixCore {
                             let mut outcome = match self.hosted() {
                                 Hosted::Paged(_) => self.first_chunk_paged(ask),
                                 Hosted::Mamba(_) => self.first_chunk_hybrid(ask),
-                                Hosted::Dense => self.first_chunk(ask),
+                                Hosted::Dense | Hosted::Registered(_) => self.first_chunk(ask),
                             };
                             if let Outcome::Admitted(a) = &mut outcome {
                                 self.lost_hits(&tokens, a);
@@ -106,6 +101,12 @@ impl RadixCore {
                         FamilyAsk::Groups(key, first) => {
                             self.grow_with_groups(t, tail_free, room, commit, (key, first, t))
                         }
+                        FamilyAsk::Lease(request) if !self.family_grows(request, t) => {
+                            Outcome::Waits {
+                                held: Vec::new(),
+                                commit,
+                            }
+                        }
                         ask => self.grow_running(t, tail_free, room, commit, ask.checkpoint()),
                     }
                 }
@@ -132,6 +133,12 @@ impl RadixCore {
                                 commit,
                                 (key, first, span),
                             )
+                        }
+                        FamilyAsk::Lease(request) if !self.family_grows(request, reserve) => {
+                            Outcome::Waits {
+                                held: Vec::new(),
+                                commit,
+                            }
                         }
                         ask => {
                             self.grow_running(reserve, tail_free, room, commit, ask.checkpoint())
@@ -165,7 +172,7 @@ impl RadixCore {
                         Hosted::Mamba(_) => {
                             self.recovery_hybrid(&tokens, tail_pages, tail_free, held, d, computed)
                         }
-                        Hosted::Dense => {
+                        Hosted::Dense | Hosted::Registered(_) => {
                             self.recovery(&tokens, tail_pages, tail_free, held, d, None)
                         }
                     };
@@ -204,6 +211,12 @@ impl RadixCore {
             outcomes.push(outcome);
         }
         outcomes
+    }
+
+    /// Whether a registered family's part of a running request takes `tokens` more.
+    #[inline(never)]
+    fn family_grows(&mut self, request: u32, tokens: u32) -> bool {
+        self.with_family(|family, tree| family.grow(tree, request, tokens))
     }
 
     /// Slots for `n` more tokens of a running request after making `room` pages free,

@@ -1,7 +1,7 @@
 //! A request's part of its model's one cache family, wherever it meets the cache: held
 //! while it runs, granted at admission, given back when it stops.
 
-use crate::GroupTables;
+use crate::{FamilyLease, GroupTables};
 
 /// What a request holds of its model's cache family, or carries of it to or from the
 /// cache. A model has one family, so a request has one of these. `S` is the Mamba
@@ -17,6 +17,8 @@ pub enum FamilyHold<S> {
     States(S),
     /// Paged models: its group tables (returned to the cache when dropped).
     Tables(GroupTables),
+    /// A registered family: its part (returned to the family when dropped).
+    Lease(FamilyLease),
 }
 
 /// What an admitted request is granted of its model's cache family.
@@ -74,21 +76,13 @@ impl<S> FamilyHold<S> {
         }
     }
 
-    /// Its state slots and its tables, apart.
-    pub fn split(self) -> (Option<S>, Option<GroupTables>) {
-        match self {
-            FamilyHold::Dense => (None, None),
-            FamilyHold::States(states) => (Some(states), None),
-            FamilyHold::Tables(tables) => (None, Some(tables)),
-        }
-    }
-
     /// The same hold with its Mamba part turned into `f`'s.
     pub fn map_states<T>(self, f: impl FnOnce(S) -> T) -> FamilyHold<T> {
         match self {
             FamilyHold::Dense => FamilyHold::Dense,
             FamilyHold::States(states) => FamilyHold::States(f(states)),
             FamilyHold::Tables(tables) => FamilyHold::Tables(tables),
+            FamilyHold::Lease(lease) => FamilyHold::Lease(lease),
         }
     }
 }

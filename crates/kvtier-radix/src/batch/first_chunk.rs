@@ -4,7 +4,7 @@
 use kvtier_types::{Tier, Token, TransferPair};
 
 use super::*;
-use crate::{Match, NodeId, NodeLock, RadixCore};
+use crate::{Hosted, Match, NodeId, NodeLock, RadixCore};
 
 impl RadixCore {
     /// Starts an L3 prefetch when the consecutive L3 hits run more than the threshold
@@ -67,7 +67,7 @@ impl RadixCore {
             let m = self.committed_match(tokens, reuse);
             let host = if use_host { m.host_pages } else { 0 };
             let shape = ask.shape(m.device_pages, host, ps);
-            return self.admit_first_chunk(m, shape, use_host);
+            return self.admit_first_chunk(m, shape, ask);
         }
         let (probe, reached) = if reuse {
             self.probe_marked(tokens)
@@ -86,7 +86,7 @@ impl RadixCore {
             (m.device_pages, if use_host { m.host_pages } else { 0 }),
             (probe.device_pages, host)
         );
-        self.admit_first_chunk(m, shape, use_host)
+        self.admit_first_chunk(m, shape, ask)
     }
 
     /// The committing match of a first chunk (the root when reuse is off).
@@ -103,12 +103,51 @@ impl RadixCore {
         }
     }
 
-    /// Pins the matched prefix, makes room and allocates the chunk's pages.
-    fn admit_first_chunk(&mut self, m: Match, shape: ChunkShape, use_host: bool) -> Outcome {
-        let Some(pinned) = self.pin_prefix(m, shape.need, use_host) else {
+    /// The admission skeleton over a committed match: the family caps it, room is made
+    /// for the KV, then for the family's part, the path is pinned, and the pages and
+    /// the family's part are given.
+    fn admit_first_chunk(
+        &mut self,
+        m: Match,
+        shape: ChunkShape,
+        ask: FirstChunkAsk<'_>,
+    ) -> Outcome {
+        let (m, shape) = if self.has_registered() {
+            let capped = self.with_family(|family, tree| family.cap_match(tree, m));
+            let host = if ask.use_host { capped.host_pages } else { 0 };
+            (
+                capped,
+                ask.shape(capped.device_pages, host, self.page_size()),
+            )
+        } else {
+            (m, shape)
+        };
+        let Some(guard) = self.make_room(m.device, shape.need) else {
             return Outcome::waits();
         };
-        self.admitted(pinned, &shape, FamilyGrant::Dense)
+        if !self.reserve_family(&m) {
+            self.unlock(guard);
+            return Outcome::waits();
+        }
+        let Some(pinned) = self.pin_path(m, guard, ask.use_host) else {
+            return Outcome::waits();
+        };
+        let family = self.grant_family();
+        self.admitted(pinned, &shape, family)
+    }
+
+    /// Room for a registered family's part of one more request (`m` locked).
+    pub(super) fn reserve_family(&mut self, m: &Match) -> bool {
+        !self.has_registered() || self.with_family(|family, tree| family.reserve(tree, m))
+    }
+
+    /// An admitted request's part of a registered family, its room made.
+    pub(super) fn grant_family(&mut self) -> FamilyGrant {
+        if !self.has_registered() {
+            return FamilyGrant::Dense;
+        }
+        let request = self.with_family(|family, tree| family.grant(tree));
+        FamilyGrant::Lease(self.lease(request))
     }
 
     /// The end of every admission, its path pinned and room made: the request's own
@@ -143,14 +182,6 @@ impl RadixCore {
         }))
     }
 
-    /// Locks the device match, makes `need` pages free, and locks the path the request
-    /// will read: with a deeper host match, device pages are attached to the host-only
-    /// nodes (the load-back) and both tiers are locked. `None` with nothing changed.
-    fn pin_prefix(&mut self, m: Match, need: u32, use_host: bool) -> Option<Pinned> {
-        let guard = self.make_room(m.device, need)?;
-        self.pin_path(m, guard, use_host)
-    }
-
     /// Makes `need` device pages free with `device` locked meanwhile; returns that lock
     /// (the guard), or `None` with nothing locked.
     pub(crate) fn make_room(&mut self, device: NodeId, need: u32) -> Option<NodeLock> {
@@ -159,7 +190,7 @@ impl RadixCore {
             // Only the reference's admission (and hybrid admission) tries without a
             // probe first.
             debug_assert!(
-                self.policy().commits_before_it_fits() || self.has_states() || self.has_snapshots(),
+                self.policy().commits_before_it_fits() || !matches!(self.hosted(), Hosted::Dense),
                 "admission probe promised {need} pages"
             );
             self.unlock(guard);

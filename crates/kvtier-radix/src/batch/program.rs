@@ -101,6 +101,8 @@ pub enum FamilyAsk {
     Checkpoint(CheckpointNeed),
     /// Paged models: its group tables and the row's first position.
     Groups(TablesKey, u32),
+    /// A registered family: the family's number for the request.
+    Lease(u32),
 }
 
 impl FamilyAsk {
@@ -108,7 +110,7 @@ impl FamilyAsk {
     pub fn checkpoint(self) -> CheckpointNeed {
         match self {
             FamilyAsk::Checkpoint(need) => need,
-            FamilyAsk::Dense | FamilyAsk::Groups(..) => CheckpointNeed::None,
+            FamilyAsk::Dense | FamilyAsk::Groups(..) | FamilyAsk::Lease(_) => CheckpointNeed::None,
         }
     }
 }

@@ -96,6 +96,12 @@ impl RadixCore {
             Some(node) => self.match_path(node),
             None => self.match_prefix(tokens),
         };
+        // A registered family resumes the history only where it can resume all of it.
+        if self.has_registered() && self.with_family(|family, tree| family.cap_match(tree, m)) != m
+        {
+            drop(held);
+            return Outcome::Recompute;
+        }
         // The reference's order: room for the KV (its eviction stays even when the
         // groups then refuse), the groups' admission, then the load-back.
         let Some(guard) = self.make_room(m.device, room) else {
@@ -108,6 +114,10 @@ impl RadixCore {
             self.unlock(guard);
             return Outcome::Waits { held, commit: None };
         }
+        if !self.reserve_family(&m) {
+            self.unlock(guard);
+            return Outcome::Waits { held, commit: None };
+        }
         let Some(pinned) = self.pin_path(m, guard, true) else {
             return Outcome::Waits { held, commit: None };
         };
@@ -116,7 +126,8 @@ impl RadixCore {
         }
         let begin_pages = m.device_pages.max(m.host_pages);
         let shape = ChunkShape::recovery(begin_pages, reserve_pages, new_tail_free);
-        let mut outcome = self.admitted(pinned, &shape, FamilyGrant::Dense);
+        let family = self.grant_family();
+        let mut outcome = self.admitted(pinned, &shape, family);
         if let (Some((key, first)), Outcome::Admitted(admission)) = (groups, &mut outcome) {
             self.acquire_groups(key, first, first + d);
             admission.groups = self.group_view(key);

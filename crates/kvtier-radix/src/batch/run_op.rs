@@ -38,7 +38,7 @@ impl RadixCore {
                 if let (true, Some(node)) = (success, demote) {
                     self.demote(node);
                 }
-                self.with_states(|states, tree| states.demote_idle(tree));
+                self.with_family(|family, tree| family.copies_settled(tree));
                 OpResult::Acked { kept, backup }
             }
             CacheOp::Publish(publication) => {
@@ -63,9 +63,9 @@ impl RadixCore {
                 write_back,
                 reuse,
                 leftover,
-                family,
+                mut family,
             } => {
-                let (states, tables) = family.split();
+                let tables = family.take_tables();
                 let device_lock = match device_lock {
                     StopLock::Held(lock) => Some(lock),
                     StopLock::HandedOver(ticket) => {
@@ -77,7 +77,7 @@ impl RadixCore {
                 let tokens = publication.tokens.clone();
                 let inserted = !publication.pages.is_empty();
                 let (lock, pages) = self.publish(publication, None);
-                if let Some(states) = states {
+                if !matches!(family, FamilyHold::Dense) {
                     // The reference caches a finishing request's state only when it
                     // published pages at the end. Without new pages the terminal is
                     // where its last publication ended, which may be one of this batch
@@ -102,7 +102,7 @@ impl RadixCore {
                     };
                     let publish =
                         inserted || !self.policy().caches_a_finish_state_with_pages_only();
-                    self.settle_states(terminal, states, publish);
+                    self.settle_family(terminal, family, publish);
                 }
                 // The reference matches the finished prefix (touching it) even when it
                 // writes nothing back.
@@ -138,9 +138,9 @@ impl RadixCore {
                 publication,
                 device_lock,
                 host_lock: old_host_lock,
-                family,
+                mut family,
             } => {
-                let (states, tables) = family.split();
+                let tables = family.take_tables();
                 let tokens = publication.tokens.clone();
                 let held = device_lock.node();
                 let (lock, pages) = self.publish(publication, Some(device_lock));
@@ -155,11 +155,9 @@ impl RadixCore {
                 // kvtier caches the request's state before the write-back, so the copy
                 // takes it along; the reference caches it after, and the state has no
                 // host copy.
-                let mut states = states;
-                if !self.policy().caches_a_retracted_state_after_the_copy()
-                    && let Some(states) = states.take()
-                {
-                    self.settle_states(m.device, states, true);
+                if !self.policy().caches_a_retracted_state_after_the_copy() {
+                    let family = std::mem::replace(&mut family, FamilyHold::Dense);
+                    self.settle_family(m.device, family, true);
                 }
                 let nothing_to_copy = m.device_pages <= m.host_pages;
                 let outcome = if !nothing_to_copy {
@@ -202,19 +200,17 @@ impl RadixCore {
                         write_back: None,
                     }
                 };
-                if let Some(states) = states {
-                    // Under the reference policy a retraction that finds no host room
-                    // aborts the request before anything is cached: both slots are
-                    // freed (its pages are published all the same).
-                    let publish = !(self.policy().aborts_a_retraction_without_host_room()
-                        && matches!(outcome, RetractOutcome::HostExhausted));
-                    self.settle_states(m.device, states, publish);
-                }
+                // Under the reference policy a retraction that finds no host room aborts
+                // the request before anything is cached: both slots are freed (its pages
+                // are published all the same).
+                let publish = !(self.policy().aborts_a_retraction_without_host_room()
+                    && matches!(outcome, RetractOutcome::HostExhausted));
+                self.settle_family(m.device, family, publish);
                 if nothing_to_copy && self.policy().completes_an_empty_retraction_at_once() {
                     // The reference completes such a retraction as if its copy were
                     // acknowledged at once: device copies of states that have host
                     // copies, and that nothing holds any more, go (its KV stays).
-                    self.with_states(|states, tree| states.demote_idle(tree));
+                    self.with_family(|family, tree| family.copies_settled(tree));
                 }
                 if let Some(lock) = old_host_lock {
                     self.unlock(lock);
@@ -309,6 +305,20 @@ impl RadixCore {
             self.commit_tables(key, result.last_node, still_held);
         }
         (Some(lock), total)
+    }
+
+    /// A stopping request's part of its family, its prefix published up to `terminal`
+    /// (`publish` false: the policy keeps nothing of it). Group tables are not settled
+    /// here: the publication committed them, and their lease goes with the op.
+    pub(crate) fn settle_family(&mut self, terminal: NodeId, family: FamilyRelease, publish: bool) {
+        match family {
+            FamilyHold::States(states) => self.settle_states(terminal, states, publish),
+            FamilyHold::Lease(lease) => {
+                let request = lease.settle();
+                self.with_family(|family, tree| family.settle(tree, request, terminal, publish));
+            }
+            FamilyHold::Dense | FamilyHold::Tables(_) => {}
+        }
     }
 
     /// Locks freshly written host pages for their L3 backup.

@@ -67,12 +67,7 @@ impl RadixCore {
             let pages = self.node(id).tiers[t].pages.len() as u32;
             freed += pages;
             self.evicted_pages[t] += u64::from(pages);
-            self.detach(id, tier);
-            // A state cannot be reused without its KV: it goes with it.
-            self.with_states(|states, tree| match tier {
-                Tier::Device => states.on_device_evicted(tree, id),
-                Tier::Host => states.on_host_evicted(id),
-            });
+            self.detach(id, tier, true);
             evicted.push(id);
         }
         for id in parked {

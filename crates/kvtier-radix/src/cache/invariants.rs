@@ -166,42 +166,6 @@ impl RadixCore {
                 });
             }
         }
-        let states = self
-            .with_states(|family, tree| family.check_invariants(tree, |node| tree.is_live(node)));
-        if let Some(Err(e)) = states {
-            return Err(Violation::States(e.to_string()));
-        }
-        self.check_snapshots()
-    }
-
-    /// Every snapshot sits on a live node with device KV, at its node's depth, a
-    /// multiple of the alignment, and every group page is free, owned by one running
-    /// request's table, or held by one snapshot.
-    fn check_snapshots(&mut self) -> Result<(), Violation> {
-        if let super::Hosted::Paged(family) = &mut self.family {
-            family
-                .check_invariants(self.tables.iter().flatten())
-                .map_err(|e| Violation::Snapshot(e.to_string()))?;
-        }
-        let Some(family) = self.snapshots() else {
-            return Ok(());
-        };
-        let a = family.adjunct().alignment();
-        for node in family.snapshot_nodes() {
-            let problem = if !self.is_live(node) {
-                Some("on a removed node".to_owned())
-            } else if !self.node(node).tiers[0].present() {
-                Some("on a node without device KV".to_owned())
-            } else {
-                let depth = self.depth_pages(node) * self.page_size as u32;
-                let at = family.snapshot(node).map_or(0, |s| s.prefix_len);
-                (at != depth || !depth.is_multiple_of(a))
-                    .then(|| format!("at {at} tokens on a node {depth} deep (alignment {a})"))
-            };
-            if let Some(problem) = problem {
-                return Err(Violation::Snapshot(format!("{node:?}: {problem}")));
-            }
-        }
-        Ok(())
+        self.with_family(|family, tree| family.check_invariants(tree))
     }
 }

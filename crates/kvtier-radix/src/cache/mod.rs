@@ -4,6 +4,7 @@
 //! channel and the pools; each concern's methods live in a submodule's own `impl` block.
 
 mod eviction;
+mod family;
 mod ghost;
 mod hashes;
 mod insert;
@@ -23,11 +24,13 @@ mod write_back;
 use std::collections::{BTreeMap, BTreeSet};
 
 use kvtier_host::{OwnedPages, PagePool, ReleaseQueue};
-use kvtier_mamba::{MambaConfig, MambaFamily, MambaStats};
-use kvtier_paged::{Adjunct, PagedFamily, PagedReport, RequestTables};
+use kvtier_mamba::{MambaConfig, MambaStats};
+use kvtier_paged::{Adjunct, PagedReport, RequestTables};
 use kvtier_types::{Policy, Tier, Token};
 use slab::Slab;
 
+pub(crate) use family::Hosted;
+pub use family::{CacheFamily, Dense, FamilyLease, TreeEvent};
 pub use insert::InsertResult;
 pub use states::CachedState;
 pub use walk::{Match, Probe};
@@ -89,47 +92,8 @@ pub struct TreeStats {
     /// The paged-cache family's counters and gauges (window and compressed-state
     /// models).
     pub groups: Option<Box<PagedReport>>,
-}
-
-/// The cache family a tree hosts: a model has one (`SchedulerConfig::validate` refuses
-/// a Mamba family beside paged groups). Boxed, so that lending a family the tree it
-/// reads (`with_states`, `with_snapshots`) moves a pointer, not the family.
-#[derive(Debug)]
-pub(crate) enum Hosted {
-    /// Full attention: KV only.
-    Dense,
-    /// The recurrent states attached to nodes (hybrid models).
-    Mamba(Box<MambaFamily<NodeId>>),
-    /// The page-group snapshots attached to nodes (window and compressed-state models).
-    Paged(Box<PagedFamily<NodeId>>),
-}
-
-impl Hosted {
-    /// The family a cache config asks for; an invalid one hosts none.
-    fn of(config: &CacheConfig) -> Self {
-        if let Some(m) = config.mamba {
-            debug_assert!(config.paged.is_none(), "a model has one family");
-            let family = MambaFamily::new(m);
-            debug_assert!(family.is_ok(), "an invalid Mamba config: {family:?}");
-            return family.map_or(Hosted::Dense, |family| Hosted::Mamba(Box::new(family)));
-        }
-        let Some(adjunct) = config.paged.clone() else {
-            return Hosted::Dense;
-        };
-        let aligned = adjunct.alignment().is_multiple_of(config.page_size.max(1));
-        debug_assert!(aligned, "snapshots off page boundaries: {adjunct:?}");
-        if !aligned {
-            return Hosted::Dense;
-        }
-        // Superseded state windows (#460): kvtier detaches them by its own rule, the
-        // 0.1.0 wheel by its, the reference at 350cf505 not at all.
-        Hosted::Paged(Box::new(match config.policy {
-            // kvtier pins a snapshot only by the locks that may read it.
-            Policy::Default => PagedFamily::new(adjunct, true).pinned_by_own_locks(),
-            Policy::ReferenceWheel => PagedFamily::new(adjunct, false).detaching_as_the_wheel(),
-            Policy::Reference => PagedFamily::new(adjunct, false),
-        }))
-    }
+    /// A registered family's counters, by name.
+    pub registered: Vec<(&'static str, u64)>,
 }
 
 /// The radix prefix cache with device and host tiers.
@@ -166,6 +130,8 @@ pub struct RadixCore {
     host_lease: Option<OwnedPages>,
     /// The cache family the tree hosts.
     family: Hosted,
+    /// The return path of a registered family's leases.
+    family_releases: ReleaseQueue<u32>,
     /// Paged models: running requests' group tables, by [`TablesKey`] (a free key is reused last
     /// freed first), and the return path of their leases.
     tables: Vec<Option<RequestTables>>,
@@ -230,6 +196,7 @@ impl RadixCore {
             next_ticket: 1,
             host_lease: None,
             family: Hosted::of(config),
+            family_releases: ReleaseQueue::new(),
             tables: Vec::new(),
             free_tables: Vec::new(),
             table_releases: ReleaseQueue::new(),
@@ -293,6 +260,11 @@ impl RadixCore {
     /// Whether `id` names a live node.
     pub fn is_live(&self, id: NodeId) -> bool {
         self.nodes.contains(id.idx as usize) && self.gens[id.idx as usize] == id.gen_
+    }
+
+    /// Whether a live node holds its KV on `tier` (readable or not yet).
+    pub fn resident(&self, id: NodeId, tier: Tier) -> bool {
+        self.is_live(id) && self.node(id).tiers[tier.index()].present()
     }
 
     /// Absolute depth of a node in pages.
@@ -382,6 +354,9 @@ impl RadixCore {
         for (node, tier) in released {
             self.release_lock(node, tier);
         }
+        if self.has_registered() {
+            self.drain_family_releases();
+        }
         if self.has_snapshots() {
             let mut keys = Vec::new();
             self.table_releases.drain(|key| keys.push(key));
@@ -414,22 +389,16 @@ impl RadixCore {
     /// Tree counters.
     pub fn stats(&mut self) -> TreeStats {
         self.drain_releases();
-        TreeStats {
+        let mut stats = TreeStats {
             nodes: self.nodes.len() - 1,
             cached_pages: self.cached_pages,
             locked_pages: self.locked_pages,
             free_pages: [self.pools[0].available(), self.pools[1].available()],
             evicted_pages: self.evicted_pages,
             prefetch_skipped: self.prefetch_skipped,
-            states: self.with_states(|family, _| family.stats()),
-            groups: match &mut self.family {
-                Hosted::Paged(family) => Some(Box::new(family.report())),
-                _ => None,
-            }
-            .map(|mut r| {
-                r.live_tables = self.tables.iter().flatten().count();
-                r
-            }),
-        }
+            ..TreeStats::default()
+        };
+        self.with_family(|family, tree| family.report(tree, &mut stats));
+        stats
     }
 }

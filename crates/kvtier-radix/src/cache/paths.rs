@@ -124,9 +124,7 @@ impl RadixCore {
             }
             let host_copy = n.tiers[1].present();
             freed += n.tiers[0].pages.len() as u32;
-            self.detach(id, Tier::Device);
-            // A state on a node whose KV goes cannot be reused either.
-            self.with_states(|states, tree| states.on_device_evicted(tree, id));
+            self.detach(id, Tier::Device, true);
             if !host_copy {
                 self.prune_up(id);
             }

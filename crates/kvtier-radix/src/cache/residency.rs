@@ -3,7 +3,7 @@
 
 use kvtier_types::{PageId, Tier};
 
-use super::RadixCore;
+use super::{RadixCore, TreeEvent};
 use crate::NodeId;
 
 impl RadixCore {
@@ -23,12 +23,9 @@ impl RadixCore {
         self.update_leaves(id, tier);
     }
 
-    /// Takes a node's pages on `tier` back into the pool (a snapshot of its prefix goes
-    /// with its device KV).
-    pub(super) fn detach(&mut self, id: NodeId, tier: Tier) {
-        if tier == Tier::Device {
-            self.snapshot_kv_gone(id);
-        }
+    /// Takes a node's pages on `tier` back into the pool and tells the family
+    /// (`evicted`: for room, see [`TreeEvent::KvLeft`]).
+    pub(super) fn detach(&mut self, id: NodeId, tier: Tier, evicted: bool) {
         let t = tier.index();
         self.lru_remove(id, tier);
         let n = self.node_mut(id);
@@ -48,6 +45,11 @@ impl RadixCore {
         if let Some(parent) = self.node(id).parent {
             self.update_leaf(parent, tier);
         }
+        self.tree_event(TreeEvent::KvLeft {
+            node: id,
+            tier,
+            evicted,
+        });
     }
 
     /// Removes resource-less, unlocked, childless nodes from `id` upwards; returns the
@@ -64,9 +66,9 @@ impl RadixCore {
                 break;
             }
             let parent = n.parent.expect("non-root node has a parent");
-            // Its states go before it does, so the families never name a removed node.
-            self.with_states(|states, tree| states.on_node_removed(tree, id));
-            self.snapshot_node_removed(id);
+            // Its family's state goes before it does, so the family never names a
+            // removed node.
+            self.tree_event(TreeEvent::Removing(id));
             self.remove_child(parent, id);
             self.nodes.remove(id.idx as usize);
             self.gens[id.idx as usize] = self.gens[id.idx as usize].wrapping_add(1);

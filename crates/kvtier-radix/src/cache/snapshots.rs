@@ -8,10 +8,63 @@
 
 use kvtier_host::Releaser;
 use kvtier_paged::{PagedFamily, RequestTables, SnapshotTree};
+use kvtier_types::Tier;
 
-use super::{Hosted, RadixCore};
-use crate::NodeId;
+use super::{CacheFamily, Hosted, RadixCore, TreeEvent, TreeStats};
 use crate::paged::TablesKey;
+use crate::{NodeId, Violation};
+
+/// The snapshots' hooks: a snapshot is reusable only with the device KV of its prefix,
+/// so it goes with that KV, whatever took it.
+impl CacheFamily for PagedFamily<NodeId> {
+    fn name(&self) -> &'static str {
+        "paged"
+    }
+
+    fn on_tree_event(&mut self, _tree: &RadixCore, event: TreeEvent) {
+        match event {
+            TreeEvent::KvLeft {
+                node,
+                tier: Tier::Device,
+                ..
+            } => self.on_kv_evicted(node),
+            TreeEvent::Removing(node) => self.on_node_removed(node),
+            // A split keeps the node, and so its snapshot, on the suffix.
+            TreeEvent::KvLeft { .. } | TreeEvent::Demoting(_) | TreeEvent::Split { .. } => {}
+        }
+    }
+
+    fn report(&mut self, tree: &RadixCore, stats: &mut TreeStats) {
+        let mut report = PagedFamily::report(self);
+        report.live_tables = tree.tables.iter().flatten().count();
+        stats.groups = Some(Box::new(report));
+    }
+
+    /// Every snapshot sits on a live node with device KV, at its node's depth, a
+    /// multiple of the alignment, and every group page is free, owned by one running
+    /// request's table, or held by one snapshot.
+    fn check_invariants(&mut self, tree: &RadixCore) -> Result<(), Violation> {
+        PagedFamily::check_invariants(self, tree.tables.iter().flatten())
+            .map_err(|e| Violation::Snapshot(e.to_string()))?;
+        let a = self.adjunct().alignment();
+        for node in self.snapshot_nodes() {
+            let problem = if !tree.is_live(node) {
+                Some("on a removed node".to_owned())
+            } else if !tree.node(node).tiers[0].present() {
+                Some("on a node without device KV".to_owned())
+            } else {
+                let depth = tree.depth_pages(node) * tree.page_size as u32;
+                let at = self.snapshot(node).map_or(0, |s| s.prefix_len);
+                (at != depth || !depth.is_multiple_of(a))
+                    .then(|| format!("at {at} tokens on a node {depth} deep (alignment {a})"))
+            };
+            if let Some(problem) = problem {
+                return Err(Violation::Snapshot(format!("{node:?}: {problem}")));
+            }
+        }
+        Ok(())
+    }
+}
 
 impl SnapshotTree for RadixCore {
     fn for_each_tables(&self, f: &mut dyn FnMut(&RequestTables)) {
@@ -80,21 +133,6 @@ impl RadixCore {
         let result = f(&mut family, self);
         self.family = Hosted::Paged(family);
         Some(result)
-    }
-
-    /// The node's device KV left it: its snapshot goes too.
-    pub(super) fn snapshot_kv_gone(&mut self, id: NodeId) {
-        if let Some(family) = self.snapshots_mut() {
-            family.on_kv_evicted(id);
-        }
-    }
-
-    /// The node is about to be removed: its snapshot goes first, so the family never
-    /// names a removed node.
-    pub(super) fn snapshot_node_removed(&mut self, id: NodeId) {
-        if let Some(family) = self.snapshots_mut() {
-            family.on_node_removed(id);
-        }
     }
 }
 

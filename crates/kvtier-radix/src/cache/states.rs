@@ -5,10 +5,69 @@
 //! left them (docs/mamba.md).
 
 use kvtier_mamba::{MambaFamily, SlotId, StateTree};
-use kvtier_types::Token;
+use kvtier_types::{Tier, Token, TransferPair};
 
-use super::{Hosted, RadixCore};
-use crate::NodeId;
+use super::{CacheFamily, Hosted, RadixCore, TreeEvent, TreeStats};
+use crate::{NodeId, Violation};
+
+/// The recurrent states' hooks: a state cannot be reused without the KV of its prefix,
+/// so it goes with that KV (a demoted device state only where a host copy stays).
+impl CacheFamily for MambaFamily<NodeId> {
+    fn name(&self) -> &'static str {
+        "mamba"
+    }
+
+    fn begin_plan(&mut self, tree: &RadixCore, released: bool) {
+        MambaFamily::begin_plan(self);
+        if released {
+            self.demote_idle(tree);
+        }
+    }
+
+    fn copies_settled(&mut self, tree: &RadixCore) {
+        self.demote_idle(tree);
+    }
+
+    fn on_tree_event(&mut self, tree: &RadixCore, event: TreeEvent) {
+        match event {
+            TreeEvent::KvLeft {
+                node,
+                tier: Tier::Device,
+                evicted: true,
+            } => self.on_device_evicted(tree, node),
+            TreeEvent::KvLeft {
+                node,
+                tier: Tier::Host,
+                evicted: true,
+            } => self.on_host_evicted(node),
+            TreeEvent::Demoting(node) => self.on_device_demoted(tree, node),
+            TreeEvent::Removing(node) => self.on_node_removed(tree, node),
+            // A split keeps the node, and so its state, on the suffix.
+            TreeEvent::KvLeft { .. } | TreeEvent::Split { .. } => {}
+        }
+    }
+
+    fn prepare_write_back(
+        &mut self,
+        tree: &RadixCore,
+        nodes: &[NodeId],
+    ) -> (Vec<TransferPair>, Vec<NodeId>) {
+        MambaFamily::prepare_write_back(self, tree, nodes)
+    }
+
+    fn write_back_done(&mut self, tree: &RadixCore, nodes: &[NodeId], success: bool) {
+        MambaFamily::write_back_done(self, tree, nodes, success);
+    }
+
+    fn report(&mut self, _tree: &RadixCore, stats: &mut TreeStats) {
+        stats.states = Some(self.stats());
+    }
+
+    fn check_invariants(&mut self, tree: &RadixCore) -> Result<(), Violation> {
+        MambaFamily::check_invariants(self, tree, |node| tree.is_live(node))
+            .map_err(|e| Violation::States(e.to_string()))
+    }
+}
 
 impl StateTree for RadixCore {
     fn children(&self, node: NodeId) -> impl Iterator<Item = NodeId> + '_ {

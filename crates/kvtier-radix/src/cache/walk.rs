@@ -3,7 +3,7 @@
 
 use kvtier_types::{Token, hash::PageHash};
 
-use super::RadixCore;
+use super::{RadixCore, TreeEvent};
 use crate::NodeId;
 use crate::node::TierRes;
 
@@ -360,6 +360,10 @@ impl RadixCore {
                 }
             }
         }
+        self.tree_event(TreeEvent::Split {
+            prefix: x,
+            suffix: id,
+        });
         x
     }
 }

@@ -3,7 +3,7 @@
 
 use kvtier_types::{Medium, PageId, StateObject, Tier, TransferPair, hash::PageHash};
 
-use super::RadixCore;
+use super::{RadixCore, TreeEvent};
 use crate::NodeId;
 
 /// A write-back in flight: the nodes whose host copies it fills. Acknowledge it with
@@ -111,7 +111,7 @@ impl RadixCore {
             if success {
                 res.valid = true;
             } else if res.pending == 0 && !res.valid && res.present() {
-                self.detach(node, Tier::Host);
+                self.detach(node, Tier::Host, false);
             }
         }
         let mut written = WrittenBack::default();
@@ -134,7 +134,7 @@ impl RadixCore {
         // The states first, while the copy still pins the path (a demotion they allow
         // waits for the pin to go).
         if !states.is_empty() {
-            self.with_states(|family, tree| family.write_back_done(tree, &states, success));
+            self.with_family(|family, tree| family.write_back_done(tree, &states, success));
         }
         let written_states: Vec<StateObject> = if success && self.keep_page_hashes {
             states
@@ -170,12 +170,11 @@ impl RadixCore {
         ticket: WriteBackTicket,
         nodes: &[NodeId],
     ) -> Vec<TransferPair> {
-        let Some((pairs, states)) =
-            self.with_states(|family, tree| family.prepare_write_back(tree, nodes))
-        else {
-            return Vec::new();
-        };
-        if let Some(t) = self.tickets.get_mut(&ticket.0) {
+        let (pairs, states) =
+            self.with_family(|family, tree| family.prepare_write_back(tree, nodes));
+        if !states.is_empty()
+            && let Some(t) = self.tickets.get_mut(&ticket.0)
+        {
             t.states = states;
         }
         pairs
@@ -206,7 +205,7 @@ impl RadixCore {
             }
             // A device state with a host copy goes even when a device child keeps the
             // node's KV on device.
-            self.with_states(|states, tree| states.on_device_demoted(tree, cur));
+            self.tree_event(TreeEvent::Demoting(cur));
             let n = self.node(cur);
             if n.children
                 .iter()
@@ -214,7 +213,7 @@ impl RadixCore {
             {
                 break;
             }
-            self.detach(cur, Tier::Device);
+            self.detach(cur, Tier::Device, false);
             cur = parent;
         }
     }
