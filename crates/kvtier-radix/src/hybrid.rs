@@ -8,12 +8,12 @@
 //! reference caches a state at the wrong depth or loses one, kvtier does not: a slot is
 //! cached only at the depth whose state it holds.
 
-use kvtier_mamba::{CappedMatch, RequestStates};
+use kvtier_mamba::{CappedMatch, RequestStates, SlotId};
 use kvtier_types::{PageId, Tier, Token};
 
 use crate::batch::{
-    ChunkCommit, ChunkShape, FamilyGrant, FinalStates, FirstChunkAsk, Outcome, Publication,
-    StateGrant, grow,
+    ChunkCommit, ChunkFamily, ChunkShape, FamilyGrant, FinalStates, FirstChunkAsk, Halt, Outcome,
+    Pinned, Publication, StateGrant, grow,
 };
 use crate::{Match, NodeId, NodeLock, RadixCore};
 
@@ -40,135 +40,9 @@ impl RadixCore {
         (m, capped)
     }
 
-    /// A hybrid request's first chunk: its prefix capped at the deepest cached state, a
-    /// host state loaded back when it is deeper than any device state, and a working and
-    /// a checkpoint slot.
+    /// A hybrid request's first chunk (the skeleton's steps in [`Hybrid`]).
     pub(crate) fn first_chunk_hybrid(&mut self, ask: FirstChunkAsk<'_>) -> Outcome {
-        self.first_chunk_from(ask, true)
-    }
-
-    /// [`Self::first_chunk_hybrid`]; `host_states` false when the device pool cannot
-    /// take a host state beside the request's pair.
-    fn first_chunk_from(&mut self, ask: FirstChunkAsk<'_>, host_states: bool) -> Outcome {
-        let FirstChunkAsk {
-            tokens,
-            use_host,
-            reuse,
-            ..
-        } = ask;
-        let ps = self.page_size();
-        if !self.policy().commits_before_it_fits() && !self.could_admit(ask) {
-            return Outcome::waits();
-        }
-        let kv = self.committed_match(tokens, reuse);
-        let (m, capped) = self.capped(kv, host_states, use_host);
-        let host_pages = if use_host { m.host_pages } else { 0 };
-        let shape = ask.shape(m.device_pages, host_pages, ps);
-        let branching = capped.branching.or_else(|| {
-            let aligned = self.states().map_or(0, |s| s.align(shape.tokens));
-            (aligned > 0).then_some(aligned)
-        });
-        // The reference makes room for its own view of the match, which counts the
-        // states cached off their depth (C.3) and, where the state was found from the
-        // host terminal (#612), reuses the whole host prefix, deeper than the state
-        // (C.7); it locks that view's device terminal meanwhile. kvtier makes the same
-        // room, then admits its own match, which may need more.
-        let view = self
-            .policy()
-            .makes_room_for_its_own_view()
-            .then(|| self.reference_view(kv));
-        let (room_at, room) = match view {
-            Some(view) => {
-                let host_pages = if use_host { view.host_pages } else { 0 };
-                (
-                    view.device,
-                    ask.shape(view.device_pages, host_pages, ps).need,
-                )
-            }
-            None => (m.device, shape.need),
-        };
-        let Some(guard) = self.make_room(room_at, room) else {
-            return Outcome::waits();
-        };
-        if room < shape.need && self.available(Tier::Device) < shape.need {
-            self.unlock(guard);
-            return Outcome::waits();
-        }
-        // A host state deeper than every device state is loaded back.
-        let load_node = (capped.host_src.is_some() && capped.cow_src.is_none())
-            .then(|| {
-                self.states().and_then(|s| {
-                    s.last_host_state(&*self, m.host)
-                        .filter(|&n| s.device_slot(n).is_none())
-                })
-            })
-            .flatten();
-        // The reference's view loads its host state back where it lies deeper than its
-        // device state: a third slot, which it makes room for even where kvtier's own
-        // match starts from a device state.
-        let view_loads = view.is_some_and(|v| {
-            v.host_pages > v.device_pages
-                && self
-                    .states()
-                    .is_some_and(|s| s.config().host_copies() && s.device_slot(v.host).is_none())
-        });
-        let need = 2 + u32::from(load_node.is_some() || view_loads);
-        // The state the request starts from must survive the room made for its own slots
-        // (else the slot it copies from could come back as one of them). The reference
-        // does not keep it: the slot may come back as the row's own, which the engine
-        // copies from before it writes it.
-        let spare_none = self.policy().spares_no_state_source();
-        let source = capped.source.filter(|_| !spare_none);
-        if self.with_states(|states, tree| states.ensure_device(tree, need, source)) != Some(true) {
-            self.unlock(guard);
-            if spare_none {
-                return Outcome::waits();
-            }
-            // A pool too small for a host state beside a fresh pair: start from the
-            // deepest device state instead. Too small to keep the device source: give
-            // it up and start from whatever state is left. (The reference would wait
-            // forever in both cases.)
-            if load_node.is_some() {
-                return self.first_chunk_from(ask, false);
-            }
-            let room = source.is_some()
-                && self.with_states(|states, tree| states.ensure_device(tree, need, None))
-                    == Some(true);
-            if room {
-                return self.first_chunk_from(ask, false);
-            }
-            return Outcome::waits();
-        }
-        let mut cow_src = capped.cow_src;
-        if let Some(source) = capped.source {
-            self.with_states(|states, _| states.protect(source));
-        }
-        let state_load = load_node.and_then(|node| {
-            self.with_states(|states, tree| {
-                let pair = states.load_back(tree, node);
-                let source = states.last_device_state(tree, m.host);
-                cow_src = source.and_then(|n| states.device_slot(n));
-                if let Some(n) = source {
-                    states.protect(n);
-                }
-                pair
-            })
-            .flatten()
-        });
-        let Some(mut pinned) = self.pin_path(m, guard, use_host) else {
-            debug_assert!(false, "room was made for the load-back");
-            return Outcome::waits();
-        };
-        pinned.2.extend(state_load);
-        let Some(states) = self.request_pair() else {
-            return Outcome::waits();
-        };
-        let grant = StateGrant {
-            states,
-            cow_src,
-            branching,
-        };
-        self.admitted(pinned, &shape, FamilyGrant::States(Box::new(grant)))
+        self.first_chunk_with(ask, Hybrid::new())
     }
 
     /// A fresh working and checkpoint pair (admission made room for it).
@@ -444,5 +318,215 @@ impl RadixCore {
         } else {
             self.with_states(|s, _| s.discard(pair.working));
         }
+    }
+}
+
+/// A hybrid model's first chunk: its prefix capped at the deepest cached state, a host
+/// state loaded back when it is deeper than any device state, and a working and a
+/// checkpoint slot.
+#[derive(Debug)]
+pub(crate) struct Hybrid {
+    /// Host states may be loaded back (false on the retry when the device pool cannot
+    /// take one beside the request's pair).
+    host_states: bool,
+    /// The reference's view of the match, which it makes room for.
+    view: Option<Match>,
+    /// The pages of the room made.
+    room: u32,
+}
+
+/// What the states learned of a hybrid first chunk.
+pub(crate) struct HybridCap {
+    capped: CappedMatch<NodeId>,
+    /// The deepest host prefix the request reads (the capped match's).
+    host: NodeId,
+}
+
+/// A hybrid first chunk's reservation: the slot it copies its state from, the load-back
+/// of a host state, and where its next checkpoint branches off.
+pub(crate) struct HybridHeld {
+    cow_src: Option<SlotId>,
+    state_load: Option<kvtier_types::TransferPair>,
+    branching: Option<u32>,
+}
+
+impl Hybrid {
+    pub(crate) fn new() -> Self {
+        Self {
+            host_states: true,
+            view: None,
+            room: 0,
+        }
+    }
+}
+
+impl ChunkFamily for Hybrid {
+    type Cap = HybridCap;
+    type Held = HybridHeld;
+
+    /// kvtier's: a read-only test that the chunk has a chance, so a waiting request does
+    /// not commit a match every step only to be refused.
+    fn precheck(&mut self, core: &mut RadixCore, ask: FirstChunkAsk<'_>) -> Option<Outcome> {
+        (!core.policy().commits_before_it_fits() && !core.could_admit(ask)).then(Outcome::waits)
+    }
+
+    fn cap(
+        &mut self,
+        core: &mut RadixCore,
+        kv: Match,
+        ask: FirstChunkAsk<'_>,
+    ) -> Result<(Match, HybridCap), Outcome> {
+        let (m, capped) = core.capped(kv, self.host_states, ask.use_host);
+        Ok((
+            m,
+            HybridCap {
+                capped,
+                host: m.host,
+            },
+        ))
+    }
+
+    /// The reference makes room for its own view of the match, which counts the states
+    /// cached off their depth (C.3) and, where the state was found from the host
+    /// terminal (#612), reuses the whole host prefix, deeper than the state (C.7); it
+    /// locks that view's device terminal meanwhile. kvtier makes the same room, then
+    /// admits its own match, which may need more.
+    fn room(
+        &mut self,
+        core: &mut RadixCore,
+        kv: Match,
+        m: &Match,
+        shape: &ChunkShape,
+        ask: FirstChunkAsk<'_>,
+    ) -> (NodeId, u32) {
+        if !core.policy().makes_room_for_its_own_view() {
+            self.room = shape.need;
+            return (m.device, shape.need);
+        }
+        let view = core.reference_view(kv);
+        let host_pages = if ask.use_host { view.host_pages } else { 0 };
+        self.view = Some(view);
+        self.room = ask
+            .shape(view.device_pages, host_pages, core.page_size())
+            .need;
+        (view.device, self.room)
+    }
+
+    fn reserve(
+        &mut self,
+        core: &mut RadixCore,
+        _: &Match,
+        cap: HybridCap,
+        shape: &ChunkShape,
+        _: Option<HybridHeld>,
+        guard: NodeLock,
+    ) -> Result<(NodeLock, HybridHeld), Halt> {
+        let HybridCap { capped, host } = cap;
+        if self.room < shape.need && core.available(Tier::Device) < shape.need {
+            core.unlock(guard);
+            return Err(Halt::Stop(Outcome::waits()));
+        }
+        let branching = capped.branching.or_else(|| {
+            let aligned = core.states().map_or(0, |s| s.align(shape.tokens));
+            (aligned > 0).then_some(aligned)
+        });
+        // A host state deeper than every device state is loaded back.
+        let load_node = (capped.host_src.is_some() && capped.cow_src.is_none())
+            .then(|| {
+                core.states().and_then(|s| {
+                    s.last_host_state(&*core, host)
+                        .filter(|&n| s.device_slot(n).is_none())
+                })
+            })
+            .flatten();
+        // The reference's view loads its host state back where it lies deeper than its
+        // device state: a third slot, which it makes room for even where kvtier's own
+        // match starts from a device state.
+        let view_loads = self.view.is_some_and(|v| {
+            v.host_pages > v.device_pages
+                && core
+                    .states()
+                    .is_some_and(|s| s.config().host_copies() && s.device_slot(v.host).is_none())
+        });
+        let need = 2 + u32::from(load_node.is_some() || view_loads);
+        // The state the request starts from must survive the room made for its own slots
+        // (else the slot it copies from could come back as one of them). The reference
+        // does not keep it: the slot may come back as the row's own, which the engine
+        // copies from before it writes it.
+        let spare_none = core.policy().spares_no_state_source();
+        let source = capped.source.filter(|_| !spare_none);
+        if core.with_states(|states, tree| states.ensure_device(tree, need, source)) != Some(true) {
+            core.unlock(guard);
+            if spare_none {
+                return Err(Halt::Stop(Outcome::waits()));
+            }
+            // A pool too small for a host state beside a fresh pair: start from the
+            // deepest device state instead. Too small to keep the device source: give
+            // it up and start from whatever state is left. (The reference would wait
+            // forever in both cases.)
+            if load_node.is_some() {
+                return Err(Halt::Retry);
+            }
+            let room = source.is_some()
+                && core.with_states(|states, tree| states.ensure_device(tree, need, None))
+                    == Some(true);
+            return Err(if room {
+                Halt::Retry
+            } else {
+                Halt::Stop(Outcome::waits())
+            });
+        }
+        let mut cow_src = capped.cow_src;
+        if let Some(source) = capped.source {
+            core.with_states(|states, _| states.protect(source));
+        }
+        let state_load = load_node.and_then(|node| {
+            core.with_states(|states, tree| {
+                let pair = states.load_back(tree, node);
+                let source = states.last_device_state(tree, host);
+                cow_src = source.and_then(|n| states.device_slot(n));
+                if let Some(n) = source {
+                    states.protect(n);
+                }
+                pair
+            })
+            .flatten()
+        });
+        let held = HybridHeld {
+            cow_src,
+            state_load,
+            branching,
+        };
+        Ok((guard, held))
+    }
+
+    fn unreserve(&mut self, _: &mut RadixCore, _: HybridHeld) {
+        debug_assert!(false, "room was made for the load-back");
+    }
+
+    fn retry(self) -> Option<Self> {
+        Some(Self {
+            host_states: false,
+            ..Self::new()
+        })
+    }
+
+    fn grant(
+        self,
+        core: &mut RadixCore,
+        mut pinned: Pinned,
+        shape: &ChunkShape,
+        held: HybridHeld,
+    ) -> Outcome {
+        pinned.2.extend(held.state_load);
+        let Some(states) = core.request_pair() else {
+            return Outcome::waits();
+        };
+        let grant = StateGrant {
+            states,
+            cow_src: held.cow_src,
+            branching: held.branching,
+        };
+        core.admitted(pinned, shape, FamilyGrant::States(Box::new(grant)))
     }
 }

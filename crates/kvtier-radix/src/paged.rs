@@ -12,7 +12,9 @@ use kvtier_host::Lease;
 use kvtier_paged::{PagedFamily, PagedHit, PendingCommit, RequestTables};
 use kvtier_types::GroupTable;
 
-use crate::batch::{ChunkShape, FamilyGrant, FirstChunkAsk, Outcome, Publication};
+use crate::batch::{
+    ChunkFamily, ChunkShape, FamilyGrant, FirstChunkAsk, Halt, Outcome, Pinned, Publication,
+};
 use crate::{Match, NodeId, NodeLock, RadixCore};
 
 /// Names a request's group tables inside the cache (plain data: it travels in intents
@@ -43,96 +45,15 @@ impl GroupTables {
 }
 
 impl RadixCore {
-    /// A paged model's first chunk: the KV match capped at the deepest snapshot whose
-    /// groups are complete; the groups' admission (pruning unpinned snapshots if a pool
-    /// is short) and their pages; then room for the chunk's KV. A window model whose KV
-    /// match runs deeper than any snapshot (on device, or back from host or L3) computes
-    /// its windows again instead ([`Self::first_chunk_refilling`]).
+    /// A paged model's first chunk (the skeleton's steps in [`Paged`]).
     pub(crate) fn first_chunk_paged(&mut self, ask: FirstChunkAsk<'_>) -> Outcome {
-        let FirstChunkAsk {
-            tokens,
-            use_host,
-            reuse,
-            ..
-        } = ask;
-        let ps = self.page_size();
-        let kv = self.committed_match(tokens, reuse);
-        let Some((hit, node)) =
-            self.with_snapshots(|family, tree| family.cap_match(tree, kv.device))
-        else {
-            return Outcome::waits();
-        };
-        let pages = self.depth_pages(node);
-        debug_assert_eq!(hit.prefix_len, pages * ps, "a hit ends on its snapshot");
-        let host_pages = if use_host { kv.host_pages } else { 0 };
-        // Refill the windows over the whole KV match, unless some group could never
-        // hold that span (the widest window and the chunk at once): then the chunk
-        // starts at the snapshot, which a group holds by the submission check.
-        if self.windows_only() && kv.device_pages.max(host_pages) > pages {
-            let (first, target, _) = self.refill_span(&ask, kv.device_pages, host_pages);
-            let fits = self
-                .with_snapshots(|family, _| family.could_ever_admit(first, target))
-                .unwrap_or(true);
-            if fits {
-                return self.first_chunk_refilling(ask, kv, host_pages);
-            }
-        }
-        let m = Match {
-            device: node,
-            device_pages: pages,
-            host: node,
-            host_pages: 0,
-        };
-        let shape = ask.shape(pages, 0, ps);
-        let (first, target) = (pages * ps, pages * ps + shape.tokens);
-        if self.policy().admits_groups_after_the_room() {
-            return self.admit_after_room(
-                m,
-                &shape,
-                false,
-                (first, target, Some((&hit, node))),
-                None,
-            );
-        }
-        // kvtier's: the groups first, before the KV room locks the hit. A prune may
-        // take any snapshot but those of the hit's path, and the request's own lock
-        // must not pin the snapshots below its hit that it needs to prune.
-        let Some(tables) = self.fresh_tables(first, target, Some((&hit, node))) else {
-            let version = self.group_version();
-            return Outcome::Denied(Denial {
-                version,
-                budget: ask.remaining,
-            });
-        };
-        self.admit_with_tables(m, &shape, false, tables, None)
+        self.first_chunk_with(ask, Paged::default())
     }
 
     /// Whether every group slides (a window model): its entries at a depth are the last
     /// windows before it, which a first chunk can compute from the tokens.
     fn windows_only(&self) -> bool {
         self.snapshots().is_some_and(|f| f.adjunct().slides_only())
-    }
-
-    /// A window model's first chunk over the whole KV match `m` (a host part loaded
-    /// back): fresh tables cover each group's window before the prefix's end, which the
-    /// row computes again first (`GroupTable::fill_from`), then the chunk.
-    fn first_chunk_refilling(
-        &mut self,
-        ask: FirstChunkAsk<'_>,
-        m: Match,
-        host_pages: u32,
-    ) -> Outcome {
-        let ps = self.page_size();
-        let use_host = ask.use_host;
-        let shape = ask.shape(m.device_pages, host_pages, ps);
-        let (first, target, fill) = self.refill_span(&ask, m.device_pages, host_pages);
-        if self.policy().admits_groups_after_the_room() {
-            return self.admit_after_room(m, &shape, use_host, (first, target, None), Some(fill));
-        }
-        let Some(tables) = self.fresh_tables(first, target, None) else {
-            return Outcome::waits();
-        };
-        self.admit_with_tables(m, &shape, use_host, tables, Some(fill))
     }
 
     /// What a refilling first chunk over `device` pages (`host` loaded back) computes:
@@ -172,54 +93,10 @@ impl RadixCore {
         .flatten()
     }
 
-    /// The end of a paged first chunk, its tables in hand: room for its KV with the
-    /// path to `m` locked (keeping the snapshots the tables borrow from out of the
-    /// eviction), the lease, and the row's view (`fill`: where each group's entries
-    /// are computed again from).
-    fn admit_with_tables(
-        &mut self,
-        m: Match,
-        shape: &ChunkShape,
-        use_host: bool,
-        tables: RequestTables,
-        fill: Option<Vec<u32>>,
-    ) -> Outcome {
-        let Some(guard) = self.make_room(m.device, shape.need) else {
-            return self.undo_tables(tables);
-        };
-        self.admit_in_room(m, shape, use_host, tables, fill, guard)
-    }
-
     /// A first chunk that cannot go on with the tables it took: they go back in the
-    /// pools' own order, and the chunk waits.
-    fn undo_tables(&mut self, mut tables: RequestTables) -> Outcome {
+    /// pools' own order.
+    fn undo_tables(&mut self, mut tables: RequestTables) {
         self.with_snapshots(|family, _| family.undo_acquisition(&mut tables));
-        Outcome::waits()
-    }
-
-    /// [`Self::admit_with_tables`] once the room is made (`guard` locks it).
-    pub(crate) fn admit_in_room(
-        &mut self,
-        m: Match,
-        shape: &ChunkShape,
-        use_host: bool,
-        tables: RequestTables,
-        fill: Option<Vec<u32>>,
-        guard: NodeLock,
-    ) -> Outcome {
-        let Some(pinned) = self.pin_path(m, guard, use_host) else {
-            return self.undo_tables(tables);
-        };
-        let lease = self.lease_tables(tables);
-        let mut groups = self.group_view(lease.key());
-        for (table, from) in groups.iter_mut().zip(fill.into_iter().flatten()) {
-            table.fill_from = Some(from);
-        }
-        let mut outcome = self.admitted(pinned, shape, FamilyGrant::Tables(lease));
-        if let Outcome::Admitted(a) = &mut outcome {
-            a.groups = groups;
-        }
-        outcome
     }
 
     /// Whether a first chunk refused at `denial` would be refused again now with
@@ -350,5 +227,156 @@ impl RadixCore {
     fn lease_tables(&mut self, tables: RequestTables) -> GroupTables {
         let key = self.store_tables(tables);
         GroupTables(Lease::new(key, self.table_releaser()))
+    }
+}
+
+/// A paged model's first chunk: the KV match capped at the deepest snapshot whose groups
+/// are complete; the groups' admission (pruning unpinned snapshots if a pool is short)
+/// and their pages; room for the chunk's KV. A window model whose KV match runs deeper
+/// than any snapshot (on device, or back from host or L3) computes its windows again
+/// instead, over the whole match.
+#[derive(Debug, Default)]
+struct Paged {
+    /// A refilling chunk: where each group's entries are computed again from.
+    fill: Option<Vec<u32>>,
+}
+
+/// Where a paged first chunk starts its groups.
+enum PagedCap {
+    /// At the snapshot on `node`, which it imports.
+    Hit { hit: PagedHit, node: NodeId },
+    /// Before the KV match's end, over `[first, target)`: its windows computed again.
+    Refill { first: u32, target: u32 },
+}
+
+impl PagedCap {
+    /// The positions `[first, target)` its tables cover, and the hit they import.
+    fn span(&self, shape: &ChunkShape, ps: u32) -> (u32, u32, Option<(&PagedHit, NodeId)>) {
+        match self {
+            PagedCap::Hit { hit, node } => {
+                let first = shape.begin_pages * ps;
+                (first, first + shape.tokens, Some((hit, *node)))
+            }
+            PagedCap::Refill { first, target } => (*first, *target, None),
+        }
+    }
+}
+
+impl ChunkFamily for Paged {
+    type Cap = PagedCap;
+    type Held = RequestTables;
+
+    fn cap(
+        &mut self,
+        core: &mut RadixCore,
+        kv: Match,
+        ask: FirstChunkAsk<'_>,
+    ) -> Result<(Match, PagedCap), Outcome> {
+        let Some((hit, node)) =
+            core.with_snapshots(|family, tree| family.cap_match(tree, kv.device))
+        else {
+            return Err(Outcome::waits());
+        };
+        let pages = core.depth_pages(node);
+        debug_assert_eq!(
+            hit.prefix_len,
+            pages * core.page_size(),
+            "a hit ends on its snapshot"
+        );
+        let host_pages = if ask.use_host { kv.host_pages } else { 0 };
+        // Refill the windows over the whole KV match, unless some group could never
+        // hold that span (the widest window and the chunk at once): then the chunk
+        // starts at the snapshot, which a group holds by the submission check.
+        if core.windows_only() && kv.device_pages.max(host_pages) > pages {
+            let (first, target, fill) = core.refill_span(&ask, kv.device_pages, host_pages);
+            let fits = core
+                .with_snapshots(|family, _| family.could_ever_admit(first, target))
+                .unwrap_or(true);
+            if fits {
+                self.fill = Some(fill);
+                return Ok((kv, PagedCap::Refill { first, target }));
+            }
+        }
+        let m = Match {
+            device: node,
+            device_pages: pages,
+            host: node,
+            host_pages: 0,
+        };
+        Ok((m, PagedCap::Hit { hit, node }))
+    }
+
+    /// kvtier's: the groups first, before the KV room locks the hit. A prune may take
+    /// any snapshot but those of the hit's path, and the request's own lock must not pin
+    /// the snapshots below its hit that it needs to prune. A refused hit is a denial,
+    /// which the request's next intents skip while it stands.
+    fn reserve_before_room(
+        &mut self,
+        core: &mut RadixCore,
+        cap: &PagedCap,
+        shape: &ChunkShape,
+        ask: FirstChunkAsk<'_>,
+    ) -> Result<Option<RequestTables>, Outcome> {
+        if core.policy().admits_groups_after_the_room() {
+            return Ok(None);
+        }
+        let (first, target, hit) = cap.span(shape, core.page_size());
+        match core.fresh_tables(first, target, hit) {
+            Some(tables) => Ok(Some(tables)),
+            None if hit.is_some() => Err(Outcome::Denied(Denial {
+                version: core.group_version(),
+                budget: ask.remaining,
+            })),
+            None => Err(Outcome::waits()),
+        }
+    }
+
+    /// The reference's order: room for the KV (its eviction frees the evicted nodes'
+    /// snapshot pages, and stays even when the groups then refuse), then the tables.
+    fn reserve(
+        &mut self,
+        core: &mut RadixCore,
+        _: &Match,
+        cap: PagedCap,
+        shape: &ChunkShape,
+        early: Option<RequestTables>,
+        guard: NodeLock,
+    ) -> Result<(NodeLock, RequestTables), Halt> {
+        if let Some(tables) = early {
+            return Ok((guard, tables));
+        }
+        let (first, target, hit) = cap.span(shape, core.page_size());
+        match core.fresh_tables(first, target, hit) {
+            Some(tables) => Ok((guard, tables)),
+            None => {
+                core.unlock(guard);
+                Err(Halt::Stop(Outcome::waits()))
+            }
+        }
+    }
+
+    fn unreserve(&mut self, core: &mut RadixCore, tables: RequestTables) {
+        core.undo_tables(tables);
+    }
+
+    /// The lease, and the row's view of its tables (where each group is computed again
+    /// from, for a refill).
+    fn grant(
+        self,
+        core: &mut RadixCore,
+        pinned: Pinned,
+        shape: &ChunkShape,
+        tables: RequestTables,
+    ) -> Outcome {
+        let lease = core.lease_tables(tables);
+        let mut groups = core.group_view(lease.key());
+        for (table, from) in groups.iter_mut().zip(self.fill.into_iter().flatten()) {
+            table.fill_from = Some(from);
+        }
+        let mut outcome = core.admitted(pinned, shape, FamilyGrant::Tables(lease));
+        if let Outcome::Admitted(a) = &mut outcome {
+            a.groups = groups;
+        }
+        outcome
     }
 }

@@ -1,11 +1,7 @@
-//! The reference scheduler's admission paths for hybrid and paged models, where
+//! The reference scheduler's admission paths for hybrid models, where
 //! [`Policy`](kvtier_types::Policy) names a difference: the view of a hybrid match it
-//! makes room for, the room of its recoveries, how its states settle, and a paged first
-//! chunk's room before its groups.
+//! makes room for, the room of its recoveries, and how its states settle.
 
-use kvtier_paged::PagedHit;
-
-use crate::batch::{ChunkShape, Outcome};
 use crate::{Match, NodeId, RadixCore};
 
 impl RadixCore {
@@ -81,26 +77,5 @@ impl RadixCore {
         } else {
             self.with_states(|s, tree| s.publish_off_depth(tree, node, slot, at));
         }
-    }
-
-    /// A first chunk in the reference's order: room for its KV (the eviction frees the
-    /// evicted nodes' snapshot pages, and stays even when the groups then refuse), then
-    /// fresh tables over `[first, target)`, whose pages are those pages.
-    pub(crate) fn admit_after_room(
-        &mut self,
-        m: Match,
-        shape: &ChunkShape,
-        use_host: bool,
-        (first, target, hit): (u32, u32, Option<(&PagedHit, NodeId)>),
-        fill: Option<Vec<u32>>,
-    ) -> Outcome {
-        let Some(guard) = self.make_room(m.device, shape.need) else {
-            return Outcome::waits();
-        };
-        let Some(tables) = self.fresh_tables(first, target, hit) else {
-            self.unlock(guard);
-            return Outcome::waits();
-        };
-        self.admit_in_room(m, shape, use_host, tables, fill, guard)
     }
 }

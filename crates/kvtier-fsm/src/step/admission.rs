@@ -2,8 +2,8 @@
 //! and the outcomes applied to the requests.
 
 use kvtier_radix::{
-    AdmitProgram, CacheOp, CheckpointNeed, ChunkCommit, FamilyAsk, FamilyHold, GroupTables, Intent,
-    Outcome, PrefetchCheck, RetractedHandles, TokenRef,
+    AdmitProgram, CacheOp, CheckpointNeed, ChunkCommit, FamilyAsk, FamilyHold, Intent, Outcome,
+    PrefetchCheck, RetractedHandles, TokenRef,
 };
 use kvtier_types::AbortReason;
 
@@ -224,7 +224,10 @@ impl SchedulerCore {
                             tail: pages,
                         }),
                         computed,
-                        tables: tables.as_ref().map(GroupTables::key),
+                        family: match &tables {
+                            Some(tables) => FamilyAsk::Groups(tables.key(), computed),
+                            None => FamilyAsk::Dense,
+                        },
                     });
                     Entry::Recovery(Box::new(Resume {
                         tail_free,

@@ -150,21 +150,21 @@ impl RadixCore {
                     tail_free,
                     mut kept,
                     computed,
-                    tables,
+                    family,
                 } => {
                     let held = std::mem::take(&mut kept.locks);
                     let tail_pages = kept.tail.len() as u32;
                     let outcome = match self.hosted() {
                         _ if slots == 0 => Outcome::Waits { held, commit: None },
-                        Hosted::Paged(_) => match tables {
+                        Hosted::Paged(_) => match family {
                             // The reference resumes it as a decode from its kept tables.
-                            Some(key) => {
-                                let groups = Some((key, computed));
+                            FamilyAsk::Groups(key, first) => {
+                                let groups = Some((key, first));
                                 self.recovery(&tokens, tail_pages, tail_free, held, d, groups)
                             }
                             // Its group tables went at retraction: it computes its
                             // history again from the deepest snapshot.
-                            None => {
+                            _ => {
                                 drop(held);
                                 Outcome::Recompute
                             }

@@ -53,40 +53,59 @@ impl RadixCore {
         })))
     }
 
+    /// A first chunk's admission, one skeleton for every family: the match (committed:
+    /// split and touched), capped by the family; room for the KV, the family's part
+    /// reserved (before or after it); the path pinned; the pages and the family's part
+    /// given. Each step's family hook is in a [`ChunkFamily`].
     pub(super) fn first_chunk(&mut self, ask: FirstChunkAsk<'_>) -> Outcome {
-        let FirstChunkAsk {
-            tokens,
-            use_host,
-            reuse,
-            ..
-        } = ask;
-        let ps = self.page_size();
-        if self.policy().commits_before_it_fits() {
-            // The reference commits the match (split, touch) before it knows whether
-            // the request fits.
-            let m = self.committed_match(tokens, reuse);
-            let host = if use_host { m.host_pages } else { 0 };
-            let shape = ask.shape(m.device_pages, host, ps);
-            return self.admit_first_chunk(m, shape, ask);
+        match self.hosted() {
+            Hosted::Dense | Hosted::Registered(_) => self.first_chunk_with(ask, Plain::default()),
+            Hosted::Mamba(_) => self.first_chunk_hybrid(ask),
+            Hosted::Paged(_) => self.first_chunk_paged(ask),
         }
-        let (probe, reached) = if reuse {
-            self.probe_marked(tokens)
-        } else {
-            (crate::Probe::default(), self.root())
+    }
+
+    pub(crate) fn first_chunk_with<F: ChunkFamily>(
+        &mut self,
+        ask: FirstChunkAsk<'_>,
+        mut f: F,
+    ) -> Outcome {
+        if let Some(stop) = f.precheck(self, ask) {
+            return stop;
+        }
+        let kv = self.committed_match(ask.tokens, ask.reuse);
+        let (m, cap) = match f.cap(self, kv, ask) {
+            Ok(capped) => capped,
+            Err(stop) => return stop,
         };
-        let host = if use_host { probe.host_pages } else { 0 };
-        let shape = ask.shape(probe.device_pages, host, ps);
-        if !self.can_free(Tier::Device, shape.need, probe.device_unlocked_pages) {
-            self.mark(tokens, reached);
+        let host = if ask.use_host { m.host_pages } else { 0 };
+        let shape = ask.shape(m.device_pages, host, self.page_size());
+        let early = match f.reserve_before_room(self, &cap, &shape, ask) {
+            Ok(early) => early,
+            Err(stop) => return stop,
+        };
+        let (at, room) = f.room(self, kv, &m, &shape, ask);
+        let Some(guard) = self.make_room(at, room) else {
+            if let Some(early) = early {
+                f.unreserve(self, early);
+            }
             return Outcome::waits();
-        }
-        self.unmark(tokens);
-        let m = self.committed_match(tokens, reuse);
-        debug_assert_eq!(
-            (m.device_pages, if use_host { m.host_pages } else { 0 }),
-            (probe.device_pages, host)
-        );
-        self.admit_first_chunk(m, shape, ask)
+        };
+        let (guard, held) = match f.reserve(self, &m, cap, &shape, early, guard) {
+            Ok(reserved) => reserved,
+            Err(Halt::Stop(stop)) => return stop,
+            Err(Halt::Retry) => {
+                return match f.retry() {
+                    Some(f) => self.first_chunk_with(ask, f),
+                    None => Outcome::waits(),
+                };
+            }
+        };
+        let Some(pinned) = self.pin_path(m, guard, ask.use_host) else {
+            f.unreserve(self, held);
+            return Outcome::waits();
+        };
+        f.grant(self, pinned, &shape, held)
     }
 
     /// The committing match of a first chunk (the root when reuse is off).
@@ -101,39 +120,6 @@ impl RadixCore {
             host: root,
             host_pages: 0,
         }
-    }
-
-    /// The admission skeleton over a committed match: the family caps it, room is made
-    /// for the KV, then for the family's part, the path is pinned, and the pages and
-    /// the family's part are given.
-    fn admit_first_chunk(
-        &mut self,
-        m: Match,
-        shape: ChunkShape,
-        ask: FirstChunkAsk<'_>,
-    ) -> Outcome {
-        let (m, shape) = if self.has_registered() {
-            let capped = self.with_family(|family, tree| family.cap_match(tree, m));
-            let host = if ask.use_host { capped.host_pages } else { 0 };
-            (
-                capped,
-                ask.shape(capped.device_pages, host, self.page_size()),
-            )
-        } else {
-            (m, shape)
-        };
-        let Some(guard) = self.make_room(m.device, shape.need) else {
-            return Outcome::waits();
-        };
-        if !self.reserve_family(&m) {
-            self.unlock(guard);
-            return Outcome::waits();
-        }
-        let Some(pinned) = self.pin_path(m, guard, ask.use_host) else {
-            return Outcome::waits();
-        };
-        let family = self.grant_family();
-        self.admitted(pinned, &shape, family)
     }
 
     /// Room for a registered family's part of one more request (`m` locked).
@@ -242,6 +228,90 @@ impl FirstChunkAsk<'_> {
     }
 }
 
+/// A family's hook at each step of the first-chunk skeleton
+/// ([`RadixCore::first_chunk`]). Each family's steps keep the order of the reference
+/// scheduler's, so its policy reproduces the reference's decisions.
+pub(crate) trait ChunkFamily: Sized {
+    /// What capping the match learned, for the later steps.
+    type Cap;
+    /// The family's part reserved for the request.
+    type Held;
+
+    /// Before anything is committed: `Some` stops the admission there.
+    fn precheck(&mut self, _core: &mut RadixCore, _ask: FirstChunkAsk<'_>) -> Option<Outcome> {
+        None
+    }
+
+    /// The committed KV match `kv` capped at what the family can resume from.
+    fn cap(
+        &mut self,
+        core: &mut RadixCore,
+        kv: Match,
+        ask: FirstChunkAsk<'_>,
+    ) -> Result<(Match, Self::Cap), Outcome>;
+
+    /// The family's part taken before the KV room is made (`None`: after it).
+    fn reserve_before_room(
+        &mut self,
+        _core: &mut RadixCore,
+        _cap: &Self::Cap,
+        _shape: &ChunkShape,
+        _ask: FirstChunkAsk<'_>,
+    ) -> Result<Option<Self::Held>, Outcome> {
+        Ok(None)
+    }
+
+    /// Where the KV room is made, and how many pages (`kv`: the uncapped match).
+    fn room(
+        &mut self,
+        _core: &mut RadixCore,
+        _kv: Match,
+        m: &Match,
+        shape: &ChunkShape,
+        _ask: FirstChunkAsk<'_>,
+    ) -> (NodeId, u32) {
+        (m.device, shape.need)
+    }
+
+    /// The family's part reserved once the KV room is made (`guard` holds it; on
+    /// failure the hook lets it go).
+    #[allow(clippy::too_many_arguments)]
+    fn reserve(
+        &mut self,
+        core: &mut RadixCore,
+        m: &Match,
+        cap: Self::Cap,
+        shape: &ChunkShape,
+        early: Option<Self::Held>,
+        guard: NodeLock,
+    ) -> Result<(NodeLock, Self::Held), Halt>;
+
+    /// Gives back a reservation the admission could not go on with.
+    fn unreserve(&mut self, _core: &mut RadixCore, _held: Self::Held) {}
+
+    /// The admission again, with a smaller ask, after [`Halt::Retry`].
+    fn retry(self) -> Option<Self> {
+        None
+    }
+
+    /// The end, the path pinned: the request's pages and its part of the family.
+    fn grant(
+        self,
+        core: &mut RadixCore,
+        pinned: Pinned,
+        shape: &ChunkShape,
+        held: Self::Held,
+    ) -> Outcome;
+}
+
+/// Why a reservation stopped the skeleton.
+pub(crate) enum Halt {
+    /// With this outcome.
+    Stop(Outcome),
+    /// To try the admission again with a smaller ask ([`ChunkFamily::retry`]).
+    Retry,
+}
+
 /// A pinned path: the device lock, the host lock on a load-back source, and the
 /// load-back's copies.
 pub(crate) type Pinned = (NodeLock, Option<NodeLock>, Vec<TransferPair>);
@@ -296,5 +366,86 @@ impl ChunkShape {
             tail_free,
             need: reserve_pages,
         }
+    }
+}
+
+/// Full attention, and a registered family through its [`CacheFamily`] hooks.
+///
+/// [`CacheFamily`]: crate::CacheFamily
+#[derive(Debug, Default)]
+struct Plain {
+    /// kvtier's probe before the match (`None` under the reference's order).
+    probe: Option<(u32, u32)>,
+}
+
+impl ChunkFamily for Plain {
+    type Cap = ();
+    type Held = ();
+
+    /// kvtier's: a read-only probe first, so a chunk that cannot fit commits nothing
+    /// (no split, no touch) and its prompt is marked where the walk got to. The
+    /// reference commits the match before it knows whether the request fits.
+    fn precheck(&mut self, core: &mut RadixCore, ask: FirstChunkAsk<'_>) -> Option<Outcome> {
+        if core.policy().commits_before_it_fits() {
+            return None;
+        }
+        let (probe, reached) = if ask.reuse {
+            core.probe_marked(ask.tokens)
+        } else {
+            (crate::Probe::default(), core.root())
+        };
+        let host = if ask.use_host { probe.host_pages } else { 0 };
+        let shape = ask.shape(probe.device_pages, host, core.page_size());
+        if !core.can_free(Tier::Device, shape.need, probe.device_unlocked_pages) {
+            core.mark(ask.tokens, reached);
+            return Some(Outcome::waits());
+        }
+        core.unmark(ask.tokens);
+        self.probe = Some((probe.device_pages, host));
+        None
+    }
+
+    fn cap(
+        &mut self,
+        core: &mut RadixCore,
+        kv: Match,
+        ask: FirstChunkAsk<'_>,
+    ) -> Result<(Match, ()), Outcome> {
+        if core.has_registered() {
+            return Ok((
+                core.with_family(|family, tree| family.cap_match(tree, kv)),
+                (),
+            ));
+        }
+        debug_assert!(
+            self.probe.is_none_or(|p| p
+                == (
+                    kv.device_pages,
+                    if ask.use_host { kv.host_pages } else { 0 }
+                )),
+            "the committed match is the probe's"
+        );
+        Ok((kv, ()))
+    }
+
+    fn reserve(
+        &mut self,
+        core: &mut RadixCore,
+        m: &Match,
+        _: (),
+        _: &ChunkShape,
+        _: Option<()>,
+        guard: NodeLock,
+    ) -> Result<(NodeLock, ()), Halt> {
+        if core.reserve_family(m) {
+            return Ok((guard, ()));
+        }
+        core.unlock(guard);
+        Err(Halt::Stop(Outcome::waits()))
+    }
+
+    fn grant(self, core: &mut RadixCore, pinned: Pinned, shape: &ChunkShape, _: ()) -> Outcome {
+        let family = core.grant_family();
+        core.admitted(pinned, shape, family)
     }
 }

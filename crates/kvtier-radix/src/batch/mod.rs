@@ -25,7 +25,7 @@ mod recovery;
 mod run_op;
 
 pub use family::{FamilyGrant, FamilyHold, FamilyRelease};
-pub(crate) use first_chunk::{ChunkShape, FirstChunkAsk};
+pub(crate) use first_chunk::{ChunkFamily, ChunkShape, FirstChunkAsk, Halt, Pinned};
 pub use kvtier_mamba::CheckpointNeed;
 pub use op::{
     Attached, BackupSource, CacheOp, FinalStates, OpResult, Released, RetractOutcome, StopLock,

@@ -84,10 +84,10 @@ pub enum Intent {
         /// state is restored only from a cached state holding exactly those; otherwise
         /// it is recomputed from the deepest state.
         computed: u32,
-        /// Paged models under the reference policies: the group tables it kept; it
-        /// resumes as a decode from them, its row's groups from position `computed`
-        /// (without, it is recomputed from its deepest snapshot).
-        tables: Option<TablesKey>,
+        /// What its row asks of the model's cache family: under the reference policies,
+        /// a paged model's group tables it kept (`Groups(key, computed)`), from which it
+        /// resumes as a decode (without, it is recomputed from its deepest snapshot).
+        family: FamilyAsk,
     },
 }
 

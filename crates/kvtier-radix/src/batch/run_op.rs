@@ -354,7 +354,7 @@ impl RadixCore {
         };
         self.unlock(guard);
         let (ticket, mut pairs) = attached?;
-        pairs.extend(self.attach_state_write_back(ticket, &nodes));
+        pairs.extend(self.attach_family_write_back(ticket, &nodes));
         Some(Attached {
             ticket,
             pairs,

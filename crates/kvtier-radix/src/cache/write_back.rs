@@ -162,10 +162,10 @@ impl RadixCore {
         written
     }
 
-    /// Adds the state half to write-back `ticket` of `nodes` (hybrid models): their device
-    /// states without a host copy get host slots, reserved until the acknowledgement.
-    /// Returns the (device slot → host slot) copies.
-    pub(crate) fn attach_state_write_back(
+    /// Adds the family's half to write-back `ticket` of `nodes` (a hybrid model's device
+    /// states without a host copy get host slots, reserved until the acknowledgement).
+    /// Returns the family's copies.
+    pub(crate) fn attach_family_write_back(
         &mut self,
         ticket: WriteBackTicket,
         nodes: &[NodeId],
