@@ -31,20 +31,22 @@ mod node;
 mod paged;
 pub mod protocol;
 mod reference;
+mod tokens;
 
 pub use batch::{
     Admission, AdmitProgram, Attached, BackupSource, CacheBatch, CacheOp, CacheReply,
-    CheckpointNeed, ChunkCommit, Committed, FamilyAsk, FamilyGrant, FamilyHold, FamilyRelease,
-    FinalStates, Intent, OpResult, Outcome, PrefetchCheck, PrefetchSkip, PrefetchStart,
-    Publication, Released, RetractOutcome, RetractedHandles, StateGrant, StopLock, TokenRef, grow,
+    CheckpointNeed, ChunkCommit, Committed, Denial, FamilyAsk, FamilyGrant, FamilyHold,
+    FamilyRelease, FinalStates, Intent, OpResult, Outcome, PrefetchCheck, PrefetchSkip,
+    PrefetchStart, Publication, Released, RetractOutcome, RetractedHandles, StateGrant, StopLock,
+    grow,
 };
 pub(crate) use cache::Hosted;
 pub use cache::{
-    CacheConfig, CacheFamily, CachedState, Dense, FamilyLease, InsertResult, Match, Probe,
-    RadixCore, TreeEvent, TreeStats, WriteBackTicket, WrittenBack,
+    CacheConfig, CacheFamily, CachedState, Dense, FamilyLease, GroupTables, InsertResult, Match,
+    Probe, RadixCore, TablesKey, TreeEvent, TreeStats, WriteBackTicket, WrittenBack,
 };
 pub use error::{PageOwner, RadixError, Violation};
 pub use lock::NodeLock;
 pub use node::NodeId;
-pub use paged::{Denial, GroupTables, TablesKey};
 pub use protocol::{RadixMsg, RadixReply};
+pub use tokens::TokenRef;

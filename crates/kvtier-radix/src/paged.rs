@@ -1,48 +1,21 @@
 //! Admission and commits for window and compressed-state models: the KV tree and the
 //! paged-cache groups decided together (spec/hybrid-l3.md §2.4–§2.7).
 //!
-//! A request's group tables live here, beside the pools they draw from; the request
-//! holds a [`GroupTables`] lease that returns them when dropped. Every op follows the
+//! A request's group tables live in the cache, beside the pools they draw from
+//! (`cache/tables.rs`); the request holds a `GroupTables` lease that returns them when
+//! dropped. Every op follows the
 //! reference's order: the request's computed prefix is committed into snapshots when it
 //! is published (before this step's admissions run), then each admitted op releases what
 //! its first token no longer attends and tops its tables up to its target. A first chunk
 //! reuses KV only as deep as a snapshot makes its groups complete (§2.5).
 
-use kvtier_host::Lease;
 use kvtier_paged::{PagedFamily, PagedHit, PendingCommit, RequestTables};
 use kvtier_types::GroupTable;
 
 use crate::batch::{
-    ChunkFamily, ChunkShape, FamilyGrant, FirstChunkAsk, Halt, Outcome, Pinned, Publication,
+    ChunkFamily, ChunkShape, Denial, FamilyGrant, FirstChunkAsk, Halt, Outcome, Pinned, Publication,
 };
-use crate::{Match, NodeId, NodeLock, RadixCore};
-
-/// Names a request's group tables inside the cache (plain data: it travels in intents
-/// and publications; the [`GroupTables`] lease owns them).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct TablesKey(pub(crate) u32);
-
-/// A first chunk the groups refused (default policy): the family's version and the
-/// step's budget then. While the version stands and the budget is no smaller, the same
-/// request is refused again, so its next intents skip the match and the admission.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Denial {
-    version: u64,
-    budget: u32,
-}
-
-/// A running request's group tables. Move-only; dropping it sends the tables back to the
-/// cache, which returns their own pages to the group pools before its next operation.
-#[derive(Debug)]
-#[must_use = "dropping the lease releases the request's group pages"]
-pub struct GroupTables(Lease<TablesKey>);
-
-impl GroupTables {
-    /// The key that names the tables in intents and publications.
-    pub fn key(&self) -> TablesKey {
-        self.0.get()
-    }
-}
+use crate::{Match, NodeId, NodeLock, RadixCore, TablesKey};
 
 impl RadixCore {
     /// A paged model's first chunk (the skeleton's steps in [`Paged`]).
@@ -209,24 +182,6 @@ impl RadixCore {
         };
         self.with_snapshots(|family, _| family.rewind(&mut tables, tokens));
         self.put_tables(key, tables);
-    }
-
-    /// Frees a lease's tables now (a released lease's come back through the drain).
-    pub(crate) fn release_tables(&mut self, key: TablesKey) {
-        if let Some(tables) = self.take_tables(key) {
-            self.return_tables(tables);
-            self.free_table_key(key);
-        }
-    }
-
-    /// Returns tables that were never leased.
-    fn return_tables(&mut self, mut tables: RequestTables) {
-        self.with_snapshots(|family, _| family.release(&mut tables));
-    }
-
-    fn lease_tables(&mut self, tables: RequestTables) -> GroupTables {
-        let key = self.store_tables(tables);
-        GroupTables(Lease::new(key, self.table_releaser()))
     }
 }
 

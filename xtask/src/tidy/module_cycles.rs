@@ -5,9 +5,9 @@
 //! count). It links the two modules it connects at the level where their paths part:
 //! `crate::runtime::actix` naming `crate::conversation::Step` links `runtime` to
 //! `conversation`. A module naming its own ancestor or descendant links nothing, since a
-//! parent and its children are one unit. A name imported through a re-export of the
-//! crate root (`crate::RadixCore`) is the root's, so it links nothing either: the rule
-//! sees the paths as written.
+//! parent and its children are one unit. A name the crate root imports (`pub use
+//! cache::RadixCore`) names the module it comes from: `crate::RadixCore` links to
+//! `cache`, so a re-export cannot hide a circle.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -84,6 +84,7 @@ struct Site {
 /// The circles among sibling modules of one crate.
 pub fn check_crate(krate: &str, files: &[SourceFile]) -> Vec<Violation> {
     let known: BTreeSet<&Module> = files.iter().map(|file| &file.module).collect();
+    let imported = root_imports(files, &known);
     // Parent module -> (from child, to child) -> first site.
     let mut links: BTreeMap<Module, BTreeMap<(String, String), Site>> = BTreeMap::new();
     for file in files {
@@ -97,7 +98,7 @@ pub fn check_crate(krate: &str, files: &[SourceFile]) -> Vec<Violation> {
                     .filter(|(start, end, _)| (*start..*end).contains(&offset))
                     .map(|(_, _, name)| name.clone()),
             );
-            let Some(to) = resolve(&from, &target, &known) else {
+            let Some(to) = resolve(&from, &target, &known, &imported) else {
                 continue;
             };
             let shared = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
@@ -146,11 +147,63 @@ pub fn check_crate(krate: &str, files: &[SourceFile]) -> Vec<Violation> {
     violations
 }
 
+/// The names the crate root imports from its own modules (`use cache::{RadixCore, …}`),
+/// with the module each comes from.
+fn root_imports(files: &[SourceFile], known: &BTreeSet<&Module>) -> BTreeMap<String, Module> {
+    let mut imported = BTreeMap::new();
+    let Some(root) = files.iter().find(|file| file.module.is_empty()) else {
+        return imported;
+    };
+    let code = code_only(&root.contents);
+    let bytes = code.as_bytes();
+    let mut i = 0;
+    while let Some(offset) = code[i..].find("use ") {
+        let at = i + offset;
+        i = at + "use ".len();
+        if at > 0 && (is_ident(bytes[at - 1]) || bytes[at - 1] == b':') {
+            continue;
+        }
+        let (paths, _) = path_tree(bytes, i);
+        for mut path in paths {
+            if path
+                .first()
+                .is_some_and(|first| first == "crate" || first == "self")
+            {
+                path.remove(0);
+            }
+            let Some(name) = path.pop() else {
+                continue;
+            };
+            let from = (1..=path.len())
+                .rev()
+                .map(|len| path[..len].to_vec())
+                .find(|prefix| known.contains(prefix));
+            if let Some(from) = from {
+                imported.insert(name, from);
+            }
+        }
+    }
+    imported
+}
+
 /// The module that `target` (an absolute path, or `super::` relative to `from`) names:
-/// its longest prefix that is a module of the crate.
-fn resolve(from: &[String], target: &Target, known: &BTreeSet<&Module>) -> Option<Module> {
+/// its longest prefix that is a module of the crate, through the root's imports.
+fn resolve(
+    from: &[String],
+    target: &Target,
+    known: &BTreeSet<&Module>,
+    imported: &BTreeMap<String, Module>,
+) -> Option<Module> {
     let absolute: Vec<String> = match target {
-        Target::Crate(path) => path.clone(),
+        Target::Crate(path) => match path.split_first() {
+            Some((first, rest)) if !known.contains(&vec![first.clone()]) => {
+                match imported.get(first) {
+                    Some(module) => module.iter().chain(rest).cloned().collect(),
+                    None => path.clone(),
+                }
+            }
+            _ => path.clone(),
+        },
         Target::Super(ups, path) => {
             let kept = from.len().checked_sub(*ups)?;
             from[..kept].iter().chain(path).cloned().collect()
@@ -421,6 +474,28 @@ mod tests {
             ),
         ];
         assert!(check_crate("demo", &files).is_empty());
+    }
+
+    #[test]
+    fn a_name_the_root_imports_links_to_its_module() {
+        let files = [
+            file(
+                "src/lib.rs",
+                &[],
+                "mod a; mod b;\npub use a::X;\npub(crate) use b::{inner::Y as Z, W};",
+            ),
+            file("src/a.rs", &["a"], "use crate::W;\npub struct X;"),
+            file("src/b/mod.rs", &["b"], "mod inner; pub struct W;"),
+            file("src/b/inner.rs", &["b", "inner"], "fn f(_: crate::X) {}"),
+        ];
+        let v = check_crate("demo", &files);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(
+            v[0].message.contains("a -> b (src/a.rs:1)")
+                && v[0].message.contains("b -> a (src/b/inner.rs:1)"),
+            "{}",
+            v[0].message
+        );
     }
 
     #[test]

@@ -75,7 +75,9 @@ impl RadixCore {
                                 Hosted::Dense | Hosted::Registered(_) => self.first_chunk(ask),
                             };
                             if let Outcome::Admitted(a) = &mut outcome {
-                                self.lost_hits(&tokens, a);
+                                if let Some(lost) = self.lost_hits(&tokens, a.begin_pages) {
+                                    (a.capped_pages, a.dropped_pages) = lost;
+                                }
                                 if let Some(why) = skipped {
                                     self.prefetch_skipped[why as usize] += 1;
                                 }

@@ -31,47 +31,14 @@ pub use op::{
     Attached, BackupSource, CacheOp, FinalStates, OpResult, Released, RetractOutcome, StopLock,
 };
 pub use program::{
-    Admission, AdmitProgram, ChunkCommit, Committed, FamilyAsk, Intent, Outcome, PrefetchCheck,
-    PrefetchSkip, PrefetchStart, RetractedHandles, StateGrant,
+    Admission, AdmitProgram, ChunkCommit, Committed, Denial, FamilyAsk, Intent, Outcome,
+    PrefetchCheck, PrefetchSkip, PrefetchStart, RetractedHandles, StateGrant,
 };
 
-use std::ops::Deref;
-use std::sync::Arc;
-
 use kvtier_host::OwnedPages;
-use kvtier_types::Token;
 
+use crate::TokenRef;
 use crate::{NodeId, RadixCore, TablesKey};
-
-/// The first `len` tokens of a request, shared without copying.
-#[derive(Debug, Clone)]
-pub struct TokenRef {
-    tokens: Arc<Vec<Token>>,
-    len: usize,
-}
-
-impl TokenRef {
-    /// The whole token vector it is a prefix of (one allocation per request's tokens).
-    pub(crate) fn whole(&self) -> &Arc<Vec<Token>> {
-        &self.tokens
-    }
-
-    /// The first `len` tokens of `tokens` (clamped to its length).
-    pub fn new(tokens: &Arc<Vec<Token>>, len: usize) -> Self {
-        Self {
-            tokens: Arc::clone(tokens),
-            len: len.min(tokens.len()),
-        }
-    }
-}
-
-impl Deref for TokenRef {
-    type Target = [Token];
-
-    fn deref(&self) -> &[Token] {
-        &self.tokens[..self.len]
-    }
-}
 
 /// Pages to allocate for `n` more token slots when the last page has `tail_free` free
 /// slots, and the free slots left afterwards. The scheduler's page accounting and the

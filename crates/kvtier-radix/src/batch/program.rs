@@ -6,7 +6,7 @@ use kvtier_types::{GroupTable, PageId, TransferPair};
 
 use super::family::FamilyGrant;
 use super::{Publication, TokenRef};
-use crate::{Denial, NodeId, NodeLock, TablesKey};
+use crate::{NodeId, NodeLock, TablesKey};
 
 /// An admission program: candidates in scheduling order and the limits of the step.
 #[derive(Debug)]
@@ -298,4 +298,13 @@ impl Intent {
             Intent::FirstChunk { .. } => Outcome::waits(),
         }
     }
+}
+
+/// A first chunk the groups refused (default policy): the family's version and the
+/// step's budget then. While the version stands and the budget is no smaller, the same
+/// request is refused again, so its next intents skip the match and the admission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Denial {
+    pub(crate) version: u64,
+    pub(crate) budget: u32,
 }

@@ -58,19 +58,20 @@ impl RadixCore {
         self.nodes[id.idx as usize].block_hashes = hashes;
     }
 
-    /// Fills an admitted first chunk's lost hits (with a ghost): the pages the tree
-    /// holds past its reuse (a hybrid model's cap, host pages not loaded back), then the
-    /// pages in a row that the cache dropped.
-    pub(crate) fn lost_hits(&mut self, tokens: &[Token], a: &mut crate::Admission) {
-        if self.ghost.is_none() {
-            return;
-        }
+    /// An admitted first chunk's lost hits past its `begin_pages` (with a ghost): the
+    /// pages the tree holds past its reuse (a hybrid model's cap, host pages not loaded
+    /// back), then the pages in a row that the cache dropped.
+    pub(crate) fn lost_hits(&mut self, tokens: &[Token], begin_pages: u32) -> Option<(u32, u32)> {
+        self.ghost.as_ref()?;
         let probe = self.probe(tokens);
-        a.capped_pages = probe
+        let capped = probe
             .device_pages
             .max(probe.host_pages)
-            .saturating_sub(a.begin_pages);
-        a.dropped_pages = self.dropped_pages_after(tokens, a.begin_pages + a.capped_pages);
+            .saturating_sub(begin_pages);
+        Some((
+            capped,
+            self.dropped_pages_after(tokens, begin_pages + capped),
+        ))
     }
 
     /// Of `tokens`' full pages after the first `hit_pages`, how many in a row the cache

@@ -12,7 +12,7 @@ use std::sync::{Arc, Weak};
 use kvtier_types::Token;
 
 use super::RadixCore;
-use crate::batch::TokenRef;
+use crate::TokenRef;
 use crate::{NodeId, Probe};
 
 /// Marks of the prompts that were refused, by prompt allocation. A request's tokens are

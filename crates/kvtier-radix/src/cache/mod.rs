@@ -17,6 +17,7 @@ mod reference;
 mod residency;
 mod snapshots;
 mod states;
+mod tables;
 mod view;
 mod walk;
 mod write_back;
@@ -33,13 +34,13 @@ pub(crate) use family::Hosted;
 pub use family::{CacheFamily, Dense, FamilyLease, TreeEvent};
 pub use insert::InsertResult;
 pub use states::CachedState;
+pub use tables::{GroupTables, TablesKey};
 pub use walk::{Match, Probe};
 use write_back::Ticket;
 pub use write_back::{WriteBackTicket, WrittenBack};
 
 use crate::events::EventSink;
 use crate::node::{LruKey, Node, page_key};
-use crate::paged::TablesKey;
 
 use crate::{NodeId, RadixError};
 

@@ -6,12 +6,10 @@
 //! A split keeps the node, and so its snapshot, on the suffix: a snapshot never moves
 //! off its depth, and the family's commits never cut a snapshot node.
 
-use kvtier_host::Releaser;
 use kvtier_paged::{PagedFamily, RequestTables, SnapshotTree};
 use kvtier_types::Tier;
 
 use super::{CacheFamily, Hosted, RadixCore, TreeEvent, TreeStats};
-use crate::paged::TablesKey;
 use crate::{NodeId, Violation};
 
 /// The snapshots' hooks: a snapshot is reusable only with the device KV of its prefix,
@@ -110,7 +108,7 @@ impl RadixCore {
         }
     }
 
-    fn snapshots_mut(&mut self) -> Option<&mut PagedFamily<NodeId>> {
+    pub(super) fn snapshots_mut(&mut self) -> Option<&mut PagedFamily<NodeId>> {
         match &mut self.family {
             Hosted::Paged(family) => Some(family.as_mut()),
             _ => None,
@@ -133,75 +131,5 @@ impl RadixCore {
         let result = f(&mut family, self);
         self.family = Hosted::Paged(family);
         Some(result)
-    }
-}
-
-/// The store of running requests' group tables.
-impl RadixCore {
-    pub(crate) fn store_tables(&mut self, tables: RequestTables) -> TablesKey {
-        match self.free_tables.pop() {
-            Some(key) => {
-                self.tables[key.0 as usize] = Some(tables);
-                key
-            }
-            None => {
-                self.tables.push(Some(tables));
-                TablesKey(self.tables.len() as u32 - 1)
-            }
-        }
-    }
-
-    pub(crate) fn tables_of(&self, key: TablesKey) -> Option<&RequestTables> {
-        self.tables.get(key.0 as usize)?.as_ref()
-    }
-
-    /// Starts an admission program's group budget (the reference policies only).
-    pub(crate) fn begin_group_budget(&mut self) {
-        self.group_budget = None;
-        if self.policy.counts_groups_against_the_program() && self.has_snapshots() {
-            self.drain_releases();
-            self.group_budget = self.snapshots_mut().map(PagedFamily::available);
-        }
-    }
-
-    /// Runs an admission with the family against the group free counts it is counted
-    /// against, which it debits: the admission program's budget under the reference
-    /// policies, the live pools under kvtier's own. `None` without a paged family.
-    pub(crate) fn with_group_budget<R>(
-        &mut self,
-        admit: impl FnOnce(&mut PagedFamily<NodeId>, &mut RadixCore, &mut [u32]) -> R,
-    ) -> Option<R> {
-        let mut budget = self.group_budget.take();
-        let admitted = self.with_snapshots(|family, tree| match budget.as_mut() {
-            Some(free) => admit(family, tree, free),
-            None => {
-                let mut live = family.available();
-                admit(family, tree, &mut live)
-            }
-        });
-        self.group_budget = budget;
-        admitted
-    }
-
-    /// Takes the tables out to work on them with the family ([`Self::put_tables`]
-    /// puts them back under the same key).
-    pub(crate) fn take_tables(&mut self, key: TablesKey) -> Option<RequestTables> {
-        self.tables.get_mut(key.0 as usize)?.take()
-    }
-
-    pub(crate) fn put_tables(&mut self, key: TablesKey, tables: RequestTables) {
-        self.tables[key.0 as usize] = Some(tables);
-    }
-
-    pub(crate) fn free_table_key(&mut self, key: TablesKey) {
-        self.free_tables.push(key);
-    }
-
-    pub(crate) fn device_unpinned(&self) -> u64 {
-        self.device_unpinned
-    }
-
-    pub(crate) fn table_releaser(&self) -> Releaser<TablesKey> {
-        self.table_releases.releaser()
     }
 }
