@@ -9,6 +9,7 @@ mod fault_parity;
 mod handle_release;
 mod kv_events;
 mod metrics;
+mod registered_family;
 mod runtime_equivalence;
 mod toy_actor;
 mod tracing_context;

@@ -52,7 +52,7 @@ impl Scheduler {
         family: Box<dyn CacheFamily>,
     ) -> Result<Self, SchedError> {
         let core = SchedulerCore::new(config)?;
-        let cache = RadixCore::hosting(&cache_config(core.config()), family)?;
+        let cache = RadixCore::new(&cache_config(core.config())).hosting(family)?;
         Ok(Self { core, cache })
     }
 

@@ -121,7 +121,7 @@ pub enum SetupError {
     /// The host allocator could not lease the cache its host tier.
     #[error("the radix cache's host lease: {0}")]
     HostLease(HostError),
-    /// The radix cache refused its host lease.
+    /// The radix cache refused its host lease, or a registered cache family.
     #[error("the radix cache: {0}")]
     Cache(kvtier_radix::RadixError),
     /// Two actors of one name.

@@ -53,7 +53,7 @@ use kvtier_device::DeviceCore;
 use kvtier_fsm::{SchedulerCore, cache_config};
 use kvtier_host::HostCore;
 use kvtier_l3::L3Core;
-use kvtier_radix::RadixCore;
+use kvtier_radix::{CacheFamily, RadixCore};
 use kvtier_types::SchedulerConfig;
 
 pub use error::{KvError, SetupError};
@@ -95,6 +95,7 @@ impl System {
             hooks: None,
             actors: Vec::new(),
             l3: None,
+            family: None,
         }
     }
 }
@@ -109,6 +110,8 @@ pub struct SystemBuilder {
     actors: Vec<Box<dyn Destination>>,
     /// The L3 core's page size and host arena pages, checked against the config.
     l3: Option<(u32, u32)>,
+    /// A cache family its user registered, hosted by the radix cache.
+    family: Option<Box<dyn CacheFamily>>,
 }
 
 impl SystemBuilder {
@@ -131,6 +134,14 @@ impl SystemBuilder {
     /// shutdown, and placed as its [`ActorCore::PLACEMENT`] says.
     pub fn actor<C: ActorCore + std::fmt::Debug>(mut self, core: C) -> Self {
         self.actors.push(Slot::boxed(core));
+        self
+    }
+
+    /// Hosts `family` on the radix cache beside the KV of a full-attention model: the
+    /// cache caps matches by it, gives each request its part and tells it of every change
+    /// to the tree ([`CacheFamily`]). A config with a Mamba or paged family refuses it.
+    pub fn cache_family(mut self, family: Box<dyn CacheFamily>) -> Self {
+        self.family = Some(family);
         self
     }
 
@@ -201,7 +212,11 @@ impl SystemBuilder {
         let lease = host
             .lease(cache_config.host_pages.saturating_sub(1))
             .map_err(SetupError::HostLease)?;
-        let cache = RadixCore::with_host_lease(&cache_config, lease).map_err(SetupError::Cache)?;
+        let mut cache =
+            RadixCore::with_host_lease(&cache_config, lease).map_err(SetupError::Cache)?;
+        if let Some(family) = self.family {
+            cache = cache.hosting(family).map_err(SetupError::Cache)?;
+        }
         let mut actors = Destinations::new();
         let builtin: [Box<dyn Destination>; 2] = [Slot::boxed(cache), Slot::boxed(host)];
         for actor in builtin.into_iter().chain(self.actors) {

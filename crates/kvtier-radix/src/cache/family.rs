@@ -189,17 +189,16 @@ impl FamilyLease {
 }
 
 impl RadixCore {
-    /// A cache hosting `family`, registered by its user, beside its KV. The config names
-    /// no built-in family.
-    pub fn hosting(config: &CacheConfig, family: Box<dyn CacheFamily>) -> Result<Self, RadixError> {
-        if config.mamba.is_some() || config.paged.is_some() {
+    /// The cache, hosting `family`, registered by its user, beside its KV (its config
+    /// names no built-in family: a model has one).
+    pub fn hosting(mut self, family: Box<dyn CacheFamily>) -> Result<Self, RadixError> {
+        if !matches!(self.family, Hosted::Dense) {
             return Err(RadixError::TwoFamilies {
                 registered: family.name(),
             });
         }
-        let mut cache = Self::new(config);
-        cache.family = Hosted::Registered(family);
-        Ok(cache)
+        self.family = Hosted::Registered(family);
+        Ok(self)
     }
 
     /// Whether the tree hosts a registered family.

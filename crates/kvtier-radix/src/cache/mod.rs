@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kvtier_host::{OwnedPages, PagePool, ReleaseQueue};
 use kvtier_mamba::{MambaConfig, MambaStats};
-use kvtier_paged::{Adjunct, PagedReport, RequestTables};
+use kvtier_paged::{Adjunct, PagedReport};
 use kvtier_types::{Policy, Tier, Token};
 use slab::Slab;
 
@@ -133,17 +133,8 @@ pub struct RadixCore {
     family: Hosted,
     /// The return path of a registered family's leases.
     family_releases: ReleaseQueue<u32>,
-    /// Paged models: running requests' group tables, by [`TablesKey`] (a free key is reused last
-    /// freed first), and the return path of their leases.
-    tables: Vec<Option<RequestTables>>,
-    free_tables: Vec<TablesKey>,
-    table_releases: ReleaseQueue<TablesKey>,
-    /// Under the reference policies, the group free counts an admission program's
-    /// admissions are counted against: read when it began, debited by each admission,
-    /// read again only after a prune (the reference's `InitialSimulatedFree`). kvtier's
-    /// own policy reads the live pools, which the program's KV evictions may have
-    /// refilled.
-    group_budget: Option<Vec<u32>>,
+    /// Paged models: running requests' group tables.
+    tables: tables::TableStore,
     /// Nodes whose last device lock went, over the cache's life: a snapshot below them
     /// may have become prunable (part of a refused admission's version).
     device_unpinned: u64,
@@ -198,10 +189,7 @@ impl RadixCore {
             host_lease: None,
             family: Hosted::of(config),
             family_releases: ReleaseQueue::new(),
-            tables: Vec::new(),
-            free_tables: Vec::new(),
-            table_releases: ReleaseQueue::new(),
-            group_budget: None,
+            tables: tables::TableStore::default(),
             device_unpinned: 0,
             marks: marks::PromptMarks::default(),
         }
@@ -355,15 +343,10 @@ impl RadixCore {
         for (node, tier) in released {
             self.release_lock(node, tier);
         }
-        if self.has_registered() {
-            self.drain_family_releases();
-        }
-        if self.has_snapshots() {
-            let mut keys = Vec::new();
-            self.table_releases.drain(|key| keys.push(key));
-            for key in keys {
-                self.release_tables(key);
-            }
+        match self.family {
+            Hosted::Registered(_) => self.drain_family_releases(),
+            Hosted::Paged(_) => self.drain_table_releases(),
+            Hosted::Dense | Hosted::Mamba(_) => {}
         }
         self.pools[0].drain_returns();
         self.pools[1].drain_returns();

@@ -34,7 +34,7 @@ impl CacheFamily for PagedFamily<NodeId> {
 
     fn report(&mut self, tree: &RadixCore, stats: &mut TreeStats) {
         let mut report = PagedFamily::report(self);
-        report.live_tables = tree.tables.iter().flatten().count();
+        report.live_tables = tree.tables.all().count();
         stats.groups = Some(Box::new(report));
     }
 
@@ -42,7 +42,7 @@ impl CacheFamily for PagedFamily<NodeId> {
     /// multiple of the alignment, and every group page is free, owned by one running
     /// request's table, or held by one snapshot.
     fn check_invariants(&mut self, tree: &RadixCore) -> Result<(), Violation> {
-        PagedFamily::check_invariants(self, tree.tables.iter().flatten())
+        PagedFamily::check_invariants(self, tree.tables.all())
             .map_err(|e| Violation::Snapshot(e.to_string()))?;
         let a = self.adjunct().alignment();
         for node in self.snapshot_nodes() {
@@ -66,7 +66,7 @@ impl CacheFamily for PagedFamily<NodeId> {
 
 impl SnapshotTree for RadixCore {
     fn for_each_tables(&self, f: &mut dyn FnMut(&RequestTables)) {
-        self.tables.iter().flatten().for_each(f);
+        self.tables.all().for_each(f);
     }
 
     fn split_at(&mut self, below: NodeId, depth: u32) -> Option<NodeId> {

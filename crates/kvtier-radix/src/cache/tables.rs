@@ -2,7 +2,7 @@
 //! [`GroupTables`] lease naming its tables by key; the tables stay here, beside the
 //! group pools they draw from, and go back to them when the lease is dropped.
 
-use kvtier_host::{Lease, Releaser};
+use kvtier_host::{Lease, ReleaseQueue};
 use kvtier_paged::{PagedFamily, RequestTables};
 
 use super::RadixCore;
@@ -26,30 +26,54 @@ impl GroupTables {
     }
 }
 
+/// Paged models: running requests' group tables by key (a free key is reused last freed
+/// first), the return path of their leases, and the budget an admission program's
+/// groups are counted against.
+#[derive(Debug, Default)]
+pub(super) struct TableStore {
+    tables: Vec<Option<RequestTables>>,
+    free: Vec<TablesKey>,
+    releases: ReleaseQueue<TablesKey>,
+    /// Under the reference policies, the group free counts an admission program's
+    /// admissions are counted against: read when it began, debited by each admission,
+    /// read again only after a prune (the reference's `InitialSimulatedFree`). kvtier's
+    /// own policy reads the live pools, which the program's KV evictions may have
+    /// refilled.
+    budget: Option<Vec<u32>>,
+}
+
+impl TableStore {
+    /// Every running request's tables.
+    pub(super) fn all(&self) -> impl Iterator<Item = &RequestTables> {
+        self.tables.iter().flatten()
+    }
+}
+
 impl RadixCore {
-    pub(crate) fn store_tables(&mut self, tables: RequestTables) -> TablesKey {
-        match self.free_tables.pop() {
+    fn store_tables(&mut self, tables: RequestTables) -> TablesKey {
+        let store = &mut self.tables;
+        match store.free.pop() {
             Some(key) => {
-                self.tables[key.0 as usize] = Some(tables);
+                store.tables[key.0 as usize] = Some(tables);
                 key
             }
             None => {
-                self.tables.push(Some(tables));
-                TablesKey(self.tables.len() as u32 - 1)
+                store.tables.push(Some(tables));
+                TablesKey(store.tables.len() as u32 - 1)
             }
         }
     }
 
     pub(crate) fn tables_of(&self, key: TablesKey) -> Option<&RequestTables> {
-        self.tables.get(key.0 as usize)?.as_ref()
+        self.tables.tables.get(key.0 as usize)?.as_ref()
     }
 
     /// Starts an admission program's group budget (the reference policies only).
     pub(crate) fn begin_group_budget(&mut self) {
-        self.group_budget = None;
+        self.tables.budget = None;
         if self.policy.counts_groups_against_the_program() && self.has_snapshots() {
             self.drain_releases();
-            self.group_budget = self.snapshots_mut().map(PagedFamily::available);
+            self.tables.budget = self.snapshots_mut().map(PagedFamily::available);
         }
     }
 
@@ -60,7 +84,7 @@ impl RadixCore {
         &mut self,
         admit: impl FnOnce(&mut PagedFamily<NodeId>, &mut RadixCore, &mut [u32]) -> R,
     ) -> Option<R> {
-        let mut budget = self.group_budget.take();
+        let mut budget = self.tables.budget.take();
         let admitted = self.with_snapshots(|family, tree| match budget.as_mut() {
             Some(free) => admit(family, tree, free),
             None => {
@@ -68,47 +92,44 @@ impl RadixCore {
                 admit(family, tree, &mut live)
             }
         });
-        self.group_budget = budget;
+        self.tables.budget = budget;
         admitted
     }
 
     /// Takes the tables out to work on them with the family ([`Self::put_tables`]
     /// puts them back under the same key).
     pub(crate) fn take_tables(&mut self, key: TablesKey) -> Option<RequestTables> {
-        self.tables.get_mut(key.0 as usize)?.take()
+        self.tables.tables.get_mut(key.0 as usize)?.take()
     }
 
     pub(crate) fn put_tables(&mut self, key: TablesKey, tables: RequestTables) {
-        self.tables[key.0 as usize] = Some(tables);
-    }
-
-    pub(crate) fn free_table_key(&mut self, key: TablesKey) {
-        self.free_tables.push(key);
+        self.tables.tables[key.0 as usize] = Some(tables);
     }
 
     pub(crate) fn device_unpinned(&self) -> u64 {
         self.device_unpinned
     }
 
-    pub(crate) fn table_releaser(&self) -> Releaser<TablesKey> {
-        self.table_releases.releaser()
-    }
-
-    /// Frees a lease's tables now (a released lease's come back through the drain).
-    pub(crate) fn release_tables(&mut self, key: TablesKey) {
-        if let Some(tables) = self.take_tables(key) {
-            self.return_tables(tables);
-            self.free_table_key(key);
+    /// Gives dropped leases' tables back to the group pools.
+    pub(super) fn drain_table_releases(&mut self) {
+        let mut keys = Vec::new();
+        self.tables.releases.drain(|key| keys.push(key));
+        for key in keys {
+            self.release_tables(key);
         }
     }
 
-    /// Returns tables that were never leased.
-    fn return_tables(&mut self, mut tables: RequestTables) {
-        self.with_snapshots(|family, _| family.release(&mut tables));
+    /// Frees a lease's tables now (a released lease's come back through the drain).
+    fn release_tables(&mut self, key: TablesKey) {
+        if let Some(mut tables) = self.take_tables(key) {
+            self.with_snapshots(|family, _| family.release(&mut tables));
+            self.tables.free.push(key);
+        }
     }
 
+    /// Leases fresh tables to the request they were admitted for.
     pub(crate) fn lease_tables(&mut self, tables: RequestTables) -> GroupTables {
         let key = self.store_tables(tables);
-        GroupTables(Lease::new(key, self.table_releaser()))
+        GroupTables(Lease::new(key, self.tables.releases.releaser()))
     }
 }
