@@ -53,13 +53,24 @@ use kvtier_device::DeviceCore;
 use kvtier_fsm::{SchedulerCore, cache_config};
 use kvtier_host::HostCore;
 use kvtier_l3::L3Core;
-use kvtier_radix::{CacheFamily, RadixCore};
-use kvtier_types::SchedulerConfig;
+use kvtier_radix::RadixCore;
 
 pub use error::{KvError, SetupError};
 pub use faults::{Delivery, Fault, FaultHooks, NoFaults};
 pub use handle::{BlockingHandle, Handle, block_on};
 pub use kvtier_types::{ActorCore, ActorName, Placement};
+/// The vocabulary an engine speaks with the scheduler, so that an embedder depends on
+/// `kvtier` alone: the config, requests, plans and the events that answer them.
+pub use kvtier_types::{
+    AbortNotice, AbortReason, BackupOp, EngineEvent, ExecutionPlan, ForwardBatch, ForwardRow,
+    GroupTable, LoadBackOp, MambaRow, MambaSettings, OpId, PageId, PagedSettings, Policy,
+    PrefetchOp, RequestId, RequestSpec, RowKind, SchedulerConfig, SlotId, Tier, Token,
+    TransferKind, TransferPair, WriteBackOp,
+};
+/// The direct path (the scheduler over a cache it owns, no actors) and its counters.
+pub use kvtier_fsm::{SchedError, Scheduler, SchedulerStats};
+/// A cache family of one's own ([`SystemBuilder::cache_family`]).
+pub use kvtier_radix::{CacheFamily, TreeEvent};
 pub use local::LocalSystem;
 pub use report::{ShutdownReport, SystemStats};
 pub use service::{L3Service, Service};
