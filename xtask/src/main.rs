@@ -1,4 +1,4 @@
-//! Repository tooling for kvtier: `cargo xtask <ci|tidy|bench|campaign>`.
+//! Repository tooling for kvtier: `cargo xtask <ci|test|tidy|bench|campaign|…>`.
 //!
 //! See `docs/xtask.md` for what each subcommand does.
 
@@ -9,6 +9,7 @@ mod cuda;
 mod dashboards;
 mod mooncake;
 mod py;
+mod test;
 mod tidy;
 mod tools;
 
@@ -24,6 +25,8 @@ usage: cargo xtask <command>
 
 commands:
   ci                              fmt check, clippy, tidy, nextest, doc tests (fail fast)
+  test [CRATE..]                  the inner loop: `cargo test` of the named crates (`radix`,
+                                  `kvtier-fsm`, ..; none: all), without the third-party tools
   tidy                            repository rules (see docs/xtask.md)
   bench [--quick] [--no-criterion]
                                   kvtier CLI bench workloads, then `cargo bench --workspace`
@@ -65,6 +68,7 @@ fn run_cli() -> Result<()> {
             no_extra_args("ci", &rest)?;
             ci::run(&root)
         }
+        Some("test") => test::run(&root, &rest),
         Some("tidy") => {
             no_extra_args("tidy", &rest)?;
             tidy::run(&root)

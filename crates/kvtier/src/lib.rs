@@ -58,7 +58,10 @@ use kvtier_radix::RadixCore;
 pub use error::{KvError, SetupError};
 pub use faults::{Delivery, Fault, FaultHooks, NoFaults};
 pub use handle::{BlockingHandle, Handle, block_on};
-pub use kvtier_types::{ActorCore, ActorName, Placement};
+/// The direct path (the scheduler over a cache it owns, no actors) and its counters.
+pub use kvtier_fsm::{SchedError, Scheduler, SchedulerStats};
+/// A cache family of one's own ([`SystemBuilder::cache_family`]).
+pub use kvtier_radix::{CacheFamily, TreeEvent};
 /// The vocabulary an engine speaks with the scheduler, so that an embedder depends on
 /// `kvtier` alone: the config, requests, plans and the events that answer them.
 pub use kvtier_types::{
@@ -67,10 +70,7 @@ pub use kvtier_types::{
     PrefetchOp, RequestId, RequestSpec, RowKind, SchedulerConfig, SlotId, Tier, Token,
     TransferKind, TransferPair, WriteBackOp,
 };
-/// The direct path (the scheduler over a cache it owns, no actors) and its counters.
-pub use kvtier_fsm::{SchedError, Scheduler, SchedulerStats};
-/// A cache family of one's own ([`SystemBuilder::cache_family`]).
-pub use kvtier_radix::{CacheFamily, TreeEvent};
+pub use kvtier_types::{ActorCore, ActorName, Placement};
 pub use local::LocalSystem;
 pub use report::{ShutdownReport, SystemStats};
 pub use service::{L3Service, Service};
