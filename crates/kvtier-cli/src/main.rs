@@ -106,7 +106,8 @@ struct ReplayArgs {
     #[arg(long, conflicts_with = "workload")]
     trace: Option<std::path::PathBuf>,
     /// Traces: arrivals come this many times faster than in the trace (default 1).
-    #[arg(long)]
+    /// (A negative value reaches the check that refuses it, not the flag parser.)
+    #[arg(long, allow_negative_numbers = true)]
     time_scale: Option<f64>,
     /// Traces: replay at most this many requests (a bare `replay`: 2000).
     #[arg(long)]

@@ -156,6 +156,12 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     if !traced && (args.limit.is_some() || args.window.is_some() || args.time_scale.is_some()) {
         bail!("--limit, --window and --time-scale apply to trace replays");
     }
+    if args.limit == Some(0) {
+        bail!("--limit 0 replays nothing: give at least 1 request");
+    }
+    if args.instances == Some(0) {
+        bail!("--instances 0 has nowhere to replay: give at least 1 instance");
+    }
     let base = if traced {
         ScenarioOptions::trace(trace_workload(&args)?)
     } else {

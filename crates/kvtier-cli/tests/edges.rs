@@ -1,0 +1,52 @@
+//! The `kvtier` binary at the edges of its input: each bad value is refused with exit
+//! code 1 and a message naming the flag, before the run announces anything.
+
+use std::process::{Command, Output};
+
+mod common;
+
+use common::{KVTIER, repo};
+
+fn kvtier(args: &[&str]) -> Output {
+    Command::new(KVTIER)
+        .current_dir(repo())
+        .args(args)
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .output()
+        .expect("kvtier runs")
+}
+
+/// `args` fail with exit code 1, and stderr says `message` and nothing announced a run.
+fn refused(args: &[&str], message: &str) {
+    let out = kvtier(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+    assert!(stderr.contains(message), "{args:?}: {stderr}");
+    assert!(
+        !stderr.contains("replaying"),
+        "{args:?} announced a run: {stderr}"
+    );
+}
+
+#[test]
+fn a_limit_of_zero_is_refused() {
+    refused(&["replay", "--limit", "0"], "--limit 0 replays nothing");
+}
+
+#[test]
+fn zero_instances_are_refused_before_anything_is_announced() {
+    refused(
+        &["replay", "--instances", "0"],
+        "--instances 0 has nowhere to replay",
+    );
+}
+
+#[test]
+fn a_negative_time_scale_gets_the_real_message_in_either_spelling() {
+    for args in [
+        &["replay", "--time-scale", "-1"][..],
+        &["replay", "--time-scale=-1"][..],
+    ] {
+        refused(args, "--time-scale must be a positive number, not -1");
+    }
+}
