@@ -1,6 +1,9 @@
 //! What the `kvtier` binary's tests share: where the binary and the repository are,
 //! and a replay of the conversation trace that answers its JSON report.
 
+// Each test binary uses a different subset of these helpers.
+#![allow(dead_code)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
