@@ -303,7 +303,19 @@ struct SweepArgs {
     l3_scopes: Vec<kvtier_sim::cluster::L3Scope>,
 }
 
-fn main() -> Result<()> {
+/// A user's error is one line of causes and exit code 1, whatever `RUST_BACKTRACE`
+/// says (a panic, a bug, still prints its backtrace).
+fn main() -> std::process::ExitCode {
+    match run_command() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_command() -> Result<()> {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Replay(Box::default())) {
         Command::Replay(args) => replay::run(*args),

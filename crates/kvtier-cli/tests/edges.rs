@@ -7,16 +7,19 @@ mod common;
 
 use common::{KVTIER, repo};
 
+/// The binary run as on a Rust developer's machine, where backtraces are on.
 fn kvtier(args: &[&str]) -> Output {
     Command::new(KVTIER)
         .current_dir(repo())
         .args(args)
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env("RUST_BACKTRACE", "1")
         .output()
         .expect("kvtier runs")
 }
 
-/// `args` fail with exit code 1, and stderr says `message` and nothing announced a run.
+/// `args` fail with exit code 1, and stderr says `message` in one line, without a
+/// backtrace, and nothing announced a run.
 fn refused(args: &[&str], message: &str) {
     let out = kvtier(args);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -25,6 +28,10 @@ fn refused(args: &[&str], message: &str) {
     assert!(
         !stderr.contains("replaying"),
         "{args:?} announced a run: {stderr}"
+    );
+    assert!(
+        stderr.trim().lines().count() == 1 && !stderr.contains("backtrace"),
+        "{args:?}: a user's error is one line, without a backtrace: {stderr}"
     );
 }
 
