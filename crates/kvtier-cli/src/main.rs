@@ -119,7 +119,8 @@ struct ReplayArgs {
     /// Device pool in pages of 16 tokens (page 0 included) instead of the workload's.
     #[arg(long)]
     device_pages: Option<u32>,
-    /// Host pool in pages of 16 tokens (page 0 included) instead of the workload's.
+    /// Host pool in pages of 16 tokens (page 0 included, so at least 2) instead of the
+    /// workload's; `--no-cache` runs without a host tier.
     #[arg(long)]
     host_pages: Option<u32>,
     /// Serve the run's metrics (Prometheus text, refreshed every 64 steps) at
@@ -131,7 +132,8 @@ struct ReplayArgs {
     #[arg(long)]
     otlp_endpoint: Option<String>,
     /// Publish the run's KV events, every tier's, as vLLM does (ZeroMQ PUB, msgpack
-    /// batches) on this loopback endpoint (tcp://127.0.0.1:PORT).
+    /// batches) on this loopback endpoint (tcp://127.0.0.1:PORT or tcp://[::1]:PORT;
+    /// ZeroMQ binds addresses, not host names).
     #[arg(long)]
     kv_events: Option<String>,
     /// With --kv-events: replay kept batches to late subscribers on this ROUTER

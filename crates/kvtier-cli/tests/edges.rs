@@ -57,3 +57,28 @@ fn a_negative_time_scale_gets_the_real_message_in_either_spelling() {
         refused(args, "--time-scale must be a positive number, not -1");
     }
 }
+
+#[test]
+fn a_host_pool_without_pages_names_the_flags_to_use() {
+    refused(
+        &["replay", "--host-pages", "0"],
+        "--host-pages 0 leaves no host pool (page 0 is reserved): give at least 2, or run without the host tier with --no-cache",
+    );
+}
+
+#[test]
+fn kv_events_on_a_host_name_say_to_give_an_address() {
+    refused(
+        &["replay", "--kv-events", "tcp://localhost:5555"],
+        "ZeroMQ binds addresses, not host names",
+    );
+}
+
+#[test]
+fn an_otlp_endpoint_it_cannot_use_is_refused_before_the_export_is_announced() {
+    let out = kvtier(&["replay", "--otlp-endpoint", "https://127.0.0.1:4318"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("is not an http:// URL"), "{stderr}");
+    assert!(!stderr.contains("exporting"), "announced first: {stderr}");
+}

@@ -159,6 +159,12 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     if args.limit == Some(0) {
         bail!("--limit 0 replays nothing: give at least 1 request");
     }
+    if let Some(pages) = args.host_pages.filter(|&p| p < 2) {
+        bail!(
+            "--host-pages {pages} leaves no host pool (page 0 is reserved): give at least 2, \
+             or run without the host tier with --no-cache"
+        );
+    }
     if args.instances == Some(0) {
         bail!("--instances 0 has nowhere to replay: give at least 1 instance");
     }
@@ -200,8 +206,9 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         .or_else(kvtier::telemetry::TelemetryConfig::from_env);
     let telemetry = match otlp {
         Some(config) => {
+            let telemetry = kvtier::telemetry::init(&config)?;
             eprintln!("exporting spans and metrics to {}", config.endpoint);
-            Some(kvtier::telemetry::init(&config)?)
+            Some(telemetry)
         }
         None => None,
     };
@@ -231,7 +238,11 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         Some(endpoint) => {
             for endpoint in std::iter::once(endpoint).chain(&args.kv_events_replay) {
                 if !is_loopback_endpoint(endpoint) {
-                    bail!("KV event endpoints must be tcp:// on loopback, not {endpoint}");
+                    bail!(
+                        "KV event endpoints must be tcp:// on a loopback address \
+                         (tcp://127.0.0.1:PORT or tcp://[::1]:PORT; ZeroMQ binds addresses, \
+                         not host names), not {endpoint}"
+                    );
                 }
             }
             let publisher = kvtier::kv_publisher::KvEventPublisher::start(
@@ -379,11 +390,9 @@ fn is_loopback_endpoint(endpoint: &str) -> bool {
         return false;
     };
     let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
-    host == "localhost"
-        || host
-            .trim_matches(['[', ']'])
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+    host.trim_matches(['[', ']'])
+        .parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_loopback())
 }
 
 fn served_model(
@@ -573,14 +582,12 @@ mod tests {
     /// otherwise.
     #[test]
     fn observability_endpoints_must_be_loopback() {
-        for ok in [
-            "tcp://127.0.0.1:5557",
-            "tcp://[::1]:5557",
-            "tcp://localhost:0",
-        ] {
+        for ok in ["tcp://127.0.0.1:5557", "tcp://[::1]:5557"] {
             assert!(is_loopback_endpoint(ok), "{ok}");
         }
+        // ZeroMQ binds addresses: a host name fails at bind with an unrelated error.
         for bad in [
+            "tcp://localhost:0",
             "tcp://0.0.0.0:5557",
             "tcp://10.0.0.1:5557",
             "ipc:///tmp/x",
