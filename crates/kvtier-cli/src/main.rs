@@ -91,8 +91,9 @@ struct ReplayArgs {
     /// Which path runs the replay (default: the actix actor system).
     #[arg(long, value_enum)]
     runtime: Option<Path>,
-    /// The L3 store (default: `local` for longdoc, `off` otherwise). `mooncake` needs a
-    /// cluster in the environment (run under `cargo xtask mooncake run -- ...`).
+    /// The L3 store (default: `local` for traces, the bare replay's among them, and for
+    /// longdoc; `off` for the other workloads). `mooncake` needs a cluster in the
+    /// environment (run under `cargo xtask mooncake run -- ...`).
     #[arg(long, value_enum)]
     l3: Option<L3Store>,
     /// `--l3 local`: keep the store in this directory (default: a fresh temporary one,

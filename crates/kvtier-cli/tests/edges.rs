@@ -82,3 +82,23 @@ fn an_otlp_endpoint_it_cannot_use_is_refused_before_the_export_is_announced() {
     assert!(stderr.contains("is not an http:// URL"), "{stderr}");
     assert!(!stderr.contains("exporting"), "announced first: {stderr}");
 }
+
+/// What `replay --help` says the L3 default is, a replay does.
+#[test]
+fn the_l3_default_help_states_is_the_one_a_replay_uses() {
+    let help = kvtier(&["replay", "--help"]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("default: `local` for traces"), "{help}");
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    let report = dir.path().join("r.json");
+    let report_arg = report.to_string_lossy().into_owned();
+    let out = kvtier(&["replay", "--limit", "1", "--json", &report_arg]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report).expect("the report")).expect("JSON");
+    assert_eq!(json["l3"], "local");
+}
