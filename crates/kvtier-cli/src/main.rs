@@ -287,9 +287,9 @@ struct SweepArgs {
     /// Replays run at once (default: one per core); the results do not depend on it.
     #[arg(long)]
     jobs: Option<usize>,
-    /// Write the plot here (SVG).
-    #[arg(long, default_value = "sweep.svg")]
-    svg: std::path::PathBuf,
+    /// Write the plot here (SVG); without it, no plot is written.
+    #[arg(long)]
+    svg: Option<std::path::PathBuf>,
     /// Write the points as JSON here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,

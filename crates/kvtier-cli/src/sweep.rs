@@ -64,9 +64,9 @@ pub fn run(args: SweepArgs) -> Result<()> {
             p.ttft_mean_ms
         );
     }
-    std::fs::write(&args.svg, report.svg())
-        .with_context(|| format!("writing {}", args.svg.display()))?;
-    println!("  plot: {}", args.svg.display());
+    if let Some(path) = write_plot(args.svg.as_deref(), || report.svg())? {
+        println!("  plot: {}", path.display());
+    }
     crate::report::write_json(args.json.as_deref(), &report)
 }
 
@@ -170,8 +170,20 @@ fn run_clusters(args: &SweepArgs) -> Result<()> {
             );
         }
     }
-    std::fs::write(&args.svg, sweep.svg())
-        .with_context(|| format!("writing {}", args.svg.display()))?;
-    eprintln!("plot: {}", args.svg.display());
+    if let Some(path) = write_plot(args.svg.as_deref(), || sweep.svg())? {
+        eprintln!("plot: {}", path.display());
+    }
     crate::report::write_json(args.json.as_deref(), &sweep)
+}
+
+/// Writes the plot `svg` makes where `--svg` says, if it says: the path written.
+fn write_plot<'a>(
+    path: Option<&'a std::path::Path>,
+    svg: impl FnOnce() -> String,
+) -> Result<Option<&'a std::path::Path>> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    std::fs::write(path, svg()).with_context(|| format!("writing {}", path.display()))?;
+    Ok(Some(path))
 }

@@ -102,3 +102,31 @@ fn the_l3_default_help_states_is_the_one_a_replay_uses() {
         serde_json::from_slice(&std::fs::read(&report).expect("the report")).expect("JSON");
     assert_eq!(json["l3"], "local");
 }
+
+/// A sweep writes its plot where `--svg` says, and nowhere without it (not into the
+/// working directory).
+#[test]
+fn a_sweep_writes_a_plot_only_where_asked() {
+    let dir = tempfile::tempdir().expect("a scratch directory");
+    let sweep = |extra: &[&str]| {
+        let out = Command::new(KVTIER)
+            .current_dir(dir.path())
+            .args(["sweep", "--limit", "3", "--device-tokens", "16384"])
+            .args(["--host-tokens", "65536", "--l3", "off"])
+            .args(extra)
+            .output()
+            .expect("kvtier runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    sweep(&[]);
+    let written: Vec<_> = std::fs::read_dir(dir.path()).expect("readable").collect();
+    assert!(written.is_empty(), "wrote {written:?} unasked");
+    let plot = dir.path().join("plot.svg");
+    sweep(&["--svg", &plot.to_string_lossy()]);
+    let svg = std::fs::read_to_string(&plot).expect("the plot");
+    assert!(svg.starts_with("<svg") || svg.contains("<svg"), "{svg:.80}");
+}
