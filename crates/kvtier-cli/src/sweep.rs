@@ -177,10 +177,10 @@ fn run_clusters(args: &SweepArgs) -> Result<()> {
 }
 
 /// Writes the plot `svg` makes where `--svg` says, if it says: the path written.
-fn write_plot<'a>(
-    path: Option<&'a std::path::Path>,
+fn write_plot(
+    path: Option<&std::path::Path>,
     svg: impl FnOnce() -> String,
-) -> Result<Option<&'a std::path::Path>> {
+) -> Result<Option<&std::path::Path>> {
     let Some(path) = path else {
         return Ok(None);
     };
