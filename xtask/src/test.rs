@@ -6,53 +6,50 @@
 
 use std::path::Path;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result};
 
-use crate::{cargo, run_command};
+use crate::tidy::metadata;
+use crate::{capture_stdout, cargo, run_command};
 
 pub fn run(root: &Path, crates: &[String]) -> Result<()> {
     let mut test = cargo(root);
     test.arg("test");
     if crates.is_empty() {
         test.arg("--workspace");
-    }
-    for name in crates {
-        if name.starts_with('-') {
-            bail!("`cargo xtask test` takes crate names (e.g. `radix`), got `{name}`");
+    } else {
+        let members = members(root)?;
+        for name in crates {
+            test.args(["-p", &package(&members, name)?]);
         }
-        test.args(["-p", &package(root, name)?]);
     }
     // The third-party tools' tests skip instead of failing, even in a CI shell.
     test.env_remove("CI");
     run_command(&mut test)
 }
 
-/// The workspace member a short or full name means.
-fn package(root: &Path, name: &str) -> Result<String> {
-    let candidates = [name.to_string(), format!("kvtier-{name}")];
-    for candidate in &candidates {
-        if member_dirs(root).iter().any(|dir| dir == candidate) {
-            return Ok(candidate.clone());
-        }
-    }
-    bail!(
-        "no crate `{name}` in the workspace (crates: {})",
-        member_dirs(root).join(", ")
-    )
+/// The workspace members' package names, from `cargo metadata`.
+fn members(root: &Path) -> Result<Vec<String>> {
+    let json =
+        capture_stdout(cargo(root).args(["metadata", "--no-deps", "--format-version", "1"]))?;
+    let metadata = metadata::parse(&json)?;
+    Ok(metadata
+        .members()?
+        .into_iter()
+        .map(|p| p.name.clone())
+        .collect())
 }
 
-/// The package names of the members under `crates/`, and the top-level ones.
-fn member_dirs(root: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(root.join("crates"))
+/// The member a short (`radix`) or full (`kvtier-radix`) name means.
+fn package(members: &[String], name: &str) -> Result<String> {
+    [name.to_string(), format!("kvtier-{name}")]
         .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|entry| entry.path().join("Cargo.toml").is_file())
-        .map(|entry| entry.file_name().to_string_lossy().into_owned())
-        .collect();
-    names.extend(["xtask", "kvtier-tests", "kvtier-examples"].map(String::from));
-    names.sort();
-    names
+        .find(|candidate| members.contains(candidate))
+        .with_context(|| {
+            format!(
+                "no crate `{name}` in the workspace (crates: {})",
+                members.join(", ")
+            )
+        })
 }
 
 #[cfg(test)]
@@ -61,17 +58,12 @@ mod tests {
 
     #[test]
     fn short_and_full_names_mean_the_same_crate_and_others_are_refused() {
-        let root = crate::repo_root();
-        assert_eq!(
-            package(&root, "radix").ok().as_deref(),
-            Some("kvtier-radix")
-        );
-        assert_eq!(
-            package(&root, "kvtier-radix").ok().as_deref(),
-            Some("kvtier-radix")
-        );
-        assert_eq!(package(&root, "kvtier").ok().as_deref(), Some("kvtier"));
-        let err = package(&root, "nosuch").expect_err("no such crate");
+        let members = members(&crate::repo_root()).expect("cargo metadata");
+        let found = |name| package(&members, name).ok();
+        assert_eq!(found("radix").as_deref(), Some("kvtier-radix"));
+        assert_eq!(found("kvtier-radix").as_deref(), Some("kvtier-radix"));
+        assert_eq!(found("kvtier").as_deref(), Some("kvtier"));
+        let err = package(&members, "nosuch").expect_err("no such crate");
         assert!(err.to_string().contains("kvtier-fsm"), "{err}");
     }
 }

@@ -15,7 +15,7 @@ mod inventory;
 mod layering;
 mod lib_doc;
 mod manifest;
-mod metadata;
+pub mod metadata;
 mod module_cycles;
 mod no_runtime_in_core;
 mod source;
