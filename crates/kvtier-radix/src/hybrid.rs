@@ -335,13 +335,6 @@ pub(crate) struct Hybrid {
     room: u32,
 }
 
-/// What the states learned of a hybrid first chunk.
-pub(crate) struct HybridCap {
-    capped: CappedMatch<NodeId>,
-    /// The deepest host prefix the request reads (the capped match's).
-    host: NodeId,
-}
-
 /// A hybrid first chunk's reservation: the slot it copies its state from, the load-back
 /// of a host state, and where its next checkpoint branches off.
 pub(crate) struct HybridHeld {
@@ -361,7 +354,8 @@ impl Hybrid {
 }
 
 impl ChunkFamily for Hybrid {
-    type Cap = HybridCap;
+    /// What the states learned of the match: where the request's state comes from.
+    type Cap = CappedMatch<NodeId>;
     type Held = HybridHeld;
 
     /// kvtier's: a read-only test that the chunk has a chance, so a waiting request does
@@ -375,15 +369,8 @@ impl ChunkFamily for Hybrid {
         core: &mut RadixCore,
         kv: Match,
         ask: FirstChunkAsk<'_>,
-    ) -> Result<(Match, HybridCap), Outcome> {
-        let (m, capped) = core.capped(kv, self.host_states, ask.use_host);
-        Ok((
-            m,
-            HybridCap {
-                capped,
-                host: m.host,
-            },
-        ))
+    ) -> Result<(Match, CappedMatch<NodeId>), Outcome> {
+        Ok(core.capped(kv, self.host_states, ask.use_host))
     }
 
     /// The reference makes room for its own view of the match, which counts the states
@@ -415,13 +402,14 @@ impl ChunkFamily for Hybrid {
     fn reserve(
         &mut self,
         core: &mut RadixCore,
-        _: &Match,
-        cap: HybridCap,
+        m: &Match,
+        capped: CappedMatch<NodeId>,
         shape: &ChunkShape,
         _: Option<HybridHeld>,
         guard: NodeLock,
     ) -> Result<(NodeLock, HybridHeld), Halt> {
-        let HybridCap { capped, host } = cap;
+        // The deepest host prefix the request reads.
+        let host = m.host;
         if self.room < shape.need && core.available(Tier::Device) < shape.need {
             core.unlock(guard);
             return Err(Halt::Stop(Outcome::waits()));
