@@ -1,6 +1,6 @@
 //! Retraction when nothing could run, and the recovery of retracted requests.
 
-use kvtier_radix::{Admission, CacheBatch, CacheOp, FamilyGrant, FamilyHold, RetractOutcome};
+use kvtier_radix::{Admission, CacheBatch, CacheOp, FamilyHold, RetractOutcome};
 use kvtier_types::{AbortReason, ExecutionPlan, RowKind, TransferKind, TransferPair};
 
 use crate::SchedulerCore;
@@ -328,14 +328,19 @@ impl SchedulerCore {
             tail_free: admission.tail_free,
         };
         let r = &self.requests[key];
-        let (mut states, cow_src, lease) = match admission.family {
-            FamilyGrant::States(grant) => (Some(grant.states), grant.cow_src, None),
-            FamilyGrant::Lease(lease) => (None, None, Some(lease)),
-            FamilyGrant::Dense | FamilyGrant::Tables(_) => (None, None, None),
-        };
+        let mut cow_src = None;
+        let mut family = admission.family.map_states(|grant| {
+            cow_src = grant.cow_src;
+            grant.states
+        });
         // The row computes the history's last token, like a decode row.
-        if let Some(states) = states.as_mut() {
+        if let Some(states) = family.states_mut() {
             states.row_ends_at(r.tokens.len() as u32, ps);
+        }
+        // A paged request resumes from the tables it kept (its grant is none).
+        if let Some(tables) = tables {
+            debug_assert!(matches!(family, FamilyHold::Dense), "{family:?}");
+            family = FamilyHold::Tables(tables);
         }
         let run = Running {
             device_lock: admission.device_lock,
@@ -348,10 +353,7 @@ impl SchedulerCore {
             reserve: d,
             table_changed_from: None,
             published_ahead: 0,
-            family: match lease {
-                Some(lease) => FamilyHold::Lease(lease),
-                None => FamilyHold::from_parts(states, tables),
-            },
+            family,
             decode_state: None,
         };
         if let Some(slot) = cow_src {

@@ -1,7 +1,7 @@
 //! The transitions that give a request a row: its next chunk, its first chunk (or an L3
 //! prefetch instead), its decode.
 
-use kvtier_radix::{Admission, FamilyGrant, FamilyHold};
+use kvtier_radix::Admission;
 use kvtier_types::{
     ExecutionPlan, LoadBackOp, PrefetchOp, RowKind, StateObject, TransferKind, TransferPair,
 };
@@ -97,16 +97,13 @@ impl SchedulerCore {
             return;
         };
         let prefill_len = self.requests[key].prefill_len;
-        let (family, cow_src, branching) = match admission.family {
-            FamilyGrant::States(grant) => (
-                FamilyHold::States(grant.states),
-                grant.cow_src,
-                grant.branching,
-            ),
-            FamilyGrant::Tables(tables) => (FamilyHold::Tables(tables), None, None),
-            FamilyGrant::Lease(lease) => (FamilyHold::Lease(lease), None, None),
-            FamilyGrant::Dense => (FamilyHold::Dense, None, None),
-        };
+        // A hybrid grant: the request's slots, the cached state its row copies from and
+        // where its next checkpoint branches off.
+        let (mut cow_src, mut branching) = (None, None);
+        let family = admission.family.map_states(|grant| {
+            (cow_src, branching) = (grant.cow_src, grant.branching);
+            grant.states
+        });
         let mut run = Running {
             device_lock: admission.device_lock,
             host_lock: admission.host_lock,

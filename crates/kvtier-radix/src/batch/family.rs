@@ -31,19 +31,6 @@ pub type FamilyGrant = FamilyHold<Box<crate::StateGrant>>;
 pub type FamilyRelease = FamilyHold<crate::FinalStates>;
 
 impl<S> FamilyHold<S> {
-    /// The hold of `states` or `tables` (at most one: a model has one family).
-    pub fn from_parts(states: Option<S>, tables: Option<GroupTables>) -> Self {
-        debug_assert!(
-            states.is_none() || tables.is_none(),
-            "a request holds one family's resources"
-        );
-        match (states, tables) {
-            (Some(states), _) => FamilyHold::States(states),
-            (None, Some(tables)) => FamilyHold::Tables(tables),
-            (None, None) => FamilyHold::Dense,
-        }
-    }
-
     pub fn states(&self) -> Option<&S> {
         match self {
             FamilyHold::States(states) => Some(states),
