@@ -99,18 +99,7 @@ impl RadixCore {
                     } else {
                         grow(tail_free, t, ps).0
                     };
-                    match family {
-                        FamilyAsk::Groups(key, first) => {
-                            self.grow_with_groups(t, tail_free, room, commit, (key, first, t))
-                        }
-                        FamilyAsk::Lease(request) if !self.family_grows(request, t) => {
-                            Outcome::Waits {
-                                held: Vec::new(),
-                                commit,
-                            }
-                        }
-                        ask => self.grow_running(t, tail_free, room, commit, ask.checkpoint()),
-                    }
+                    self.grow_row(t, tail_free, room, commit, family, t)
                 }
                 Intent::Decode {
                     reserve,
@@ -119,33 +108,7 @@ impl RadixCore {
                     family,
                 } => {
                     let room = grow(tail_free, reserve, ps).0;
-                    match family {
-                        FamilyAsk::Groups(key, first) => {
-                            // The KV reserve covers what the engine asked for; the
-                            // reference's group tables only the row's own input (#583).
-                            let span = if self.policy().groups_span_the_input_only() {
-                                d
-                            } else {
-                                reserve
-                            };
-                            self.grow_with_groups(
-                                reserve,
-                                tail_free,
-                                room,
-                                commit,
-                                (key, first, span),
-                            )
-                        }
-                        FamilyAsk::Lease(request) if !self.family_grows(request, reserve) => {
-                            Outcome::Waits {
-                                held: Vec::new(),
-                                commit,
-                            }
-                        }
-                        ask => {
-                            self.grow_running(reserve, tail_free, room, commit, ask.checkpoint())
-                        }
-                    }
+                    self.grow_row(reserve, tail_free, room, commit, family, d)
                 }
                 Intent::Recovery {
                     tokens,
@@ -213,6 +176,37 @@ impl RadixCore {
             outcomes.push(outcome);
         }
         outcomes
+    }
+
+    /// A running request's row: `n` more KV slots after making `room` pages free, and
+    /// what it asks of the family (`input`: the row's own input tokens, which the
+    /// reference's group tables alone cover, #583). Inlined: every decode row comes
+    /// here.
+    #[inline(always)]
+    fn grow_row(
+        &mut self,
+        n: u32,
+        tail_free: u32,
+        room: u32,
+        commit: Option<Box<ChunkCommit>>,
+        family: FamilyAsk,
+        input: u32,
+    ) -> Outcome {
+        match family {
+            FamilyAsk::Groups(key, first) => {
+                let span = if self.policy().groups_span_the_input_only() {
+                    input
+                } else {
+                    n
+                };
+                self.grow_with_groups(n, tail_free, room, commit, (key, first, span))
+            }
+            FamilyAsk::Lease(request) if !self.family_grows(request, n) => Outcome::Waits {
+                held: Vec::new(),
+                commit,
+            },
+            ask => self.grow_running(n, tail_free, room, commit, ask.checkpoint()),
+        }
     }
 
     /// Whether a registered family's part of a running request takes `tokens` more.
@@ -298,12 +292,11 @@ impl RadixCore {
         }
     }
 
-    /// [`Self::grow_running`] for a request with group tables (their key and the op's
-    /// first position): the groups are admitted first, and the grown row carries their
-    /// view. Kept out of line: the dense decode loop never calls it.
+    /// [`Self::grow_running`] for a request with group tables: `n` KV slots, and its
+    /// tables grown by `span` positions from `first` (their key and the op's first
+    /// position). The groups are admitted first, and the grown row carries their view.
+    /// Kept out of line: the dense decode loop never calls it.
     #[inline(never)]
-    /// Grows a running request by `n` KV slots and its group tables by `span`
-    /// positions from `first`.
     fn grow_with_groups(
         &mut self,
         n: u32,
