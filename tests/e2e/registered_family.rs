@@ -3,7 +3,7 @@
 //! take it back, and its counters reach the system's stats. (`kvtier-fsm`'s
 //! `tests/toy_family.rs` walks the recipe through every hook.)
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use kvtier::{KvError, LocalSystem, SetupError, System};
 use kvtier_radix::{CacheFamily, NodeId, RadixCore, RadixError, TreeStats};
@@ -14,7 +14,7 @@ use crate::common::{Engine, RUNTIMES, config, requests};
 /// Counts the parts it gives and takes back.
 #[derive(Debug, Default)]
 struct Tally {
-    held: BTreeMap<u32, ()>,
+    held: BTreeSet<u32>,
     next: u32,
     counts: BTreeMap<&'static str, u64>,
 }
@@ -26,18 +26,18 @@ impl CacheFamily for Tally {
 
     fn grant(&mut self, _tree: &RadixCore) -> u32 {
         self.next += 1;
-        self.held.insert(self.next, ());
+        self.held.insert(self.next);
         *self.counts.entry("granted").or_default() += 1;
         self.next
     }
 
     fn settle(&mut self, _tree: &RadixCore, request: u32, _terminal: NodeId, _publish: bool) {
-        assert!(self.held.remove(&request).is_some(), "settled twice");
+        assert!(self.held.remove(&request), "settled twice");
         *self.counts.entry("settled").or_default() += 1;
     }
 
     fn release(&mut self, request: u32) {
-        assert!(self.held.remove(&request).is_some(), "released twice");
+        assert!(self.held.remove(&request), "released twice");
         *self.counts.entry("released").or_default() += 1;
     }
 
@@ -107,7 +107,8 @@ fn a_registered_family_beside_a_built_in_one_does_not_start() {
         matches!(
             started,
             Err(KvError::Setup(SetupError::Cache(RadixError::TwoFamilies {
-                registered: "tally"
+                registered: "tally",
+                hosted: "mamba",
             })))
         ),
         "{started:?}"

@@ -395,8 +395,28 @@ fn a_family_beside_a_built_in_one_is_refused() {
         matches!(
             err,
             Err(SchedError::Cache(RadixError::TwoFamilies {
-                registered: "summaries"
+                registered: "summaries",
+                hosted: "mamba",
             }))
+        ),
+        "{err:?}"
+    );
+}
+
+/// A second registration is refused too, naming the family hosted already.
+#[test]
+fn a_second_registered_family_is_refused() {
+    let cache = RadixCore::new(&kvtier_fsm::cache_config(&config()))
+        .hosting(Box::new(Summaries::new(SLOTS)))
+        .expect("the first is hosted");
+    let err = cache.hosting(Box::new(Summaries::new(1))).map(|_| ());
+    assert!(
+        matches!(
+            err,
+            Err(RadixError::TwoFamilies {
+                registered: "summaries",
+                hosted: "summaries",
+            })
         ),
         "{err:?}"
     );

@@ -49,13 +49,16 @@ pub enum RadixError {
         /// Pages leased.
         got: u32,
     },
-    /// A family registered beside a built-in one its config names (a model has one).
+    /// A family registered where the cache hosts one already: the Mamba or paged family
+    /// its config names, or one registered before (a model has one).
     #[error(
-        "cache family {registered:?} registered beside the Mamba or paged family of the config: a model has one family"
+        "cache family {registered:?} registered where {hosted:?} is hosted: a model has one family"
     )]
     TwoFamilies {
         /// The registered family's name.
         registered: &'static str,
+        /// The family the cache hosts already.
+        hosted: &'static str,
     },
     /// Pages from another pool were passed.
     #[error(transparent)]

@@ -195,6 +195,7 @@ impl RadixCore {
         if !matches!(self.family, Hosted::Dense) {
             return Err(RadixError::TwoFamilies {
                 registered: family.name(),
+                hosted: self.with_family(|hosted, _| hosted.name()),
             });
         }
         self.family = Hosted::Registered(family);
@@ -230,9 +231,7 @@ impl RadixCore {
     /// Tells the family of a change to the tree.
     #[inline]
     pub(super) fn tree_event(&mut self, event: TreeEvent) {
-        if !matches!(self.family, Hosted::Dense) {
-            self.with_family(|family, tree| family.on_tree_event(tree, event));
-        }
+        self.with_family(|family, tree| family.on_tree_event(tree, event));
     }
 
     /// Hands a registered family's request part out as a lease.
@@ -242,10 +241,9 @@ impl RadixCore {
 
     /// Gives dropped leases' parts back to the registered family.
     pub(super) fn drain_family_releases(&mut self) {
-        let mut requests = Vec::new();
-        self.family_releases.drain(|r| requests.push(r));
-        for request in requests {
-            self.with_family(|family, _| family.release(request));
-        }
+        self.with_family(|family, tree| {
+            tree.family_releases
+                .drain(|request| family.release(request));
+        });
     }
 }
